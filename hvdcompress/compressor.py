@@ -1,0 +1,129 @@
+"""The compressor contract shared by every algorithm and every framework.
+
+One step for one tensor ``x`` (flattened) on one rank::
+
+    packet = compressor.compress(ops, x, state, info)      # payload tensors + ctx
+    if packet.summable:  wire = [allreduce_sum(t) for t in packet.tensors]
+                         total = compressor.decompress(ops, wire, packet.ctx, info)
+    else:                wire = [allgather(t) for t in packet.tensors]
+                         total = compressor.decompress_gathered(ops, wire, packet.ctx, info)
+    grad = total / world   (op=Average)
+
+``total`` is the sum over ranks of what each rank's payload stands for. ``packet.ctx`` never
+leaves the rank. ``state`` is this tensor's own dict of buffers (residuals, momenta), created by
+:meth:`Compressor.init_state` and stored with :meth:`Ops.write`, so the framework wrapper can
+checkpoint it. Whether a packet is summable may change from step to step (DGC sends small
+tensors and warm-up steps dense), but only as a function of the tensor's size, the step and the
+configuration: every rank must make the same choice, or the collectives would not match.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .ops import FLOAT_DTYPES, Ops, Tensor
+
+
+@dataclass
+class TensorInfo:
+    """What a compressor may know about the tensor it compresses. Identical on every rank.
+
+    ``momentum``, ``nesterov`` and ``weight_decay`` are the wrapped optimizer's settings for this
+    tensor when the compressor took them over (see :attr:`Compressor.takes_over_momentum`).
+    """
+
+    name: str
+    numel: int
+    world: int = 1
+    param: Optional[Tensor] = None
+    momentum: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
+
+
+@dataclass
+class Packet:
+    """A compressed tensor: ``tensors`` go on the wire, ``ctx`` stays on the rank."""
+
+    tensors: list
+    ctx: Any = None
+    summable: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+def payload_bytes(ops: Ops, tensors: list) -> int:
+    """Bytes the tensors occupy on the wire (one rank's contribution)."""
+    return sum(ops.numel(t) * ops.element_size(t) for t in tensors)
+
+
+def check_float_tensor(ops: Ops, x: Tensor, info: TensorInfo) -> None:
+    """Compressors accept floating-point gradients only: an integer gradient is a caller bug."""
+    dt = ops.dtype(x)
+    if dt not in FLOAT_DTYPES:
+        raise TypeError(f"gradient of '{info.name}' has dtype {dt}; hvdcompress compresses only "
+                        f"floating-point gradients ({', '.join(FLOAT_DTYPES)})")
+
+
+class Compressor(ABC):
+    """Base of every algorithm. Subclasses implement :meth:`compress` and :meth:`decompress`.
+
+    Class attributes:
+      name: the registry key.
+      takes_over_momentum: the compressor applies momentum (and weight decay) itself, so the
+        framework wrapper moves the optimizer's momentum / nesterov / weight_decay of the
+        tensors it compresses into :class:`TensorInfo` and sets them to 0 in the optimizer.
+    """
+
+    name: str = "abstract"
+    takes_over_momentum: bool = False
+
+    # ---- per-tensor state ---------------------------------------------------------------------
+    def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
+        """Create this tensor's buffers in ``state`` (default: none)."""
+
+    # ---- the algorithm --------------------------------------------------------------------------
+    @abstractmethod
+    def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
+        """Compress the flat gradient ``x``; may update ``state``."""
+
+    @abstractmethod
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
+        """The dense flat tensor one payload stands for (or, for a summable payload that was
+        allreduced, the sum over ranks)."""
+
+    def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                            world: int) -> Tensor:
+        """Sum over ranks of the dense tensors that the allgathered payloads stand for.
+
+        Default: every rank's payload tensors have equal length; split them into ``world``
+        pieces, decompress each, add. Sparse formats override this with one scatter-add.
+        """
+        pieces = [ops.split(t, [ops.numel(t) // world] * world) for t in tensors]
+        total = None
+        for r in range(world):
+            dense = self.decompress(ops, [p[r] for p in pieces], ctx, info)
+            total = dense if total is None else total + dense
+        return total
+
+    # ---- compressor-wide state (schedules) -------------------------------------------------------
+    def on_step(self) -> None:
+        """Called by the framework wrapper once per optimizer step, after communication."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called by warm-up helpers at the start of each epoch."""
+
+    def state_dict(self) -> dict:
+        """Compressor-wide state to checkpoint (per-tensor state is kept by the wrapper)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def config(self) -> dict:
+        """The constructor arguments, for logs and for the cross-rank consistency check."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+        return f"{type(self).__name__}({args})"

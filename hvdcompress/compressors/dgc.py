@@ -1,0 +1,171 @@
+"""Deep Gradient Compression (Lin et al., ICLR 2018).
+
+Per tensor and step, with local gradient ``g``, momentum ``m``, weight decay ``λ``, ``N`` ranks::
+
+    g ← g + λ·w                                  weight-decay correction (λ moved out of the optimizer)
+    g ← g · min(1, c / (√N · ‖g‖))               local gradient clipping (when clip_norm=c is set)
+    u ← m·u + g;        v ← v + u                momentum correction (plain)
+    u ← m·(u + g);      v ← v + u + g            momentum correction (Nesterov)
+    I ← {i : |v_i| ≥ θ}                          θ from a strided sample of |v| (below)
+    send (v_I, I);      v_I ← 0;  u_I ← 0        factor masking of u (masking=True)
+
+The sum over ranks of the sent values, divided by N, is applied by the wrapped optimizer as a
+plain SGD step, which is why DGC takes the optimizer's momentum over (``takes_over_momentum``).
+At sparsity 0 with masking off this is exactly momentum SGD on the averaged gradient.
+
+Threshold: ``k = ⌈n·(1−s)⌉``. The top ``⌈(1−s)·S⌉`` of ``S`` samples of |v| taken at an odd
+stride from a pseudo-random start give θ; when the count selected is off by more than
+``upper``/``lower`` the threshold is scaled and the count taken again (at most
+``max_adaptation_iters`` times); far too many is cut to the exact top-k among the candidates
+(``resample``). Tensors of at most ``⌈2/(1−s)⌉`` elements use all elements as the sample (exact).
+The trade-off: one pass over the sample instead of a full sort, at the price of sending between
+``lower·k`` and ``k`` elements.
+
+Tensors with fewer than ``min_numel`` elements (biases, norms), and every tensor while the
+current sparsity is 0, are sent dense (``u`` plus any velocity) through allreduce.
+
+Sparsity warm-up: ``warmup`` is an :class:`~hvdcompress.schedule.ExponentialWarmup` or
+:class:`~hvdcompress.schedule.ListWarmup`, counted in epochs (:meth:`set_epoch`) or optimizer
+steps (:meth:`on_step`).
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any, Optional
+
+from ..compressor import Packet, TensorInfo, check_float_tensor
+from ..ops import Ops, Tensor
+from ..schedule import Schedule
+from ..validation import check_int, check_range
+from .sparse import SparseCompressor
+
+
+class DGC(SparseCompressor):
+    """Deep Gradient Compression. ``sparsity`` is the fraction of elements *not* sent."""
+
+    name = "dgc"
+    takes_over_momentum = True
+
+    def __init__(self, sparsity: float = 0.999, momentum: Optional[float] = None,
+                 nesterov: Optional[bool] = None, masking: bool = True,
+                 clip_norm: Optional[float] = None, weight_decay: Optional[float] = None,
+                 min_numel: int = 16384, sample_ratio: float = 0.01, upper: float = 1.3,
+                 lower: float = 0.8, max_adaptation_iters: int = 10, resample: bool = True,
+                 fp16_values: bool = False, warmup: Optional[Schedule] = None, seed: int = 0):
+        own = "DGC"
+        self.sparsity = check_range(own, "sparsity", sparsity, 0.0, 1.0, high_open=True)
+        self.momentum = None if momentum is None else check_range(own, "momentum", momentum, 0.0, 1.0, high_open=True)
+        self.nesterov = nesterov
+        self.masking = bool(masking)
+        self.clip_norm = None if clip_norm is None else check_range(own, "clip_norm", clip_norm, 0.0, math.inf, low_open=True)
+        self.weight_decay = None if weight_decay is None else check_range(own, "weight_decay", weight_decay, 0.0, math.inf)
+        self.min_numel = check_int(own, "min_numel", min_numel, 0)
+        self.sample_ratio = check_range(own, "sample_ratio", sample_ratio, 0.0, 1.0, low_open=True)
+        self.upper = check_range(own, "upper", upper, 1.0, math.inf, low_open=True)
+        self.lower = check_range(own, "lower", lower, 0.0, 1.0, low_open=True, high_open=True)
+        self.max_adaptation_iters = check_int(own, "max_adaptation_iters", max_adaptation_iters, 0)
+        self.resample = bool(resample)
+        self.fp16_values = bool(fp16_values)
+        if warmup is not None and not isinstance(warmup, Schedule):
+            raise ValueError(f"DGC: warmup={warmup!r} is not a schedule; allowed: None, "
+                             "ExponentialWarmup(...) or ListWarmup(...)")
+        self.warmup = warmup
+        self.seed = check_int(own, "seed", seed, 0)
+        self._step = 0
+        self._epoch = 0
+
+    # ---- schedule ------------------------------------------------------------------------------
+    @property
+    def current_sparsity(self) -> float:
+        """The sparsity in force now, after warm-up."""
+        if self.warmup is None:
+            return self.sparsity
+        t = self._epoch if self.warmup.unit == "epoch" else self._step
+        return self.warmup.sparsity(t, self.sparsity)
+
+    def on_step(self) -> None:
+        self._step += 1
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = check_int("DGC.set_epoch", "epoch", epoch, 0)
+
+    def state_dict(self) -> dict:
+        return {"step": self._step, "epoch": self._epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._step, self._epoch = int(state["step"]), int(state["epoch"])
+
+    # ---- algorithm -----------------------------------------------------------------------------
+    def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
+        for key in ("momentum", "velocity"):
+            if key not in state:
+                ops.write(state, key, ops.zeros(info.numel, like=x))
+
+    def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
+        check_float_tensor(ops, x, info)
+        g = x
+        wd = info.weight_decay if self.weight_decay is None else self.weight_decay
+        if wd and info.param is not None:
+            g = g + info.param * wd
+        if self.clip_norm is not None:
+            limit = self.clip_norm / math.sqrt(info.world)
+            g = g * min(1.0, limit / (ops.scalar(ops.norm(g)) + 1e-6))
+        mu = info.momentum if self.momentum is None else self.momentum
+        nesterov = info.nesterov if self.nesterov is None else self.nesterov
+        if nesterov:
+            u = (state["momentum"] + g) * mu
+            v = state["velocity"] + u + g
+        else:
+            u = state["momentum"] * mu + g
+            v = state["velocity"] + u
+        sparsity = self.current_sparsity
+        if info.numel < self.min_numel or sparsity == 0.0:
+            ops.write(state, "momentum", u)
+            ops.write(state, "velocity", ops.zeros(info.numel, like=x))
+            return Packet([v], None, summable=True)
+        indices = self.select(ops, v, 1.0 - sparsity, info)
+        values = ops.gather(v, indices)
+        ops.write(state, "velocity", ops.fill_at(v, indices, 0.0))
+        ops.write(state, "momentum", ops.fill_at(u, indices, 0.0) if self.masking else u)
+        if self.fp16_values:
+            values = ops.cast(values, "float16")
+        packet = self.packet(ops, values, indices, info)
+        packet.ctx = ops.dtype(x)
+        return packet
+
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
+        if len(tensors) == 1:  # dense
+            return tensors[0]
+        values, indices = tensors
+        return super().decompress(ops, [ops.cast(values, ctx), indices], ctx, info)
+
+    def select(self, ops: Ops, v: Tensor, density: float, info: TensorInfo) -> Tensor:
+        """Indices of about ``⌈n·density⌉`` largest-magnitude elements of ``v`` (see module doc)."""
+        n = info.numel
+        k = max(1, int(math.ceil(n * density)))
+        importance = ops.magnitude(v)
+        wanted = max(int(math.ceil(n * self.sample_ratio)), int(math.ceil(2.0 / density)))
+        if self.sample_ratio >= 1.0 or n <= wanted:
+            samples, sampled = importance, False
+        else:
+            stride = max(1, n // wanted)
+            stride -= 1 if stride > 1 and stride % 2 == 0 else 0
+            start = zlib.crc32(f"{self.seed}:{self._step}:{info.name}".encode()) % stride
+            samples, sampled = ops.strided(importance, start, stride), True
+        top = max(1, int(math.ceil(ops.numel(samples) * density)))
+        threshold = ops.min(ops.topk_values(samples, top))
+        indices = ops.nonzero(ops.ge(importance, threshold))
+        count = ops.numel(indices)
+        for _ in range(self.max_adaptation_iters if sampled else 0):
+            if count > k * self.upper and self.resample:
+                return ops.gather(indices, ops.topk_indices(ops.gather(importance, indices), k))
+            if count > k * self.upper:
+                threshold = threshold * self.upper
+            elif count < k * self.lower:
+                threshold = threshold * self.lower
+            else:
+                break
+            indices = ops.nonzero(ops.ge(importance, threshold))
+            count = ops.numel(indices)
+        return indices if count <= k else ops.split(indices, [k, count - k])[0]

@@ -1,0 +1,112 @@
+"""Memory decorators that wrap any compressor (BytePS style).
+
+:class:`ErrorFeedback` (Seide et al. 2014; Karimireddy et al. 2019)::
+
+    p = g + e;  c = C(p);  e = p - D(c)
+
+Nothing is lost: over any number of steps, what was sent plus the residual equals the sum of the
+gradients, so a biased compressor (top-k, sign) still converges. Costs one buffer of the
+gradient's size and one local decompression per step. Non-finite residual entries are reset to
+0, so a single NaN step does not poison every later one.
+
+:class:`Momentum` applies (Nesterov) momentum before compression, as BytePS does::
+
+    m = mu * m + g;  send C(m)              (plain)
+    m = mu * m + g;  send C(g + mu * m)     (nesterov)
+
+The framework's own momentum must then be off for those tensors: the wrapper moves it here
+(``takes_over_momentum``) and an explicit ``mu`` with a momentum optimizer is an error.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .compressor import Compressor, Packet, TensorInfo
+from .ops import Ops, Tensor
+from .validation import check_range
+
+
+class Decorator(Compressor):
+    """A compressor that wraps another and forwards what it does not change."""
+
+    def __init__(self, inner: Compressor):
+        if not isinstance(inner, Compressor):
+            raise TypeError(f"{type(self).__name__} wraps a Compressor, got {type(inner).__name__}")
+        self.inner = inner
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.inner.name
+
+    def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
+        self.inner.init_state(ops, x, state, info)
+
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
+        return self.inner.decompress(ops, tensors, ctx, info)
+
+    def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                            world: int) -> Tensor:
+        return self.inner.decompress_gathered(ops, tensors, ctx, info, world)
+
+    def on_step(self) -> None:
+        self.inner.on_step()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.inner.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
+
+
+class ErrorFeedback(Decorator):
+    """Residual error feedback around ``inner``. State: ``residual``."""
+
+    def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
+        super().init_state(ops, x, state, info)
+        if "residual" not in state:
+            ops.write(state, "residual", ops.zeros(info.numel, like=x))
+
+    def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
+        p = x + state["residual"]
+        packet = self.inner.compress(ops, p, state, info)
+        e = p - self.inner.decompress(ops, packet.tensors, packet.ctx, info)
+        ops.write(state, "residual", ops.where(ops.isfinite(e), e, ops.zeros(info.numel, like=e)))
+        return packet
+
+    def config(self) -> dict:
+        return {"ef": "vanilla", **self.inner.config()}
+
+
+class Momentum(Decorator):
+    """Momentum (plain or Nesterov) applied before ``inner``. State: ``momentum``.
+
+    ``mu=None`` takes the wrapped optimizer's momentum for each tensor.
+    """
+
+    takes_over_momentum = True
+
+    def __init__(self, inner: Compressor, mu: Optional[float] = None, nesterov: bool = False):
+        super().__init__(inner)
+        self.mu = None if mu is None else check_range("Momentum", "mu", mu, 0.0, 1.0, high_open=True)
+        self.nesterov = bool(nesterov)
+
+    def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
+        super().init_state(ops, x, state, info)
+        if "momentum" not in state:
+            ops.write(state, "momentum", ops.zeros(info.numel, like=x))
+
+    def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
+        mu = info.momentum if self.mu is None else self.mu
+        nesterov = self.nesterov or info.nesterov
+        if info.weight_decay and info.param is not None:
+            x = x + info.param * info.weight_decay
+        m = state["momentum"] * mu + x
+        ops.write(state, "momentum", m)
+        return self.inner.compress(ops, x + m * mu if nesterov else m, state, info)
+
+    def config(self) -> dict:
+        return {"momentum": "nesterov" if self.nesterov else "plain", "mu": self.mu,
+                **self.inner.config()}

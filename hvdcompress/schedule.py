@@ -1,0 +1,69 @@
+"""Sparsity warm-up schedules (DGC §3.3; Paddle's DGCMomentumOptimizer).
+
+Sending everything at once from the first step hurts early training, when gradients change
+fast. A warm-up starts dense and tightens to the target:
+
+* :class:`ExponentialWarmup`: the density (1 - sparsity) shrinks geometrically,
+  ``density_t = target_density ** ((t + 1) / length)`` for ``t < length``, then the target.
+  For target 0.999 over 5 units: 75%, 93.7%, 98.4%, 99.6%, 99.9% sparsity.
+* :class:`ListWarmup`: an explicit list, Paddle style: dense before ``begin``; from ``begin``
+  the list is walked evenly over ``length`` units; after that its last value.
+
+``t`` counts epochs or optimizer steps, as the owner decides (``unit``).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .validation import check_choice, check_int, check_range
+
+
+class Schedule:
+    """Maps a step or epoch count to a sparsity in [0, 1)."""
+
+    def __init__(self, unit: str):
+        self.unit = check_choice(type(self).__name__, "unit", unit, ("epoch", "step"))
+
+    def sparsity(self, t: int, target: float) -> float:
+        raise NotImplementedError
+
+
+class ExponentialWarmup(Schedule):
+    """Geometric ramp of the density to the target over ``length`` units."""
+
+    def __init__(self, length: int, unit: str = "epoch"):
+        super().__init__(unit)
+        self.length = check_int("ExponentialWarmup", "length", length, 1)
+
+    def sparsity(self, t: int, target: float) -> float:
+        if t >= self.length:
+            return target
+        return 1.0 - (1.0 - target) ** ((t + 1) / self.length)
+
+    def __repr__(self) -> str:
+        return f"ExponentialWarmup(length={self.length}, unit={self.unit!r})"
+
+
+class ListWarmup(Schedule):
+    """Paddle's ``sparsity`` list with ``rampup_begin_step`` and ``rampup_step``."""
+
+    def __init__(self, sparsities: Sequence[float], begin: int = 0, length: int = 1,
+                 unit: str = "step"):
+        super().__init__(unit)
+        if not sparsities:
+            raise ValueError("ListWarmup: sparsities=[] is empty; allowed: a non-empty list of "
+                             "numbers in [0, 1)")
+        self.sparsities = [check_range("ListWarmup", "sparsities", s, 0.0, 1.0, high_open=True)
+                           for s in sparsities]
+        self.begin = check_int("ListWarmup", "begin", begin, 0)
+        self.length = check_int("ListWarmup", "length", length, 1)
+
+    def sparsity(self, t: int, target: float) -> float:
+        if t < self.begin:
+            return 0.0
+        i = (t - self.begin) * len(self.sparsities) // self.length
+        return self.sparsities[min(i, len(self.sparsities) - 1)]
+
+    def __repr__(self) -> str:
+        return (f"ListWarmup({self.sparsities}, begin={self.begin}, length={self.length}, "
+                f"unit={self.unit!r})")

@@ -15,7 +15,7 @@ from .compressors.randomk import RandomK
 from .compressors.topk import TopK
 from .memory import ErrorFeedback, Momentum
 from .registry import available, from_params, register
-from .schedule import ExponentialWarmup, ListWarmup
+from .schedule import ExponentialWarmup, ListWarmup, SparsityScheduler
 
 for _cls in (NoCompression, FP16, BF16, TopK, RandomK, DGC):
     register(_cls)
@@ -23,6 +23,6 @@ for _cls in (NoCompression, FP16, BF16, TopK, RandomK, DGC):
 __all__ = [
     "Compressor", "Packet", "TensorInfo", "payload_bytes", "NoCompression", "FP16", "BF16",
     "TopK", "RandomK", "DGC", "ErrorFeedback", "Momentum", "available", "from_params",
-    "register", "ExponentialWarmup", "ListWarmup",
+    "register", "ExponentialWarmup", "ListWarmup", "SparsityScheduler",
 ]
 __version__ = "0.1.0"

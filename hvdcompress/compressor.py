@@ -19,10 +19,10 @@ configuration: every rank must make the same choice, or the collectives would no
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
-from .ops import FLOAT_DTYPES, Ops, Tensor
+from .backend import FLOAT_DTYPES, Ops, Tensor
 
 
 @dataclass
@@ -36,6 +36,7 @@ class TensorInfo:
     name: str
     numel: int
     world: int = 1
+    shape: tuple = ()
     param: Optional[Tensor] = None
     momentum: float = 0.0
     nesterov: bool = False
@@ -44,12 +45,18 @@ class TensorInfo:
 
 @dataclass
 class Packet:
-    """A compressed tensor: ``tensors`` go on the wire, ``ctx`` stays on the rank."""
+    """A compressed tensor: ``tensors`` go on the wire, ``ctx`` stays on the rank.
+
+    ``resume``: for algorithms that need more than one round of communication (PowerSGD sends
+    P, then Q computed from the reduced P). When set, the wrapper communicates ``tensors``,
+    calls ``resume(outputs)`` with what came back and communicates the packet it returns;
+    the last packet (``resume=None``) is the one decompressed with its ``ctx``.
+    """
 
     tensors: list
     ctx: Any = None
     summable: bool = False
-    extra: dict = field(default_factory=dict)
+    resume: Optional[Callable[[list], "Packet"]] = None
 
 
 def payload_bytes(ops: Ops, tensors: list) -> int:

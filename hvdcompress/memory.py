@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .compressor import Compressor, Packet, TensorInfo
-from .ops import Ops, Tensor
+from .backend import Ops, Tensor
 from .validation import check_range
 
 

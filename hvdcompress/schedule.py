@@ -67,3 +67,44 @@ class ListWarmup(Schedule):
     def __repr__(self) -> str:
         return (f"ListWarmup({self.sparsities}, begin={self.begin}, length={self.length}, "
                 f"unit={self.unit!r})")
+
+
+class SparsityScheduler:
+    """Drives a compressor's epoch-based warm-up from a plain training loop, like an LR
+    scheduler: call :meth:`step` once at the end of every epoch::
+
+        dgc = DGC(0.999, warmup=ExponentialWarmup(5))
+        sched = SparsityScheduler(dgc)
+        for epoch in range(epochs):
+            train_one_epoch()
+            sched.step()
+
+    ``compressor`` may also be an optimizer wrapped by hvdcompress (its compressor is used).
+    Its state (the epoch) is in :meth:`state_dict`.
+    """
+
+    def __init__(self, compressor, last_epoch: int = 0):
+        self.compressor = getattr(compressor, "_compression", compressor)
+        if not hasattr(self.compressor, "set_epoch"):
+            raise TypeError(f"SparsityScheduler: {compressor!r} is neither a compressor nor an "
+                            "hvdcompress optimizer")
+        self.last_epoch = check_int("SparsityScheduler", "last_epoch", last_epoch, 0)
+        self.compressor.set_epoch(self.last_epoch)
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        self.compressor.set_epoch(self.last_epoch)
+
+    def get_sparsity(self):
+        """The compressor's current sparsity (None for compressors without one)."""
+        inner = self.compressor
+        while not hasattr(inner, "current_sparsity") and hasattr(inner, "inner"):
+            inner = inner.inner
+        return getattr(inner, "current_sparsity", None)
+
+    def state_dict(self) -> dict:
+        return {"last_epoch": self.last_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.last_epoch = int(state["last_epoch"])
+        self.compressor.set_epoch(self.last_epoch)

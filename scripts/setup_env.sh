@@ -70,7 +70,7 @@ WRAPPER
     CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_PYTORCH=$WITH_TORCH HOROVOD_WITH_TENSORFLOW=1 \
     HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_CPU_OPERATIONS=gloo \
     MAKEFLAGS=-j2 CXX="$WRAP/g++" \
-    $( [ "$WITH_TORCH" = 1 ] || echo HOROVOD_WITHOUT_PYTORCH=1 ) \
+    env $( [ "$WITH_TORCH" = 1 ] || echo HOROVOD_WITHOUT_PYTORCH=1 ) \
       "$VPY" -m pip wheel --no-build-isolation --no-cache-dir --no-deps -w "$WHEEL_DIR.tmp" \
         "horovod==$HOROVOD_VERSION" > "$WHEEL_DIR.log" 2>&1 \
       || { tail -40 "$WHEEL_DIR.log" >&2; fail "horovod build" "pip wheel horovod==$HOROVOD_VERSION failed; full log: $WHEEL_DIR.log"; }

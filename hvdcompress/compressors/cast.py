@@ -4,13 +4,17 @@ Halves the bytes for float32 gradients with no state. The trade-off: fp16 has 10
 and a range of about 6e-8 to 65504, so tiny gradients underflow and a sum over many ranks can
 overflow; bf16 keeps float32's range with only 7 mantissa bits. Mild: for fast links and the
 intra-node level. A gradient already in the target dtype is sent as it is.
+
+Horovod's collectives have no bfloat16 type, so bf16 payloads travel as their int16 bits through
+allgather and are summed after decoding (in the gradient's dtype): for 2 ranks the bytes equal
+an fp16 allreduce's; beyond that they grow with the number of ranks.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from ..compressor import Compressor, Packet, TensorInfo, check_float_tensor
-from ..ops import Ops, Tensor
+from ..backend import Ops, Tensor
 
 
 class Cast(Compressor):
@@ -18,14 +22,18 @@ class Cast(Compressor):
 
     name = "cast"
     wire_dtype = "float16"
+    carrier: Optional[str] = None  # a same-width dtype Horovod can gather, when it cannot sum wire_dtype
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         check_float_tensor(ops, x, info)
-        dt = ops.dtype(x)
-        return Packet([ops.cast(x, self.wire_dtype)], dt, summable=True)
+        wire = ops.cast(x, self.wire_dtype)
+        if self.carrier is None:
+            return Packet([wire], ops.dtype(x), summable=True)
+        return Packet([ops.bitcast(wire, self.carrier)], ops.dtype(x), summable=False)
 
     def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
-        return ops.cast(tensors[0], ctx)
+        wire = tensors[0] if self.carrier is None else ops.bitcast(tensors[0], self.wire_dtype)
+        return ops.cast(wire, ctx)
 
 
 class FP16(Cast):
@@ -40,3 +48,4 @@ class BF16(Cast):
 
     name = "bf16"
     wire_dtype = "bfloat16"
+    carrier = "int16"

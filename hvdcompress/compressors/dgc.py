@@ -35,7 +35,7 @@ import zlib
 from typing import Any, Optional
 
 from ..compressor import Packet, TensorInfo, check_float_tensor
-from ..ops import Ops, Tensor
+from ..backend import Ops, Tensor
 from ..schedule import Schedule
 from ..validation import check_int, check_range
 from .sparse import SparseCompressor

@@ -15,7 +15,7 @@ from typing import Any, Union
 import numpy as np
 
 from ..compressor import Packet, TensorInfo, check_float_tensor
-from ..ops import Ops, Tensor
+from ..backend import Ops, Tensor
 from ..validation import check_int
 from .topk import check_k, resolve_k
 from .sparse import SparseCompressor

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..compressor import Compressor, Packet, TensorInfo
-from ..ops import Ops, Tensor
+from ..backend import Ops, Tensor
 
 INT32_LIMIT = 2 ** 31
 

@@ -15,7 +15,7 @@ import math
 from typing import Union
 
 from ..compressor import Packet, TensorInfo, check_float_tensor
-from ..ops import Ops, Tensor
+from ..backend import Ops, Tensor
 from ..validation import check_int, check_range
 from .sparse import SparseCompressor
 

@@ -1,8 +1,8 @@
 """The array operations a framework provides to the core.
 
 Every algorithm in :mod:`hvdcompress.compressors` is written once, against this small
-interface, and runs unchanged on PyTorch tensors (:mod:`hvdcompress.torch.ops`) and TensorFlow
-tensors (:mod:`hvdcompress.tensorflow.ops`). Tensors are opaque to the core: it only passes them
+interface, and runs unchanged on PyTorch tensors (:mod:`hvdcompress.torch.backend`) and TensorFlow
+tensors (:mod:`hvdcompress.tensorflow.backend`). Tensors are opaque to the core: it only passes them
 to these methods and combines them with ``+``, ``-``, ``*`` and ``/``.
 
 State (residuals, momenta) lives in a plain ``dict`` per tensor; a backend decides how a value is
@@ -41,6 +41,10 @@ class Ops(ABC):
 
     @abstractmethod
     def cast(self, x: Tensor, dtype: str) -> Tensor: ...
+
+    @abstractmethod
+    def bitcast(self, x: Tensor, dtype: str) -> Tensor:
+        """The same bytes read as ``dtype`` of the same width (e.g. bfloat16 <-> int16)."""
 
     @abstractmethod
     def from_numpy(self, a: Any, like: Tensor) -> Tensor:

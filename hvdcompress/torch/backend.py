@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..ops import Ops
+from ..backend import Ops
 
 _DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -32,6 +32,9 @@ class TorchOps(Ops):
 
     def cast(self, x, dtype):
         return x.to(_DTYPES[dtype])
+
+    def bitcast(self, x, dtype):
+        return x.view(_DTYPES[dtype])
 
     def from_numpy(self, a, like):
         return torch.from_numpy(np.ascontiguousarray(a)).to(like.device)

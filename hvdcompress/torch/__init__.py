@@ -1,0 +1,13 @@
+"""PyTorch wrapper: ``hvdcompress.torch.DistributedOptimizer`` and helpers.
+
+Migration from Horovod is the import::
+
+    import hvdcompress.torch as hvc
+    opt = hvc.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=hvdcompress.DGC(0.999))
+"""
+from ..schedule import SparsityScheduler
+from .backend import TorchOps
+from .optimizer import DistributedOptimizer
+
+__all__ = ["DistributedOptimizer", "SparsityScheduler", "TorchOps"]

@@ -1,0 +1,451 @@
+"""hvdcompress.torch.DistributedOptimizer: Horovod's DistributedOptimizer with compression.
+
+Same signature and behaviour as ``horovod.torch.DistributedOptimizer``, plus ``compression=``
+taking any :class:`hvdcompress.Compressor` (or a dict for :func:`hvdcompress.from_params`).
+
+Per parameter, once its gradient has been accumulated ``backward_passes_per_step`` times, a
+hook compresses it (the compressor may update its per-tensor state: residual, momentum) and
+starts the collective: payloads that can be summed go through Horovod's grouped allreduce,
+per-rank payloads through its grouped allgather. ``synchronize()`` (called by ``step()``) waits,
+decompresses every rank's payload, sums, averages, and writes ``p.grad``; then the wrapped
+optimizer steps.
+
+Momentum taken over: compressors with ``takes_over_momentum`` (DGC, the Momentum decorator)
+apply the momentum and weight decay themselves. For a ``torch.optim.SGD`` the wrapper reads each
+group's ``momentum``, ``nesterov`` and ``weight_decay`` at every step, hands them to the
+compressor, and runs the wrapped ``step()`` with them set to 0 (restored right after), so the
+optimizer does a plain SGD step on the already-momentum-corrected gradient; ``param_groups``,
+LR/momentum schedulers and checkpoints keep the user's values. A compressor with an explicit
+momentum next to an SGD with momentum is an error (momentum would apply twice). Other
+optimizers (Adam, ...) are left alone, and DGC then uses its own ``momentum`` (default 0).
+
+Defined behaviour for unusual gradients:
+  * ``p.grad is None`` on this rank at ``synchronize()``: zeros are sent (another rank may have
+    a gradient), as Horovod does.
+  * empty tensors: nothing is sent; the gradient stays empty.
+  * integer/complex gradients: ``TypeError`` naming the parameter.
+  * NaN/Inf: selected and sent like any large value, so every rank sees them as with a dense
+    allreduce (AMP's GradScaler then skips the step); residuals drop non-finite entries.
+  * sparse gradients (``nn.Embedding(sparse=True)``): with ``sparse_as_dense=True`` densified
+    and compressed; otherwise sent uncompressed through Horovod's sparse allreduce.
+"""
+from __future__ import annotations
+
+import pickle
+import warnings
+import weakref
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+from ..accounting import ByteCount
+from ..compressor import Compressor, Packet, TensorInfo, payload_bytes
+from ..registry import from_params
+from .backend import TorchOps
+
+_OPS = TorchOps()
+_TAKEN_OVER = ("momentum", "nesterov", "weight_decay")
+
+
+def _as_compressor(compression: Any) -> Compressor:
+    if isinstance(compression, Compressor):
+        return compression
+    if isinstance(compression, Mapping):
+        return from_params(compression)
+    raise TypeError(f"compression={compression!r} is not supported; pass an hvdcompress "
+                    "Compressor (e.g. hvdcompress.DGC(0.999), hvdcompress.FP16()) or a dict for "
+                    "hvdcompress.from_params")
+
+
+def _allgather_object(obj: Any, process_set) -> list:
+    """Every rank's ``obj`` (pickled), over ``process_set``."""
+    data = torch.from_numpy(np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy())
+    sizes = hvd.allgather(torch.tensor([data.numel()]), name="hvdc.meta.sizes", process_set=process_set)
+    blob = hvd.allgather(data, name="hvdc.meta.blob", process_set=process_set)
+    out, start = [], 0
+    for n in sizes.tolist():
+        out.append(pickle.loads(blob[start:start + n].numpy().tobytes()))
+        start += n
+    return out
+
+
+def _weak_hook(optimizer) -> Callable:
+    """A gradient hook that does not keep ``optimizer`` alive: wrapping a model's parameters in a
+    new optimizer leaves the old one collectable, and its hooks inert."""
+    ref = weakref.ref(optimizer)
+
+    def hook(p: torch.Tensor) -> None:
+        owner = ref()
+        if owner is not None:
+            owner._hook(p)
+    return hook
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Mixed into the wrapped optimizer's class by :func:`DistributedOptimizer`."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
+                 op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
+                 sparse_as_dense=False, process_set=hvd.global_process_set, defaults=None):
+        try:
+            super(self.__class__, self).__init__(params, **(defaults or {}))
+        except TypeError:
+            super(self.__class__, self).__init__(params)
+        self._compression = compression
+        self._names = self._check_names(named_parameters)
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self._tensor_state = {name: {} for name in self._names.values()}
+        self._delay = {p: backward_passes_per_step for p in self._names}
+        self._requires_update = set()
+        self._prepared = {}        # group id -> [(p, packet, info)] compressed, not yet launched
+        self._inflight = []        # [(entries, handles)] launched groups
+        self._sparse = {}          # p -> handle of Horovod's sparse allreduce
+        self._synchronized = False
+        self._should_synchronize = True
+        self.last_step_bytes = ByteCount()
+        self.total_bytes = ByteCount()
+        self._step_bytes = ByteCount()
+        self._check_momentum()
+        self._group_of = self._make_groups(groups)
+        self._param_group = {p: g for g in self.param_groups for p in g["params"]}
+        self._check_ranks_agree()
+        if self.process_set.included():
+            self._register_hooks()
+
+    # ---- construction checks -----------------------------------------------------------------
+    def _check_names(self, named_parameters) -> dict:
+        params = [p for g in self.param_groups for p in g["params"]]
+        if named_parameters is None:
+            named = [(f"allreduce.noname.{i}.{j}", p) for i, g in enumerate(self.param_groups)
+                     for j, p in enumerate(g["params"])]
+        else:
+            named = list(named_parameters)
+        if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+            raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
+                             "usually produced by model.named_parameters()")
+        names = [n for n, _ in named]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            raise ValueError(f"parameter names in named_parameters must be unique; duplicates: {', '.join(dups)}")
+        by_id = {id(p): n for n, p in named}
+        unnamed = [p for p in params if id(p) not in by_id]
+        if unnamed:
+            raise ValueError(f"named_parameters was given, but {len(unnamed)} optimizer parameter(s) "
+                             f"are not in it (shapes: {[tuple(p.shape) for p in unnamed]})")
+        return {p: by_id[id(p)] for p in params}
+
+    def _check_momentum(self) -> None:
+        if not self._compression.takes_over_momentum or not isinstance(self, torch.optim.SGD):
+            return
+        explicit = getattr(self._compression, "momentum", None)
+        if explicit is None:
+            explicit = getattr(self._compression, "mu", None)
+        for i, g in enumerate(self.param_groups):
+            if g.get("dampening", 0):
+                raise ValueError(f"param_groups[{i}] dampening={g['dampening']!r}: {self._compression.name} "
+                                 "applies momentum itself and supports dampening=0 only")
+            if explicit is not None and g.get("momentum", 0):
+                raise ValueError(f"param_groups[{i}] momentum={g['momentum']!r} and the compressor's "
+                                 f"momentum={explicit!r}: momentum would be applied twice; set one of "
+                                 "them to 0 (or leave the compressor's at None to take the optimizer's)")
+
+    def _make_groups(self, groups) -> dict:
+        """Parameter -> group id; a group's payloads are launched together."""
+        ordered = sorted(self._names, key=lambda p: self._names[p])
+        if groups is None:
+            return {p: i for i, p in enumerate(ordered)}
+        if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0:
+            per = -(-len(ordered) // groups)
+            return {p: i // per for i, p in enumerate(ordered)}
+        if isinstance(groups, list):
+            group_of = {}
+            for gid, members in enumerate(groups):
+                for p in members:
+                    if not isinstance(p, torch.Tensor) or p not in self._names:
+                        raise ValueError("groups must be a list of lists of this optimizer's parameters")
+                    if p in group_of:
+                        raise ValueError(f"parameter '{self._names[p]}' appears in more than one group")
+                    group_of[p] = gid
+            for p in ordered:
+                group_of.setdefault(p, f"single.{self._names[p]}")
+            return group_of
+        raise ValueError(f"groups={groups!r}: allowed: None, a positive integer, or a list of lists of parameters")
+
+    def _check_ranks_agree(self) -> None:
+        """Fail on every rank, with the difference, if ranks disagree on what they will send."""
+        mine = {"params": [(self._names[p], tuple(p.shape), str(p.dtype))
+                           for p in sorted(self._names, key=lambda p: self._names[p])],
+                "compression": repr(self._compression),
+                "backward_passes_per_step": self.backward_passes_per_step,
+                "op": int(self.op)}
+        everyone = _allgather_object(mine, self.process_set)
+        for rank, other in enumerate(everyone):
+            if other == mine:
+                continue
+            for key in mine:
+                if other[key] != mine[key]:
+                    diff = (sorted(set(map(str, mine[key])) ^ set(map(str, other[key])))[:5]
+                            if key == "params" else [mine[key], other[key]])
+                    raise ValueError(f"hvdcompress.torch.DistributedOptimizer: ranks disagree on "
+                                     f"{key}: this rank (index {self.process_set.rank()}) vs rank "
+                                     f"index {rank}; differing entries: {diff}")
+
+    # ---- hooks and communication -----------------------------------------------------------------
+    def _register_hooks(self) -> None:
+        self._group_size = {}
+        for p in self._names:
+            if p.requires_grad:
+                self._requires_update.add(p)
+                gid = self._group_of[p]
+                self._group_size[gid] = self._group_size.get(gid, 0) + 1
+                p.register_post_accumulate_grad_hook(_weak_hook(self))
+
+    def _hook(self, p: torch.Tensor) -> None:
+        if self._delay[p] <= 0:
+            raise AssertionError("gradients were computed more than backward_passes_per_step times "
+                                 "before step() or synchronize(); increase backward_passes_per_step")
+        self._delay[p] -= 1
+        if self._delay[p] == 0:
+            self._prepare(p)
+
+    def _info(self, p: torch.Tensor) -> TensorInfo:
+        info = TensorInfo(name=self._names[p], numel=p.numel(), world=self.process_set.size(),
+                          shape=tuple(p.shape), param=p.detach().view(-1))
+        if self._compression.takes_over_momentum and isinstance(self, torch.optim.SGD):
+            group = self._param_group[p]
+            info.momentum = float(group.get("momentum", 0.0))
+            info.nesterov = bool(group.get("nesterov", False))
+            info.weight_decay = float(group.get("weight_decay", 0.0))
+        return info
+
+    def _prepare(self, p: torch.Tensor) -> None:
+        """Compress ``p.grad`` and launch its group once every member is prepared."""
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grad = p.grad
+        if grad.is_sparse and not self.sparse_as_dense:
+            if self._compression.takes_over_momentum:
+                raise ValueError(f"parameter '{self._names[p]}' has a sparse gradient, which "
+                                 f"{self._compression.name} cannot compress; use sparse_as_dense=True")
+            self._sparse[p] = hvd.sparse_allreduce_async(grad, name=f"hvdc.sparse.{self._names[p]}",
+                                                         op=self.op, process_set=self.process_set)
+            return
+        if grad.is_sparse:
+            grad = grad.to_dense()
+        info = self._info(p)
+        gid = self._group_of[p]
+        entry_list = self._prepared.setdefault(gid, [])
+        if info.numel == 0:
+            packet = Packet([], None, summable=True)
+        else:
+            x = grad.reshape(-1)
+            if self.gradient_predivide_factor != 1.0:
+                x = x / self.gradient_predivide_factor
+            state = self._tensor_state[info.name]
+            self._compression.init_state(_OPS, x, state, info)
+            packet = self._compression.compress(_OPS, x, state, info)
+        self._step_bytes.add(info.numel * grad.element_size(), payload_bytes(_OPS, packet.tensors))
+        entry_list.append((p, packet, info))
+        if len(entry_list) == self._group_size[gid]:
+            self._launch(self._prepared.pop(gid), round_=0)
+
+    def _launch(self, entries: list, round_: int) -> None:
+        summed = [t for _, pk, _ in entries if pk.summable for t in pk.tensors]
+        gathered = [t for _, pk, _ in entries if not pk.summable for t in pk.tensors]
+        tag = f"hvdc.{entries[0][2].name}.r{round_}"
+        handles = (
+            hvd.grouped_allreduce_async_(summed, name=tag + ".sum", op=hvd.Sum,
+                                         process_set=self.process_set) if summed else None,
+            hvd.grouped_allgather_async(gathered, name=tag + ".gather",
+                                        process_set=self.process_set) if gathered else None,
+        )
+        self._inflight.append((entries, handles, round_))
+
+    def _finish(self, entries: list, handles: tuple, round_: int) -> None:
+        """Wait for one launched group; resume multi-round packets or write gradients."""
+        sums = iter(hvd.synchronize(handles[0]) if handles[0] is not None else [])
+        gathers = iter(hvd.synchronize(handles[1]) if handles[1] is not None else [])
+        resumed = []
+        world = self.process_set.size()
+        for p, packet, info in entries:
+            outputs = [next(sums if packet.summable else gathers) for _ in packet.tensors]
+            if packet.resume is not None:
+                resumed.append((p, packet.resume(outputs), info))
+                continue
+            if info.numel == 0:
+                continue
+            if packet.summable:
+                total = self._compression.decompress(_OPS, outputs, packet.ctx, info)
+            else:
+                total = self._compression.decompress_gathered(_OPS, outputs, packet.ctx, info, world)
+            scale = self.gradient_predivide_factor / world if self.op == hvd.Average else 1.0
+            grad = total.view(p.shape).to(p.dtype)
+            if scale != 1.0:
+                grad = grad * scale
+            if p.grad.is_sparse:
+                p.grad = grad.to_sparse()
+            else:
+                p.grad.copy_(grad)
+        if resumed:
+            self._launch(resumed, round_ + 1)
+            self._finish(*self._inflight.pop())
+
+    def synchronize(self) -> None:
+        """Wait for every gradient's communication and write the averaged gradients."""
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+        for p in sorted(self._requires_update - self._handled(), key=lambda q: self._names[q]):
+            self._delay[p] = 0
+            self._prepare(p)
+        for gid in sorted(self._prepared, key=str):  # groups whose members did not all report
+            self._launch(self._prepared.pop(gid), round_=0)
+        while self._inflight:
+            self._finish(*self._inflight.pop(0))
+        for p, handle in self._sparse.items():
+            p.grad = hvd.synchronize(handle)
+        self._sparse.clear()
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+        self._step_bytes.steps = 1
+        self.last_step_bytes = self._step_bytes
+        self.total_bytes.add(self._step_bytes.dense, self._step_bytes.sent)
+        self.total_bytes.steps += 1
+        self._step_bytes = ByteCount()
+        self._synchronized = True
+
+    def _handled(self) -> set:
+        """Parameters already compressed this step (their delay counter reached 0)."""
+        return {p for p, left in self._delay.items() if left == 0}
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Use after an explicit ``synchronize()``, so that ``step()`` does not wait again."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
+                              "optimizer.synchronize(); this synchronizes twice")
+            self.synchronize()
+        self._synchronized = False
+        saved = self._suspend_taken_over()
+        try:
+            result = super(self.__class__, self).step(closure)
+        finally:
+            for group, values in saved:
+                group.update(values)
+        self._compression.on_step()
+        return result
+
+    def _suspend_taken_over(self) -> list:
+        """Zero the optimizer settings the compressor applied itself; return them to restore."""
+        if not self._compression.takes_over_momentum or not isinstance(self, torch.optim.SGD):
+            return []
+        saved = []
+        for group in self.param_groups:
+            values = {k: group[k] for k in _TAKEN_OVER if k in group}
+            saved.append((group, values))
+            group.update({k: (False if k == "nesterov" else 0.0) for k in values})
+        return saved
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._prepared or self._inflight or self._sparse:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(); this would race with "
+                                 "the gradients' communication")
+        super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes <= 0:
+            raise ValueError(f"backward_passes_per_step={passes!r}: allowed: an integer >= 1")
+        self.backward_passes_per_step = passes
+        for p in self._delay:
+            self._delay[p] = passes
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state plus ``'hvdcompress'``: the compressor's own state and
+        every tensor's buffers (residuals, momenta, velocities), keyed by parameter name."""
+        sd = super(self.__class__, self).state_dict()
+        sd["hvdcompress"] = {
+            "compressor": self._compression.state_dict(),
+            "tensors": {name: {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
+                        for name, st in self._tensor_state.items()},
+        }
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        own = state_dict.pop("hvdcompress", None)
+        super(self.__class__, self).load_state_dict(state_dict)
+        self._prepared.clear()
+        self._inflight.clear()
+        self._sparse.clear()
+        self._synchronized = False
+        self._should_synchronize = True
+        self.set_backward_passes_per_step(self.backward_passes_per_step)
+        if own is None:
+            return
+        unknown = sorted(set(own["tensors"]) - set(self._tensor_state))
+        if unknown:
+            raise ValueError(f"load_state_dict: compressor state for unknown parameters {unknown[:5]}")
+        self._compression.load_state_dict(own["compressor"])
+        by_name = {n: p for p, n in self._names.items()}
+        for name, saved in own["tensors"].items():
+            device = by_name[name].device
+            self._tensor_state[name] = {k: v.clone().to(device) if torch.is_tensor(v) else v
+                                        for k, v in saved.items()}
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Optional[Iterable] = None,
+                         compression: Union[Compressor, Mapping, None] = None,
+                         backward_passes_per_step: int = 1, op=hvd.Average,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups=None, sparse_as_dense: bool = False,
+                         process_set=hvd.global_process_set) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that gradients are compressed, exchanged and averaged over ranks.
+
+    Arguments are those of ``horovod.torch.DistributedOptimizer``; ``compression`` takes an
+    hvdcompress compressor (default: none) or a dict for :func:`hvdcompress.from_params`.
+    The returned object is an instance of the optimizer's own class with ``synchronize()``,
+    ``skip_synchronize()``, ``last_step_bytes`` / ``total_bytes`` (:class:`ByteCount`: dense vs
+    sent bytes of this rank) and a ``state_dict()`` that includes the compressor's state.
+    ``op`` is ``hvd.Average`` or ``hvd.Sum`` (Adasum does not combine with compression).
+    """
+    from ..compressors.none import NoCompression
+
+    compressor = NoCompression() if compression is None else _as_compressor(compression)
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError(f"op={op!r}: allowed: hvd.Average or hvd.Sum (Adasum does not combine "
+                         "with compression)")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} needs op=hvd.Average")
+    if not gradient_predivide_factor > 0:
+        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r}: allowed: a number > 0")
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+            or backward_passes_per_step <= 0:
+        raise ValueError(f"backward_passes_per_step={backward_passes_per_step!r}: allowed: an integer >= 1")
+    if num_groups:
+        warnings.warn("num_groups is deprecated, use groups", DeprecationWarning)
+        groups = groups if groups is not None else num_groups
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    wrapped = cls(optimizer.param_groups, named_parameters, compressor, backward_passes_per_step,
+                  op, gradient_predivide_factor, groups, sparse_as_dense, process_set,
+                  dict(optimizer.defaults))
+    wrapped.state.update(optimizer.state)
+    return wrapped

@@ -10,14 +10,26 @@ Compressors live in the framework-agnostic core and are handed to a framework wr
 from .compressor import Compressor, Packet, TensorInfo, payload_bytes
 from .compressors.cast import BF16, FP16
 from .compressors.dgc import DGC
+from .compressors.dithering import Dithering
+from .compressors.efsignsgd import EFSignSGD
+from .compressors.int8 import Int8
+from .compressors.natural import Natural
 from .compressors.none import NoCompression
+from .compressors.onebit import OneBit
+from .compressors.powersgd import PowerSGD
+from .compressors.qsgd import QSGD
 from .compressors.randomk import RandomK
+from .compressors.signum import Signum
+from .compressors.terngrad import TernGrad
+from .compressors.threshold import Threshold
 from .compressors.topk import TopK
+from .compressors.twobit import TwoBit
 from .memory import ErrorFeedback, Momentum
 from .registry import available, from_params, register
 from .schedule import ExponentialWarmup, ListWarmup, SparsityScheduler
 
-for _cls in (NoCompression, FP16, BF16, TopK, RandomK, DGC):
+for _cls in (NoCompression, FP16, BF16, TopK, RandomK, DGC, OneBit, EFSignSGD, Signum, Threshold,
+             TwoBit, Int8, Dithering, QSGD, TernGrad, Natural, PowerSGD):
     register(_cls)
 
 __all__ = [

@@ -65,7 +65,8 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
 
 
 def _signature(cls: Type[Compressor]) -> Dict[str, inspect.Parameter]:
-    return {k: p for k, p in inspect.signature(cls.__init__).parameters.items() if k != "self"}
+    return {k: p for k, p in inspect.signature(cls.__init__).parameters.items()
+            if k != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
 def from_params(params: Mapping[str, Any]) -> Compressor:

@@ -39,6 +39,7 @@ from ..backend import Ops, Tensor
 from ..schedule import Schedule
 from ..validation import check_int, check_range
 from .sparse import SparseCompressor
+from .topk import resolve_k
 
 
 class DGC(SparseCompressor):
@@ -143,7 +144,7 @@ class DGC(SparseCompressor):
     def select(self, ops: Ops, v: Tensor, density: float, info: TensorInfo) -> Tensor:
         """Indices of about ``⌈n·density⌉`` largest-magnitude elements of ``v`` (see module doc)."""
         n = info.numel
-        k = max(1, int(math.ceil(n * density)))
+        k = resolve_k(density, n)
         importance = ops.magnitude(v)
         wanted = max(int(math.ceil(n * self.sample_ratio)), int(math.ceil(2.0 / density)))
         if self.sample_ratio >= 1.0 or n <= wanted:
@@ -153,7 +154,7 @@ class DGC(SparseCompressor):
             stride -= 1 if stride > 1 and stride % 2 == 0 else 0
             start = zlib.crc32(f"{self.seed}:{self._step}:{info.name}".encode()) % stride
             samples, sampled = ops.strided(importance, start, stride), True
-        top = max(1, int(math.ceil(ops.numel(samples) * density)))
+        top = resolve_k(density, ops.numel(samples))
         threshold = ops.min(ops.topk_values(samples, top))
         indices = ops.nonzero(ops.ge(importance, threshold))
         count = ops.numel(indices)

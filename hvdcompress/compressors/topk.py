@@ -21,10 +21,13 @@ from .sparse import SparseCompressor
 
 
 def resolve_k(k: Union[int, float], numel: int) -> int:
-    """Number of elements to send for a tensor of ``numel`` elements (at least 1)."""
+    """Number of elements to send for a tensor of ``numel`` elements (at least 1).
+
+    A fraction is rounded up after rounding away float noise: 1 - 0.99 of 1000 is 10, not 11.
+    """
     if isinstance(k, int):
         return min(k, numel)
-    return min(numel, max(1, int(math.ceil(k * numel))))
+    return min(numel, max(1, math.ceil(round(k * numel, 6))))
 
 
 def check_k(owner: str, k: Union[int, float]) -> Union[int, float]:

@@ -1,0 +1,55 @@
+"""model.fit with DGC and SparsityWarmupCallback; print the per-epoch logs.
+
+--schedule exp:  ExponentialWarmup(3) over epochs, target 0.999
+--schedule list: ListWarmup([0.5, 0.75, 0.9], begin=2, length=3, unit="step"), 2 steps/epoch
+On Keras 2, Horovod's own BroadcastGlobalVariablesCallback and MetricAverageCallback run beside it.
+"""
+import argparse
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+import hvdcompress.tensorflow.keras as hvck
+from common import result
+from hvdcompress import DGC, ExponentialWarmup, ListWarmup
+
+KERAS2 = int(tf.keras.__version__.split(".")[0]) < 3 if hasattr(tf.keras, "__version__") else True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--schedule", choices=["exp", "list"], required=True)
+    ap.add_argument("--epochs", type=int, default=5)
+    args = ap.parse_args()
+    hvd.init()
+    rank = hvd.rank()
+    rng = np.random.default_rng(rank)
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    y = rng.standard_normal((32, 64)).astype(np.float32)
+    model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(64, use_bias=False)])
+    dgc = DGC(0.999, min_numel=0)
+    opt = hvck.DistributedOptimizer(tf.keras.optimizers.SGD(0.01, momentum=0.9), compression=dgc)
+    model.compile(opt, "mse", jit_compile=False)
+    if args.schedule == "exp":
+        schedule = ExponentialWarmup(3)
+    else:
+        schedule = ListWarmup([0.5, 0.75, 0.9], begin=2, length=3, unit="step")
+    sent = tf.keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: logs.update(sent=opt.compression_bytes[0].sent))
+    callbacks = [hvck.callbacks.SparsityWarmupCallback(opt, schedule), sent]
+    if KERAS2:
+        import horovod.tensorflow.keras as hvdk
+        callbacks += [hvdk.callbacks.BroadcastGlobalVariablesCallback(0),
+                      hvdk.callbacks.MetricAverageCallback()]
+    else:
+        callbacks.append(hvck.callbacks.BroadcastGlobalVariablesCallback(0))
+    history = model.fit(x, y, batch_size=16, epochs=args.epochs, shuffle=False, verbose=0,
+                        callbacks=callbacks)
+    result(rank, sparsity=history.history["sparsity"], sent=history.history["sent"],
+           dense=opt.compression_bytes[0].dense, keras2=KERAS2,
+           weights=float(np.sum(model.get_weights()[0])))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""hvdcompress.tensorflow and .keras under real Horovod processes (horovodrun -np 2 --gloo).
+
+References are computed here, in numpy, from the data the scripts generate.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import run_horovod
+
+pytestmark = pytest.mark.horovod
+IN, OUT, BATCH = 64, 16, 32  # as in tests/hvd/tf_train.py
+
+
+def rank_data(rank: int):
+    rng = np.random.default_rng(100 + rank)
+    return (rng.standard_normal((BATCH, IN)).astype(np.float32),
+            rng.standard_normal((BATCH, OUT)).astype(np.float32))
+
+
+def momentum_sgd_reference(steps: int, lr: float, momentum: float, nesterov: bool,
+                           world: int = 2) -> np.ndarray:
+    """Momentum SGD (torch form) on the rank-averaged gradient of 0.5 * ||x W - y||^2."""
+    w = np.zeros((IN, OUT), np.float64)
+    buf = np.zeros_like(w)
+    data = [rank_data(r) for r in range(world)]
+    for _ in range(steps):
+        g = sum(x.T @ (x @ w - y) / BATCH for x, y in data) / world
+        buf = momentum * buf + g
+        w -= lr * (g + momentum * buf if nesterov else buf)
+    return w.ravel()
+
+
+def train_runs(runs: list) -> list:
+    """Run tests/hvd/tf_train.py on 2 ranks; per run, the weights of rank 0 and rank 1."""
+    results = run_horovod("tf_train.py", args=[json.dumps(runs)], timeout=600)
+    weights = [[None, None] for _ in runs]
+    for r in results:
+        weights[r["run"]][r["rank"]] = r["weights"]
+    return weights
+
+
+def dense_equivalent_runs() -> list:
+    """Configurations that each equal momentum SGD on the averaged gradient."""
+    dgc0 = {"compressor": "dgc", "sparsity": "0", "masking": "false", "min_numel": "0"}
+    runs = []
+    for api, function in (("tape", False), ("tape", True), ("optimizer", True), ("fit", False)):
+        for spec, momentum, nesterov in (({"compressor": "none"}, 0.9, False),
+                                         ({"compressor": "fp16"}, 0.0, False),
+                                         (dgc0, 0.9, False), (dgc0, 0.9, True)):
+            run = {"api": api, "function": function, "compression": spec, "steps": 4,
+                   "momentum": momentum, "nesterov": nesterov}
+            if api == "tape" and spec is dgc0:  # no optimizer to take momentum from: DGC's own
+                run.update(momentum=0.0, nesterov=False, compression=dict(
+                    spec, momentum_mu=str(momentum), momentum="nesterov" if nesterov else "plain"))
+            runs.append(run)
+    return runs
+
+
+def test_dense_equivalents_match_numpy_momentum_sgd():
+    runs = dense_equivalent_runs()
+    for run, (w0, w1) in zip(runs, train_runs(runs)):
+        assert w0 == w1, f"ranks ended with different weights: {run}"
+        momentum = 0.9 if "momentum_mu" in run["compression"] else run["momentum"]
+        nesterov = run["nesterov"] or run["compression"].get("momentum") == "nesterov"
+        expected = momentum_sgd_reference(4, 0.1, momentum, nesterov)
+        tol = 2e-3 if run["compression"]["compressor"] == "fp16" else 2e-5
+        np.testing.assert_allclose(w0, expected, rtol=tol, atol=tol, err_msg=str(run))
+
+
+def test_sparse_training_keeps_ranks_identical_from_random_init():
+    runs = [{"api": api, "compression": spec, "steps": 6, "init": "random", "function": True,
+             "momentum": 0.0 if (api == "tape" and spec["compressor"] == "dgc") else 0.9}
+            for api in ("tape", "fit")
+            for spec in ({"compressor": "dgc", "sparsity": "0.99", "min_numel": "0"},
+                         {"compressor": "topk", "k": "0.05", "ef": "vanilla"},
+                         {"compressor": "randomk", "k": "0.1", "seed": "3", "ef": "vanilla"},
+                         {"compressor": "bf16"})]
+    for run, (w0, w1) in zip(runs, train_runs(runs)):
+        assert w0 == w1, f"ranks ended with different weights: {run}"
+        assert np.abs(np.asarray(w0)).max() > 0, f"nothing trained: {run}"
+
+
+def np_topk(c: np.ndarray, k: int) -> np.ndarray:
+    out = np.zeros_like(c)
+    idx = np.argsort(-np.abs(c), kind="stable")[:k]
+    out[idx] = c[idx]
+    return out
+
+
+@pytest.mark.parametrize("op", ["average", "sum"])
+def test_topk_allgather_equals_hand_computed_sum(op):
+    n, k = 1000, 50
+    results = run_horovod("tf_sparse_sum.py", args=["--case", "topk", "--n", n, "--k", k, "--op", op])
+    c = [np.random.default_rng(10 + r).standard_normal(n).astype(np.float32) for r in range(2)]
+    expected = np_topk(c[0], k) + np_topk(c[1], k)
+    if op == "average":
+        expected = expected / np.float32(2)
+    for r in results:
+        np.testing.assert_array_equal(np.asarray(r["grad"], np.float32), expected)
+        assert r["bytes"]["sent"] == k * (4 + 4) and r["bytes"]["dense"] == n * 4
+
+
+def test_indexed_slices_pass_through_uncompressed():
+    results = run_horovod("tf_sparse_sum.py", args=["--case", "slices"])
+    expected = np.zeros((10, 4), np.float32)
+    for rank in range(2):
+        for row in (rank, 3, 3):  # rank r looks up rows [r, 3, 3] with weight r + 1
+            expected[row] += rank + 1
+    expected /= 2
+    for r in results:
+        assert r["is_slices"]
+        np.testing.assert_array_equal(np.asarray(r["grad"], np.float32), expected)
+
+
+def test_exponential_warmup_per_epoch_reaches_the_logs():
+    results = run_horovod("tf_warmup.py", args=["--schedule", "exp", "--epochs", 5])
+    expected = [1 - 0.001 ** ((e + 1) / 3) for e in range(3)] + [0.999, 0.999]
+    for r in results:
+        np.testing.assert_allclose(r["sparsity"], expected, rtol=1e-12)
+        assert r["sent"][0] > r["sent"][1] > r["sent"][2] > 0, r["sent"]
+        assert r["sent"][2] <= np.ceil(64 * 64 * 0.001) * 8  # the epoch's last step at 99.9%
+    assert results[0]["weights"] == results[1]["weights"]
+
+
+def test_list_warmup_per_step_reaches_the_logs():
+    results = run_horovod("tf_warmup.py", args=["--schedule", "list", "--epochs", 5])
+    sparsities, begin, length = [0.5, 0.75, 0.9], 2, 3
+
+    def at(t):  # Paddle's rampup: dense before begin, the list walked over length steps
+        return 0.0 if t < begin else sparsities[min((t - begin) * 3 // length, 2)]
+
+    expected = [at(2 * (e + 1)) for e in range(5)]  # 2 optimizer steps per epoch
+    for r in results:
+        assert r["sparsity"] == expected
+        assert r["sent"][0] == r["dense"]  # epoch 1's steps (t = 0, 1) were dense
+        assert r["sent"][-1] < r["dense"] / 5
+    assert results[0]["weights"] == results[1]["weights"]
+
+
+def test_checkpoint_round_trip_restores_compressor_state(tmp_path):
+    results = run_horovod("tf_state.py", args=["--case", "checkpoint", "--dir", tmp_path])
+    for r in results:
+        assert all(v > 0 for v in r["saved"].values()), "nothing to restore: state is zero"
+        assert r["saved_counters"]["step"] == 3
+        assert r["restored_counters"] == r["continued_counters"]
+        assert r["resumed"] == r["continued"], "resumed training differs from uninterrupted"
+        assert r["resumed_without_state"] != r["continued"], "control: state made no difference"
+
+
+def test_tf_function_step_does_not_retrace_on_sparsity_or_lr_change():
+    results = run_horovod("tf_state.py", args=["--case", "retrace"])
+    for r in results:
+        assert r["traces"] == [r["traces"][0]] * 4, r["traces"]  # no trace after the first call
+        assert r["sparsities"] == [1 - 0.5 ** 0.5, 0.5, 0.99, 0.99]
+        n = 4096
+        for s, sent in zip(r["sparsities"], r["sent"]):
+            k = int(np.ceil(n * (1 - s)))
+            assert 0.8 * k * 8 <= sent <= k * 8, (s, sent)  # the new sparsity is in force
+        assert r["weights"][2] != r["weights"][1] and r["weights"][3] == r["weights"][2]  # lr=0
+        assert r["step"] == 4

@@ -123,3 +123,30 @@ def test_ranks_that_disagree_get_a_clear_error(case, message):
 def test_ranks_that_agree_get_no_error():
     results = run_horovod("torch_mismatch.py", np=2, args=["same"], timeout=120)
     assert [r["error"] for r in results] == [None, None]
+
+
+def test_unusual_gradients_and_features():
+    cases = by_rank(run_horovod("torch_edge.py", np=2), "case")
+    for label in ("nan_topk_ef", "nan_dgc"):
+        for r in cases[label].values():
+            assert r["nan_at_7"] and r["nan_count"] == 1 and r["next_finite"], r
+    a0, a1 = rank_vector(0, 50), rank_vector(1, 50)
+    for r in cases["unused_and_small"].values():
+        np.testing.assert_allclose(r["a"], (a0 + a1) / 2, rtol=1e-6)
+        np.testing.assert_allclose(r["b"], a0 / 2, rtol=1e-6)  # rank 1 sent zeros
+        assert r["empty"] == [0]
+    accumulated = [rank_vector(r, 200) + rank_vector(r + 10, 200) for r in range(2)]
+    want = sum(np_topk_dense(g, 20) for g in accumulated) / 2
+    for r in cases["bpps2"].values():
+        np.testing.assert_allclose(r["grad"], want, rtol=1e-6, atol=1e-7)
+    for r in cases["bpps_exceeded"].values():
+        assert "more than backward_passes_per_step" in r["error"]
+    assert all(r["same"] for r in cases["groups"].values())
+    for r in cases["zero_grad_race"].values():
+        assert "zero_grad() was called after loss.backward()" in r["error"]
+    want = np.zeros((20, 4), np.float32)
+    for rank in range(2):
+        want[[rank, 5]] += 0.5
+    for sad in (False, True):
+        for r in cases[f"embedding_sparse_as_dense={sad}"].values():
+            np.testing.assert_allclose(r["grad"], want, rtol=1e-6)

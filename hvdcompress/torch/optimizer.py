@@ -309,8 +309,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._launch(self._prepared.pop(gid), round_=0)
         while self._inflight:
             self._finish(*self._inflight.pop(0))
-        for p, handle in self._sparse.items():
-            p.grad = hvd.synchronize(handle)
+        for p, finish in self._sparse.items():
+            p.grad = finish()  # Horovod's sparse allreduce hands back a function
         self._sparse.clear()
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step

@@ -125,8 +125,13 @@ def test_ranks_that_agree_get_no_error():
     assert [r["error"] for r in results] == [None, None]
 
 
-def test_unusual_gradients_and_features():
-    cases = by_rank(run_horovod("torch_edge.py", np=2), "case")
+@pytest.fixture(scope="module")
+def edge_cases():
+    return by_rank(run_horovod("torch_edge.py", np=2), "case")
+
+
+def test_unusual_gradients_and_features(edge_cases):
+    cases = edge_cases
     for label in ("nan_topk_ef", "nan_dgc"):
         for r in cases[label].values():
             assert r["nan_at_7"] and r["nan_count"] == 1 and r["next_finite"], r
@@ -150,3 +155,8 @@ def test_unusual_gradients_and_features():
     for sad in (False, True):
         for r in cases[f"embedding_sparse_as_dense={sad}"].values():
             np.testing.assert_allclose(r["grad"], want, rtol=1e-6)
+
+
+def test_broadcast_optimizer_state_takes_rank0_schedule_without_a_step(edge_cases):
+    for r in edge_cases["broadcast_state"].values():
+        assert r == {**r, "steps": 0, "dgc_step": 3, "grad_none": True}, r

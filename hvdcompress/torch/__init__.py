@@ -8,6 +8,6 @@ Migration from Horovod is the import::
 """
 from ..schedule import SparsityScheduler
 from .backend import TorchOps
-from .optimizer import DistributedOptimizer
+from .optimizer import DistributedOptimizer, broadcast_optimizer_state
 
-__all__ = ["DistributedOptimizer", "SparsityScheduler", "TorchOps"]
+__all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "SparsityScheduler", "TorchOps"]

@@ -109,6 +109,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._sparse = {}          # p -> handle of Horovod's sparse allreduce
         self._synchronized = False
         self._should_synchronize = True
+        self._plain_step = False
         self.last_step_bytes = ByteCount()
         self.total_bytes = ByteCount()
         self._step_bytes = ByteCount()
@@ -335,20 +336,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        if self._plain_step:  # broadcast_optimizer_state initialising the wrapped optimizer
+            return self._wrapped_step(closure)
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
                               "optimizer.synchronize(); this synchronizes twice")
             self.synchronize()
         self._synchronized = False
+        result = self._wrapped_step(closure)
+        self._compression.on_step()
+        return result
+
+    def _wrapped_step(self, closure):
+        """The wrapped optimizer's own step, with the settings the compressor took over at 0."""
         saved = self._suspend_taken_over()
         try:
-            result = super(self.__class__, self).step(closure)
+            return super(self.__class__, self).step(closure)
         finally:
             for group, values in saved:
                 group.update(values)
-        self._compression.on_step()
-        return result
 
     def _suspend_taken_over(self) -> list:
         """Zero the optimizer settings the compressor applied itself; return them to restore."""
@@ -449,3 +456,27 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                   dict(optimizer.defaults))
     wrapped.state.update(optimizer.state)
     return wrapped
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              process_set=hvd.global_process_set) -> None:
+    """``hvd.broadcast_optimizer_state`` for an hvdcompress optimizer, plus the compressor's
+    schedule state (step, epoch), so that ranks restarted from rank 0's checkpoint agree.
+
+    Horovod's version initialises an empty optimizer state by running ``step()`` on zero
+    gradients; here that step is the wrapped optimizer's alone (no exchange, no compressor
+    step). Per-tensor compressor state (residuals) is per rank by nature and not broadcast.
+    """
+    if not hasattr(optimizer, "_compression"):
+        raise TypeError(f"broadcast_optimizer_state: {type(optimizer).__name__} is not an "
+                        "hvdcompress DistributedOptimizer; use hvd.broadcast_optimizer_state")
+    optimizer._plain_step = True
+    try:
+        hvd.broadcast_optimizer_state(optimizer, root_rank)
+    finally:
+        optimizer._plain_step = False
+        for p in optimizer._names:
+            p.grad = None
+    state = hvd.broadcast_object(optimizer._compression.state_dict(), root_rank,
+                                 name="hvdc.compressor_state", process_set=process_set)
+    optimizer._compression.load_state_dict(state)

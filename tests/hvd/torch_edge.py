@@ -109,3 +109,14 @@ for sparse_as_dense in (False, True):
     g = emb.weight.grad
     result(rank, case=f"embedding_sparse_as_dense={sparse_as_dense}",
            grad=(g.to_dense() if g.is_sparse else g).tolist())
+
+# broadcast_optimizer_state: no exchange, no compressor step; rank 0's schedule wins
+dgc = hc.DGC(0.9, min_numel=0, warmup=hc.ListWarmup([0.5, 0.9], begin=0, length=4))
+if rank == 0:
+    dgc.load_state_dict({"step": 3, "epoch": 0})
+model = Linear(30)
+opt = hvc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                               named_parameters=model.named_parameters(), compression=dgc)
+hvc.broadcast_optimizer_state(opt, root_rank=0)
+result(rank, case="broadcast_state", steps=opt.total_bytes.steps, dgc_step=dgc.state_dict()["step"],
+       grad_none=model.w.grad is None)

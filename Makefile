@@ -3,6 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 HOROVODRUN := $(VENV)/bin/horovodrun
 SETUP_STAMP := $(VENV)/.hvdc-setup-main.project
+KERAS3_VENV ?= .venv-keras3
+KERAS3_STAMP := $(KERAS3_VENV)/.hvdc-setup-keras3.project
 
 .PHONY: setup demo test test-unit test-keras3 bench-kernels clean
 
@@ -19,6 +21,14 @@ test: setup
 
 test-unit: setup
 	PATH=$(VENV)/bin:$$PATH $(PY) -m pytest -q -p no:cacheprovider tests -m "not horovod"
+
+# The TF tests on TensorFlow 2.18 / Keras 3 (no torch: the cross-framework comparison skips).
+# The first run builds Horovod against TF 2.18 (about 10 minutes, 2 compile jobs; cached).
+$(KERAS3_STAMP): setup.py pyproject.toml scripts/setup_env.sh
+	bash scripts/setup_env.sh $(KERAS3_VENV) keras3
+
+test-keras3: $(KERAS3_STAMP)
+	PATH=$(KERAS3_VENV)/bin:$$PATH $(KERAS3_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_tf_*.py
 
 bench-kernels: setup
 	PATH=$(VENV)/bin:$$PATH $(PY) benchmarks/kernels.py

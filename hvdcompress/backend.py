@@ -124,3 +124,129 @@ class Ops(ABC):
     @abstractmethod
     def write(self, state: dict, key: str, value: Tensor) -> None:
         """Store ``value`` as ``state[key]``, reusing the existing buffer where there is one."""
+
+    # --- shape and linear algebra (PowerSGD) ------------------------------------------------
+    @abstractmethod
+    def reshape(self, x: Tensor, shape: Sequence[int]) -> Tensor:
+        """``x`` viewed (or copied) with ``shape``; row-major, like numpy.reshape."""
+
+    @abstractmethod
+    def matmul(self, a: Tensor, b: Tensor, transpose_a: bool = False,
+               transpose_b: bool = False) -> Tensor:
+        """The matrix product of 2-D tensors ``op(a) @ op(b)``, ``op`` transposing where asked."""
+
+    @abstractmethod
+    def orthonormalize(self, m: Tensor) -> Tensor:
+        """An (rows, r) matrix whose columns are an orthonormal basis of ``m``'s columns'
+        span (reduced QR's Q; rows >= r). Deterministic: equal inputs give equal outputs."""
+
+    @abstractmethod
+    def outer(self, a: Tensor, b: Tensor) -> Tensor:
+        """The flat row-major outer product: ``out[i * len(b) + j] = a[i] * b[j]``."""
+
+    @abstractmethod
+    def max_abs(self, x: Tensor) -> Tensor:
+        """``max |x|`` as a 0-d tensor; NaN if ``x`` has a NaN; 0 for an empty ``x``."""
+
+    # --- kernels ------------------------------------------------------------------------------
+    # The operations below are the C++ kernels of hvdcompress/ops/kernels.h (where the fuller
+    # rules live); a backend may implement them with framework ops. Common rules:
+    #  * ``x`` (and ``residual``) must be contiguous float32 of one dimension: another dtype is
+    #    a TypeError, a non-contiguous tensor a ValueError. Code tensors are uint8.
+    #  * Packed layout: a byte holds 8 / bits codes, the first element in the highest bits
+    #    (numpy.packbits order, MXNet's 2-bit order); n codes take ceil(n * bits / 8) bytes and
+    #    unused low bits of the last byte are 0.
+    #  * Decoders take the payloads of R ranks back to back (allgather order) and return their
+    #    float32 sum, added in rank order from +0.0.
+    #  * ``key`` (an int in [0, 2**32)) seeds the stochastic operations: with the C++ kernels the
+    #    uniform for element i is (fmix32(uint32(i) * 0x9E3779B1 + key) >> 8) / 2**24 (MurmurHash3
+    #    finaliser). A framework fallback may draw its own uniforms from ``key``: the rounding
+    #    rule, not the stream, is the contract.
+    #  * Residual-updating operations may update ``residual`` in place; they return the
+    #    updated residual, which the caller stores with :meth:`write`.
+
+    @abstractmethod
+    def sign_pack(self, x: Tensor) -> tuple:
+        """``(packed, mean_abs)``: 1-bit codes, bit = 1 iff the sign bit of x[i] is clear
+        (+0 -> 1, -0 -> 0), and ``[mean |x|]`` as a 1-element float32 tensor (NaN if x has NaN)."""
+
+    @abstractmethod
+    def ef_sign_pack(self, x: Tensor, residual: Tensor) -> tuple:
+        """EF-signSGD in one pass: ``p = x + residual``; ``scale = mean |p|``; signs of ``p``
+        packed as :meth:`sign_pack`; ``residual = p - (bit ? scale : -scale)`` with non-finite
+        entries set to 0. Returns ``(packed, [scale], residual)``."""
+
+    @abstractmethod
+    def twobit_pack(self, x: Tensor, threshold: float, residual: Tensor | None = None) -> tuple:
+        """MXNet 2-bit quantisation. ``v = x + residual`` (or ``x``); code 0b11 if v >= t,
+        0b10 if v <= -t, 0b01 if v is NaN, else 0b00. With a residual:
+        ``residual = v - (+t, -t or 0)``, non-finite entries set to 0. Returns
+        ``(packed, residual or None)``. Decode with :meth:`unpack_sum` and the table
+        ``[0, nan, -t, +t]``."""
+
+    @abstractmethod
+    def levels_pack(self, x: Tensor, scale: float, levels: int, natural: bool, key: int) -> Tensor:
+        """Stochastic rounding of ``r = |x[i]| * scale`` (float32) to a level in [0, levels]
+        (1 <= levels <= 127), one uint8 per element: the level as two's-complement int8,
+        negated when x[i] < 0; 0x80 marks NaN. Linear: levels are the integers, the level is
+        floor(r) + (u < r - floor(r)). Natural: nonzero levels are 2^(j - levels), j = 1..levels;
+        for r >= 2^(1 - levels), with r = m * 2^e (frexp), the level is (e + levels - 1) +
+        (u < 2m - 1); below, it is (u < r * 2^(levels - 1)). Levels are clamped to ``levels``.
+        Unbiased when r <= levels (linear) or r <= 1 (natural)."""
+
+    @abstractmethod
+    def ternary_pack(self, x: Tensor, scale: float, key: int) -> Tensor:
+        """:meth:`levels_pack` with ``levels=1`` (linear), written as 2-bit codes in the
+        :meth:`twobit_pack` format (+1 -> 0b11, -1 -> 0b10, 0 -> 0b00, NaN -> 0b01)."""
+
+    @abstractmethod
+    def natural_pack(self, x: Tensor, key: int) -> Tensor:
+        """Natural compression: |x| in [2^E, 2^(E+1)) becomes 2^(E+1) with probability
+        |x| / 2^E - 1, else 2^E (unbiased). One uint8 per element: bit 7 the sign bit of x,
+        bits 0-6 c: 0 -> 0 (results below 2^-100, zeros and subnormals), 1..126 ->
+        2^(c - 101), 127 -> infinity (results of 2^26 or more). NaN -> 0x80."""
+
+    @abstractmethod
+    def unpack_sum(self, packed: Tensor, n: int, bits: int, tables: Tensor) -> Tensor:
+        """Decode R payloads of ``n`` ``bits``-bit codes (bits in 1, 2, 8; payload r starts at
+        byte r * ceil(n * bits / 8)) through per-rank float32 tables (R * 2^bits entries, table
+        r at offset r * 2^bits) and sum: ``out[i] = sum_r tables[r][code_r(i)]``."""
+
+    @abstractmethod
+    def minmax_pack(self, x: Tensor, chunk: int) -> tuple:
+        """Bagua's 8-bit min-max quantisation per chunk of ``chunk`` elements (the last may be
+        shorter). Returns ``(codes, bounds)``: n uint8 codes and float32 bounds
+        ``[min_0, max_0, min_1, max_1, ...]`` (both NaN for a chunk holding a non-finite
+        value). In float32: ``range = max - min``; ``inv = 255 / range`` (0 if range is 0);
+        ``code = clamp(rint((x - min) * inv), 0, 255)`` (half to even; 0 in a NaN chunk)."""
+
+    @abstractmethod
+    def minmax_unpack_sum(self, codes: Tensor, bounds: Tensor, n: int, chunk: int) -> Tensor:
+        """Sum over R payloads (``codes`` R * n bytes, ``bounds`` R * 2 * ceil(n / chunk)
+        floats) of ``min + code * (range / 255)``, in float32."""
+
+    @abstractmethod
+    def count_ge(self, x: Tensor, threshold: float) -> int:
+        """How many elements are selected: |x[i]| >= threshold, or x[i] is NaN."""
+
+    @abstractmethod
+    def select_ge(self, x: Tensor, threshold: float) -> tuple:
+        """``(values, indices)`` of the elements :meth:`count_ge` selects, indices ascending
+        int64, in one compaction."""
+
+    @abstractmethod
+    def sampled_threshold(self, x: Tensor, start: int, stride: int, top: int) -> float:
+        """The ``top``-th largest magnitude (1-based) among ``x[start::stride]``; NaN ranks above
+        +inf (and is returned as NaN). 1 <= top <= the sample count."""
+
+    @abstractmethod
+    def topk_abs(self, x: Tensor, k: int) -> tuple:
+        """Exact top-k by magnitude: ``(values, indices)`` of the k elements of largest |x|
+        (NaN largest, then +inf), ties broken towards the lower index, indices ascending int64.
+        0 <= k <= numel(x)."""
+
+    @abstractmethod
+    def sparse_sum(self, n: int, indices: Tensor, values: Tensor) -> Tensor:
+        """A dense float32 length-``n`` tensor: zeros plus ``values`` (float32) added at
+        ``indices`` (int32 or int64, repeats summed in order), e.g. the allgathered sparse
+        payloads of all ranks. An index outside [0, n) is an IndexError raised before writing."""

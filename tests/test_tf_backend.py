@@ -78,7 +78,7 @@ def simulate(ops, spec: dict) -> tuple:
     """Outputs per step and final per-rank states of a simulated exchange on ``ops``."""
     compressor = from_params(spec)
     states = [{} if ops is not TF else VariableState(f"rank{r}") for r in range(WORLD)]
-    like = ops.zeros(1, like=None) if ops is TF else torch.zeros(1)
+    like = tf.zeros([1]) if ops is TF else torch.zeros(1)
     outputs = []
     for step in gradients():
         info = TensorInfo(name="layer.weight", numel=N, world=WORLD, shape=(60, 50),

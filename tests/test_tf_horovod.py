@@ -22,13 +22,14 @@ def rank_data(rank: int):
 
 
 def momentum_sgd_reference(steps: int, lr: float, momentum: float, nesterov: bool,
-                           world: int = 2) -> np.ndarray:
-    """Momentum SGD (torch form) on the rank-averaged gradient of 0.5 * ||x W - y||^2."""
+                           passes: int = 1, world: int = 2) -> np.ndarray:
+    """Momentum SGD (torch form) on the rank-averaged gradient of 0.5 * ||x W - y||^2, summed
+    over ``passes`` backward passes per step (Horovod's default for backward_passes_per_step)."""
     w = np.zeros((IN, OUT), np.float64)
     buf = np.zeros_like(w)
     data = [rank_data(r) for r in range(world)]
     for _ in range(steps):
-        g = sum(x.T @ (x @ w - y) / BATCH for x, y in data) / world
+        g = passes * sum(x.T @ (x @ w - y) / BATCH for x, y in data) / world
         buf = momentum * buf + g
         w -= lr * (g + momentum * buf if nesterov else buf)
     return w.ravel()
@@ -57,6 +58,10 @@ def dense_equivalent_runs() -> list:
                 run.update(momentum=0.0, nesterov=False, compression=dict(
                     spec, momentum_mu=str(momentum), momentum="nesterov" if nesterov else "plain"))
             runs.append(run)
+    runs.append({"api": "optimizer", "function": True, "compression": {"compressor": "none"},
+                 "steps": 4, "momentum": 0.9, "nesterov": False, "passes": 2})
+    runs.append({"api": "optimizer", "function": False, "compression": dgc0, "steps": 4,
+                 "momentum": 0.9, "nesterov": False, "passes": 3})
     return runs
 
 
@@ -66,7 +71,7 @@ def test_dense_equivalents_match_numpy_momentum_sgd():
         assert w0 == w1, f"ranks ended with different weights: {run}"
         momentum = 0.9 if "momentum_mu" in run["compression"] else run["momentum"]
         nesterov = run["nesterov"] or run["compression"].get("momentum") == "nesterov"
-        expected = momentum_sgd_reference(4, 0.1, momentum, nesterov)
+        expected = momentum_sgd_reference(4, 0.1, momentum, nesterov, run.get("passes", 1))
         tol = 2e-3 if run["compression"]["compressor"] == "fp16" else 2e-5
         np.testing.assert_allclose(w0, expected, rtol=tol, atol=tol, err_msg=str(run))
 
@@ -94,7 +99,7 @@ def np_topk(c: np.ndarray, k: int) -> np.ndarray:
 @pytest.mark.parametrize("op", ["average", "sum"])
 def test_topk_allgather_equals_hand_computed_sum(op):
     n, k = 1000, 50
-    results = run_horovod("tf_sparse_sum.py", args=["--case", "topk", "--n", n, "--k", k, "--op", op])
+    results = run_horovod("tf_sparse_sum.py", args=["--case", "topk", "--numel", n, "--topk", k, "--op", op])
     c = [np.random.default_rng(10 + r).standard_normal(n).astype(np.float32) for r in range(2)]
     expected = np_topk(c[0], k) + np_topk(c[1], k)
     if op == "average":
@@ -120,7 +125,8 @@ def test_exponential_warmup_per_epoch_reaches_the_logs():
     results = run_horovod("tf_warmup.py", args=["--schedule", "exp", "--epochs", 5])
     expected = [1 - 0.001 ** ((e + 1) / 3) for e in range(3)] + [0.999, 0.999]
     for r in results:
-        np.testing.assert_allclose(r["sparsity"], expected, rtol=1e-12)
+        np.testing.assert_allclose(r["sparsity"], expected, rtol=1e-6)  # Horovod's
+        # MetricAverageCallback (Keras 2) averages every log value, ours too, in float32
         assert r["sent"][0] > r["sent"][1] > r["sent"][2] > 0, r["sent"]
         assert r["sent"][2] <= np.ceil(64 * 64 * 0.001) * 8  # the epoch's last step at 99.9%
     assert results[0]["weights"] == results[1]["weights"]
@@ -135,9 +141,9 @@ def test_list_warmup_per_step_reaches_the_logs():
 
     expected = [at(2 * (e + 1)) for e in range(5)]  # 2 optimizer steps per epoch
     for r in results:
-        assert r["sparsity"] == expected
+        np.testing.assert_allclose(r["sparsity"], expected, rtol=1e-6)
         assert r["sent"][0] == r["dense"]  # epoch 1's steps (t = 0, 1) were dense
-        assert r["sent"][-1] < r["dense"] / 5
+        assert r["sent"][-1] <= np.ceil(64 * 64 * 0.1) * 8  # 90%: 8 bytes per element sent
     assert results[0]["weights"] == results[1]["weights"]
 
 

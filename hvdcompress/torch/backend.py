@@ -1,12 +1,25 @@
-"""The core's :class:`~hvdcompress.ops.Ops` on PyTorch tensors (any device)."""
+"""The core's :class:`~hvdcompress.backend.Ops` on PyTorch tensors (any device).
+
+The kernel operations run on the C++ extension ``hvdcompress.ops._torch_kernels`` for CPU
+tensors when it is built, and on the plain-torch fallback :mod:`hvdcompress.ops.torch_fallback`
+otherwise (other devices, extension missing, or ``HVDCOMPRESS_DISABLE_KERNELS=1``). Which path is
+in use is logged once, on the ``hvdcompress`` logger.
+"""
 from __future__ import annotations
 
-from typing import Any, Sequence
+import logging
+import os
+from types import ModuleType
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 
 from ..backend import Ops
+from ..ops import torch_fallback
+
+log = logging.getLogger("hvdcompress")
+_LOADED: dict = {}
 
 _DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -20,8 +33,52 @@ def dtype_name(dt: torch.dtype) -> str:
     return _NAMES.get(dt, str(dt).replace("torch.", ""))
 
 
+def load_kernels() -> Optional[ModuleType]:
+    """The C++ extension, or None when it is not built or HVDCOMPRESS_DISABLE_KERNELS=1.
+    Logs the outcome once per process."""
+    if "module" not in _LOADED:
+        module, reason = None, "HVDCOMPRESS_DISABLE_KERNELS=1"
+        if os.environ.get("HVDCOMPRESS_DISABLE_KERNELS", "0") != "1":
+            try:
+                from ..ops import _torch_kernels as module  # type: ignore[attr-defined]
+            except ImportError as exc:
+                reason = f"the C++ extension is not built ({exc})"
+        if module is not None:
+            log.info("using the C++ kernels (%s)", module.__file__)
+        else:
+            log.warning("%s; using the pure-torch fallback kernels", reason)
+        _LOADED["module"] = module
+    return _LOADED["module"]
+
+
+def _check_x(x: torch.Tensor, what: str = "x") -> None:
+    if x.dtype != torch.float32:
+        raise TypeError(f"{what} must be a float32 tensor, got {dtype_name(x.dtype)}")
+    if x.dim() != 1 or not x.is_contiguous():
+        raise ValueError(f"{what} must be a contiguous 1-D tensor, got shape {tuple(x.shape)} "
+                         f"with strides {x.stride()}")
+
+
 class TorchOps(Ops):
+    """``kernels``: None picks the C++ kernels when available (see :func:`load_kernels`); True
+    requires them (ImportError otherwise); False always uses the plain-torch fallback."""
+
     name = "torch"
+
+    def __init__(self, kernels: Optional[bool] = None):
+        module = load_kernels() if kernels is not False else None
+        if kernels and module is None:
+            raise ImportError("TorchOps(kernels=True): the C++ kernels are not available; build "
+                              "them with `pip install --no-build-isolation -e .` and unset "
+                              "HVDCOMPRESS_DISABLE_KERNELS")
+        self._kernels = module
+
+    @property
+    def uses_kernels(self) -> bool:
+        return self._kernels is not None
+
+    def _impl(self, x: torch.Tensor) -> Any:
+        return self._kernels if self._kernels is not None and x.device.type == "cpu" else torch_fallback
 
     def numel(self, x): return x.numel()
     def dtype(self, x): return dtype_name(x.dtype)
@@ -82,3 +139,85 @@ class TorchOps(Ops):
                 old.copy_(value)
         else:
             state[key] = value
+
+    # --- shape and linear algebra -----------------------------------------------------------
+    def reshape(self, x, shape): return x.reshape(tuple(shape))
+
+    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+        return (a.t() if transpose_a else a) @ (b.t() if transpose_b else b)
+
+    def orthonormalize(self, m): return torch.linalg.qr(m, mode="reduced").Q
+
+    def outer(self, a, b): return torch.outer(a, b).reshape(-1)
+
+    def max_abs(self, x):
+        if x.numel() == 0:
+            return torch.zeros((), dtype=x.dtype, device=x.device)
+        return torch.linalg.vector_norm(x, ord=float("inf"))
+
+    # --- kernels ------------------------------------------------------------------------------
+    def sign_pack(self, x):
+        _check_x(x)
+        return self._impl(x).sign_pack(x)
+
+    def ef_sign_pack(self, x, residual):
+        _check_x(x)
+        _check_x(residual, "residual")
+        packed, scale = self._impl(x).ef_sign_pack(x, residual)
+        return packed, scale, residual
+
+    def twobit_pack(self, x, threshold, residual=None):
+        _check_x(x)
+        if residual is not None:
+            _check_x(residual, "residual")
+        return self._impl(x).twobit_pack(x, float(threshold), residual), residual
+
+    def levels_pack(self, x, scale, levels, natural, key):
+        _check_x(x)
+        if not 1 <= levels <= 127:
+            raise ValueError(f"levels_pack: levels={levels} is out of range; allowed: 1..127")
+        return self._impl(x).levels_pack(x, float(scale), int(levels), bool(natural), int(key))
+
+    def ternary_pack(self, x, scale, key):
+        _check_x(x)
+        return self._impl(x).ternary_pack(x, float(scale), int(key))
+
+    def natural_pack(self, x, key):
+        _check_x(x)
+        return self._impl(x).natural_pack(x, int(key))
+
+    def unpack_sum(self, packed, n, bits, tables):
+        return self._impl(packed).unpack_sum(packed, int(n), int(bits), tables)
+
+    def minmax_pack(self, x, chunk):
+        _check_x(x)
+        return self._impl(x).minmax_pack(x, int(chunk))
+
+    def minmax_unpack_sum(self, codes, bounds, n, chunk):
+        return self._impl(codes).minmax_unpack_sum(codes, bounds, int(n), int(chunk))
+
+    def count_ge(self, x, threshold):
+        _check_x(x)
+        return int(self._impl(x).count_ge(x, float(threshold)))
+
+    def select_ge(self, x, threshold):
+        _check_x(x)
+        return self._impl(x).select_ge(x, float(threshold))
+
+    def sampled_threshold(self, x, start, stride, top):
+        _check_x(x)
+        return float(self._impl(x).sampled_threshold(x, int(start), int(stride), int(top)))
+
+    def topk_abs(self, x, k):
+        _check_x(x)
+        if not 0 <= k <= x.numel():
+            raise ValueError(f"topk_abs: k={k} is out of range; allowed: 0..{x.numel()} (the tensor's size)")
+        return self._impl(x).topk_abs(x, int(k))
+
+    def sparse_sum(self, n, indices, values):
+        _check_x(values, "values")
+        if indices.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"indices must be int32 or int64, got {dtype_name(indices.dtype)}")
+        if indices.numel() != values.numel():
+            raise ValueError(f"sparse_sum: {indices.numel()} indices for {values.numel()} values")
+        return self._impl(values).scatter_add(int(n), indices.contiguous(), values)

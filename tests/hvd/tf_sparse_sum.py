@@ -17,19 +17,19 @@ from hvdcompress import TopK
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", choices=["topk", "slices"], required=True)
-    ap.add_argument("--n", type=int, default=1000)
-    ap.add_argument("--k", type=int, default=50)
+    ap.add_argument("--numel", type=int, default=1000)
+    ap.add_argument("--topk", type=int, default=50)
     ap.add_argument("--op", choices=["average", "sum"], default="average")
     args = ap.parse_args()
     hvd.init()
     rank = hvd.rank()
     op = hvd.Average if args.op == "average" else hvd.Sum
     if args.case == "topk":
-        c = np.random.default_rng(10 + rank).standard_normal(args.n).astype(np.float32)
-        w = tf.Variable(tf.zeros([args.n]), name="w")
+        c = np.random.default_rng(10 + rank).standard_normal(args.numel).astype(np.float32)
+        w = tf.Variable(tf.zeros([args.numel]), name="w")
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(w * c)
-        tape = hvc.DistributedGradientTape(tape, compression=TopK(args.k), op=op)
+        tape = hvc.DistributedGradientTape(tape, compression=TopK(args.topk), op=op)
         grad = tape.gradient(loss, w)
         result(rank, grad=grad.numpy().tolist(), bytes=tape.exchange.last_step_bytes.as_dict())
     else:

@@ -33,8 +33,10 @@ def loss_fn(y, pred):
 
 
 def train(rank: int, api: str, compression: dict, momentum: float = 0.0, nesterov: bool = False,
-          lr: float = 0.1, steps: int = 5, function: bool = False, init: str = "zeros") -> list:
-    """One training run; returns this rank's final weights."""
+          lr: float = 0.1, steps: int = 5, function: bool = False, init: str = "zeros",
+          passes: int = 1) -> list:
+    """One training run; returns this rank's final weights. ``passes``: the optimizer's
+    backward_passes_per_step; every step then runs that many passes on the same batch."""
     compressor = from_params(compression)
     initializer = "zeros" if init == "zeros" else tf.keras.initializers.RandomNormal(seed=rank)
     model = tf.keras.Sequential([tf.keras.Input((IN,)), tf.keras.layers.Dense(
@@ -49,7 +51,8 @@ def train(rank: int, api: str, compression: dict, momentum: float = 0.0, nestero
         return model.get_weights()[0].ravel().tolist()
     if init == "random":
         hvc.broadcast_variables(model.variables, root_rank=0)
-    opt = sgd if api == "tape" else hvck.DistributedOptimizer(sgd, compression=compressor)
+    opt = sgd if api == "tape" else hvck.DistributedOptimizer(
+        sgd, compression=compressor, backward_passes_per_step=passes)
 
     def step(xb, yb):
         with tf.GradientTape() as tape:
@@ -60,7 +63,7 @@ def train(rank: int, api: str, compression: dict, momentum: float = 0.0, nestero
         opt.apply_gradients(zip(grads, model.trainable_variables))
 
     run = tf.function(step) if function else step
-    for _ in range(steps):
+    for _ in range(steps * passes):
         run(tf.constant(x), tf.constant(y))
     return model.get_weights()[0].ravel().tolist()
 

@@ -46,7 +46,8 @@ def main() -> None:
         callbacks.append(hvck.callbacks.BroadcastGlobalVariablesCallback(0))
     history = model.fit(x, y, batch_size=16, epochs=args.epochs, shuffle=False, verbose=0,
                         callbacks=callbacks)
-    result(rank, sparsity=history.history["sparsity"], sent=history.history["sent"],
+    result(rank, sparsity=[float(s) for s in history.history["sparsity"]],
+           sent=[int(s) for s in history.history["sent"]],
            dense=opt.compression_bytes[0].dense, keras2=KERAS2,
            weights=float(np.sum(model.get_weights()[0])))
 

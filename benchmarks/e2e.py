@@ -1,0 +1,441 @@
+"""End-to-end step time on emulated links: Horovod dense/fp16, DDP PowerSGD, hvdcompress.
+
+For every model, rank count and link rate, one launch (:mod:`netem`) runs every method in the
+same processes, one after the other, so ratios come from one run on a shared, noisy machine::
+
+    sudo .venv/bin/python benchmarks/e2e.py                          # full sweep
+    sudo .venv/bin/python benchmarks/e2e.py --models mlp --nps 2 --rates 100mbit \\
+        --methods nocomm,hvd-dense,dgc
+
+Methods (``--methods``, comma separated):
+  nocomm        forward, backward and SGD step with no communication: the floor
+  hvd-dense     horovod.torch.DistributedOptimizer, fp32
+  hvd-fp16      the same with hvd.Compression.fp16
+  ddp-powersgd  torch DistributedDataParallel (gloo, same links) with its PowerSGD comm hook
+  anything else an hvdcompress compressor: a short name from :data:`HVDC_METHODS`, or
+                ``compressor[:key=value...]`` for :func:`hvdcompress.from_params`
+                (e.g. ``topk:k=0.001``). Methods that from_params rejects here (compressor
+                not registered yet, wrong parameter) are skipped with the reason.
+
+Per method: step time (wall time of the timed steps / steps, all ranks aligned by a barrier),
+the split of a step (forward+backward incl. compression in the hooks, synchronize+update),
+codec time (compress + decompress per step, measured by wrapping the compressor), bytes per step
+per rank by the compressor's accounting and as counted on the rank's interface. Results go to
+stdout, ``benchmarks/results/e2e.json`` (merged with earlier runs, keyed by model/np/rate/method)
+and ``benchmarks/results/e2e_<model>.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+BUILTIN = ("nocomm", "hvd-dense", "hvd-fp16", "ddp-powersgd")
+HVDC_METHODS = {  # short names for hvdcompress configurations (also used by convergence.py)
+    "fp16": "fp16",
+    "bf16": "bf16",
+    "dgc": "dgc:sparsity=0.999",
+    "dgc-warmup": "dgc:sparsity=0.999:warmup=4",
+    "topk": "topk:k=0.01",
+    "topk-ef": "topk:k=0.01:ef=vanilla",
+    "onebit": "onebit",
+    "onebit-ef": "onebit:ef=vanilla",
+    "int8": "int8",
+    "randomk": "randomk:k=0.01",
+    "randomk-ef": "randomk:k=0.01:ef=vanilla",
+    "powersgd": "powersgd:rank=4",
+}
+DEFAULT_METHODS = ",".join([*BUILTIN, "fp16", "bf16", "dgc", "topk", "onebit-ef", "int8",
+                            "randomk", "powersgd"])
+POWERSGD_RANK = 4
+# One DDP bucket: with several, PowerSGD's second-round allreduces are issued from future
+# callbacks in completion order, which differs between ranks on Gloo (collective mismatch,
+# "op.preamble.length <= op.nbytes" on torch 2.13).
+DDP_BUCKET_MB = 1024
+
+
+# ---- models -----------------------------------------------------------------------------------
+def build_model(name: str):
+    """``mlp``: 4096-4096-4096-10 ReLU MLP, 33.6M parameters, input 4096.
+    ``cnn``: 4 conv blocks (32-64-128-256 channels) + 2 linear layers on 3x32x32, 2.6M params."""
+    import torch.nn as nn
+    if name == "mlp":
+        return nn.Sequential(nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
+                             nn.Linear(4096, 10))
+    if name == "cnn":
+        blocks = []
+        for cin, cout in ((3, 32), (32, 64), (64, 128), (128, 256)):
+            blocks += [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+        return nn.Sequential(*blocks, nn.Flatten(), nn.Linear(256 * 2 * 2, 2048), nn.ReLU(),
+                             nn.Linear(2048, 10))
+    raise ValueError(f"model {name!r}: allowed: mlp, cnn")
+
+
+def model_input_shape(name: str) -> tuple:
+    """Shape of one input sample of :func:`build_model`'s model."""
+    return (4096,) if name == "mlp" else (3, 32, 32)
+
+
+# ---- methods ------------------------------------------------------------------------------------
+def hvdc_params(method: str) -> dict:
+    """``'topk:k=0.01'`` (or a short name from HVDC_METHODS) -> from_params dict.
+    ``warmup=E`` becomes an :class:`~hvdcompress.ExponentialWarmup` over E epochs."""
+    from hvdcompress import ExponentialWarmup
+    name, *pairs = HVDC_METHODS.get(method, method).split(":")
+    params = {"compressor": name, **dict(p.split("=", 1) for p in pairs)}
+    if "warmup" in params:
+        params["warmup"] = ExponentialWarmup(int(params["warmup"]), unit="epoch")
+    return params
+
+
+def method_problem(method: str) -> Optional[str]:
+    """Why ``method`` cannot run here (its compressor is not registered, or from_params rejects
+    its parameters), or None when it can."""
+    if method in BUILTIN:
+        return None
+    import hvdcompress
+    try:
+        hvdcompress.from_params(hvdc_params(method))
+    except (ValueError, TypeError) as e:
+        return str(e)
+    return None
+
+
+def runnable(methods: list, prog: str) -> list:
+    """``methods`` without those that cannot run here (see :func:`method_problem`), saying why."""
+    problems = {m: method_problem(m) for m in methods}
+    for m, why in problems.items():
+        if why is not None:
+            print(f"{prog}: skipping {m}: {why}")
+    return [m for m in methods if problems[m] is None]
+
+
+class CodecTimer:
+    """Accumulates the wall time spent in wrapped compress/decompress calls."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def wrap(self, fn: Callable) -> Callable:
+        """``fn`` timed; a returned hvdcompress Packet's ``resume`` (PowerSGD's second round) too."""
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.seconds += time.perf_counter() - t0
+            if getattr(out, "resume", None) is not None:
+                out.resume = self.wrap(out.resume)
+            return out
+        return timed
+
+    def timed_class(self, cls: type, names: tuple) -> type:
+        """A subclass of ``cls`` (same name) whose methods ``names`` are timed."""
+        attrs = {}
+        for name in names:
+            if hasattr(cls, name):
+                static = isinstance(inspect.getattr_static(cls, name), staticmethod)
+                fn = self.wrap(getattr(cls, name))
+                attrs[name] = staticmethod(fn) if static else fn
+        return type(cls.__name__, (cls,), attrs)
+
+
+def make_optimizer(method: str, model, timer: CodecTimer, lr: float = 0.01,
+                   momentum: float = 0.9, prefix: str = ""):
+    """``(model, optimizer)`` for one method; the model is wrapped in DDP for ``ddp-powersgd``.
+
+    Parameter names get ``prefix`` so Horovod never sees one name with two shapes or dtypes.
+    """
+    import torch
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    named = [(prefix + n, p) for n, p in model.named_parameters()]
+    if method == "nocomm":
+        return model, opt
+    if method in ("hvd-dense", "hvd-fp16"):
+        import horovod.torch as hvd
+        compression = hvd.Compression.none
+        if method == "hvd-fp16":
+            compression = timer.timed_class(hvd.Compression.fp16, ("compress", "decompress"))
+        return model, hvd.DistributedOptimizer(opt, named_parameters=named, compression=compression)
+    if method == "ddp-powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+        from torch.nn.parallel import DistributedDataParallel
+        ddp = DistributedDataParallel(model, bucket_cap_mb=DDP_BUCKET_MB)
+        ddp.register_comm_hook(psgd.PowerSGDState(process_group=None,
+                                                  matrix_approximation_rank=POWERSGD_RANK,
+                                                  start_powerSGD_iter=2), psgd.powerSGD_hook)
+        return ddp, opt
+    import hvdcompress
+    import hvdcompress.torch as hvc
+    compressor = hvdcompress.from_params(hvdc_params(method))
+    compressor.__class__ = timer.timed_class(type(compressor),
+                                             ("compress", "decompress", "decompress_gathered"))
+    return model, hvc.DistributedOptimizer(opt, named_parameters=named, compression=compressor)
+
+
+def accounted_bytes(method: str, model, opt) -> int:
+    """One rank's payload bytes per step by the method's own accounting."""
+    dense = sum(p.numel() * 4 for p in model.parameters())
+    if method == "nocomm":
+        return 0
+    if method == "hvd-dense":
+        return dense
+    if method == "hvd-fp16":
+        return dense // 2
+    if method == "ddp-powersgd":  # P and Q of each matrix, vectors dense
+        return sum(4 * (p.numel() if p.dim() <= 1 else
+                        POWERSGD_RANK * (p.shape[0] + p.numel() // p.shape[0]))
+                   for p in model.parameters())
+    return opt.last_step_bytes.sent
+
+
+# ---- worker (runs in each rank's namespace) -------------------------------------------------------
+def iface_bytes() -> int:
+    """Bytes this rank's eth0 has sent so far."""
+    return int(Path("/sys/class/net/eth0/statistics/tx_bytes").read_text())
+
+
+def run_method(method: str, args) -> dict:
+    """Warm up, time, and measure one method in this rank; return its numbers."""
+    import horovod.torch as hvd
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    timer = CodecTimer()
+    model, opt = make_optimizer(method, build_model(args.model), timer,
+                                prefix=f"{method}.")
+    x = torch.randn(args.batch, *model_input_shape(args.model))
+    y = torch.randint(0, 10, (args.batch,))
+    split = {"fwd_bwd": 0.0, "sync_update": 0.0}
+
+    def step() -> None:
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        t1 = time.perf_counter()
+        opt.step()
+        split["fwd_bwd"] += t1 - t0
+        split["sync_update"] += time.perf_counter() - t1
+
+    def barrier(tag: str) -> None:
+        hvd.allreduce(torch.zeros(1), name=f"barrier.{method}.{tag}")
+
+    barrier("start")
+    for _ in range(args.warmup):
+        t0 = time.perf_counter()
+        step()
+        warm = time.perf_counter() - t0
+    steps = hvd.broadcast_object(max(args.min_steps, min(args.steps, int(args.budget_s / warm))),
+                                 root_rank=0, name=f"steps.{method}")
+    barrier("timed")
+    timer.seconds, split["fwd_bwd"], split["sync_update"] = 0.0, 0.0, 0.0
+    tx0, t0 = iface_bytes(), time.perf_counter()
+    for _ in range(steps):
+        step()
+    barrier("end")
+    elapsed = time.perf_counter() - t0
+    wire = iface_bytes() - tx0
+    return {"method": method, "steps": steps, "step_s": elapsed / steps,
+            "fwd_bwd_s": split["fwd_bwd"] / steps, "sync_update_s": split["sync_update"] / steps,
+            "codec_s": timer.seconds / steps if method not in ("ddp-powersgd",) else None,
+            "accounted_bytes": accounted_bytes(method, model, opt),
+            "wire_bytes": wire / steps,
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def worker(args) -> None:
+    """Entry point in each rank: run every method, print one RESULT line per method."""
+    import horovod.torch as hvd
+    import torch
+    torch.set_num_threads(args.threads)
+    hvd.init()
+    if "ddp-powersgd" in args.methods:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="env://")
+    for method in args.methods:
+        res = run_method(method, args)
+        print("RESULT " + json.dumps({"rank": hvd.rank(), **res}), flush=True)
+
+
+# ---- driver ---------------------------------------------------------------------------------------
+def aggregate(rank_results: list) -> dict:
+    """One row from every rank's numbers: slowest rank's times, mean bytes and codec time."""
+    first = rank_results[0]
+    row = {k: first[k] for k in ("method", "steps", "params", "accounted_bytes")}
+    for key in ("step_s", "fwd_bwd_s", "sync_update_s"):
+        row[key] = max(r[key] for r in rank_results)
+    row["codec_s"] = None if first["codec_s"] is None else \
+        sum(r["codec_s"] for r in rank_results) / len(rank_results)
+    row["wire_bytes"] = sum(r["wire_bytes"] for r in rank_results) / len(rank_results)
+    return row
+
+
+def add_ratios(rows: list, rate_bps: int) -> None:
+    """Speedup over hvd-dense, slowdown over nocomm (when they ran in the same launch), and where
+    the step goes: ``compute_s`` (the nocomm step), ``codec_s``, ``wire_s`` (the bytes this rank
+    sent at the link rate) and ``other_s``, the rest: latency, waiting on peers and on Horovod's
+    cycle, communication not overlapped, CPU contention."""
+    by = {r["method"]: r for r in rows}
+    for r in rows:
+        r["speedup_vs_dense"] = by["hvd-dense"]["step_s"] / r["step_s"] if "hvd-dense" in by else None
+        r["x_nocomm"] = r["step_s"] / by["nocomm"]["step_s"] if "nocomm" in by else None
+        r["wire_s"] = r["wire_bytes"] * 8 / rate_bps
+        r["compute_s"] = by["nocomm"]["step_s"] if "nocomm" in by else None
+        r["other_s"] = None if r["compute_s"] is None else \
+            r["step_s"] - r["compute_s"] - (r["codec_s"] or 0.0) - r["wire_s"]
+
+
+def fmt(v, spec: str) -> str:
+    """``v`` formatted, or '-' when missing."""
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(key: str, rows: list) -> None:
+    """The rows of one launch as a text table on stdout."""
+    print(f"\n== {key}")
+    print(f"{'method':<14}{'step s':>8}{'vs dense':>9}{'x floor':>8}{'fwd+bwd':>8}{'sync':>7}"
+          f"{'codec':>7}{'wire s':>7}{'other':>7}{'acct MB':>9}{'wire MB':>9}{'wire/acct':>10}")
+    for r in rows:
+        ratio = r["wire_bytes"] / r["accounted_bytes"] if r["accounted_bytes"] else None
+        print(f"{r['method']:<14}{r['step_s']:>8.3f}{fmt(r['speedup_vs_dense'], '>8.1f')}x"
+              f"{fmt(r['x_nocomm'], '>7.1f')}x{r['fwd_bwd_s']:>8.3f}{r['sync_update_s']:>7.3f}"
+              f"{fmt(r['codec_s'], '>7.3f')}{r['wire_s']:>7.3f}{fmt(r['other_s'], '>7.3f')}"
+              f"{r['accounted_bytes'] / 1e6:>9.2f}{r['wire_bytes'] / 1e6:>9.2f}{fmt(ratio, '>10.2f')}")
+
+
+def run_sweep(args) -> dict:
+    """One launch per (model, np, rate); returns and saves the merged results."""
+    sys.path.insert(0, str(HERE.parent))
+    from benchmarks.netem import launch
+    out = Path(args.json)
+    results = json.loads(out.read_text()) if out.exists() else {}
+    methods = runnable(args.methods, "e2e")
+    for model in args.models:
+        for np_ in args.nps:
+            for rate in args.rates:
+                key = f"{model}/np{np_}/{rate}"
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", model,
+                       "--methods", ",".join(methods), *worker_flags(args)]
+                res = launch(cmd, np_, rate, args.delay_ms, timeout=args.timeout, echo=args.verbose,
+                             env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+                if not res.ok:
+                    print(f"e2e: {key} failed (rank {res.failed_rank}):\n{res.outputs[res.failed_rank][-4000:]}")
+                    continue
+                per_rank = [[json.loads(line[7:]) for line in o.splitlines() if line.startswith("RESULT ")]
+                            for o in res.outputs]
+                rows = [aggregate(list(ranks)) for ranks in zip(*per_rank)]
+                add_ratios(rows, res.rate_bps)
+                print_table(key, rows)
+                results[key] = {"model": model, "np": np_, "rate": rate, "rate_bps": res.rate_bps,
+                                "delay_ms": args.delay_ms, "batch": args.batch,
+                                "threads": args.threads, "rows": rows,
+                                "link_bytes": res.link_bytes, "launch_s": res.seconds}
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(results, indent=1))
+    return results
+
+
+def worker_flags(args) -> list:
+    """The flags a worker needs from the driver's command line."""
+    return ["--batch", str(args.batch), "--warmup", str(args.warmup), "--steps", str(args.steps),
+            "--min-steps", str(args.min_steps), "--budget-s", str(args.budget_s),
+            "--threads", str(args.threads)]
+
+
+def plot(results: dict, out_dir: Path) -> list:
+    """``e2e_<model>.png``: speedup over Horovod dense vs link rate, one panel per rank count."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    files = []
+    for model in sorted({v["model"] for v in results.values()}):
+        entries = [v for v in results.values() if v["model"] == model]
+        nps = sorted({v["np"] for v in entries})
+        fig, axes = plt.subplots(1, len(nps), figsize=(6 * len(nps), 4.5), squeeze=False)
+        for ax, np_ in zip(axes[0], nps):
+            runs = sorted((v for v in entries if v["np"] == np_), key=lambda v: v["rate_bps"])
+            methods = [r["method"] for r in runs[0]["rows"] if r["method"] != "hvd-dense"]
+            for m in methods:
+                pts = [(v["rate_bps"] / 1e9, r["speedup_vs_dense"]) for v in runs for r in v["rows"]
+                       if r["method"] == m and r["speedup_vs_dense"] is not None]
+                if pts:
+                    style = "k--" if m == "nocomm" else "o-"
+                    ax.plot(*zip(*pts), style, label="no comm (floor)" if m == "nocomm" else m)
+            ax.axhline(1.0, color="grey", lw=0.8)
+            ax.set(xscale="log", yscale="log", xlabel="link rate per rank (Gbit/s)",
+                   ylabel="speedup over Horovod dense fp32",
+                   title=f"{model}, {np_} ranks, batch {runs[0]['batch']}")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"e2e_{model}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        files.append(path)
+    return files
+
+
+def comma_list(text: str) -> list:
+    """``'a,b,,c'`` -> ``['a', 'b', 'c']``."""
+    return [x for x in text.split(",") if x]
+
+
+def shared_parser(doc: str, methods: str, nps: list, json_path: Path) -> argparse.ArgumentParser:
+    """The options e2e.py and convergence.py share: ranks, methods, output, timeout, --worker."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nps", type=lambda s: [int(x) for x in comma_list(s)], default=nps)
+    ap.add_argument("--methods", type=comma_list, default=comma_list(methods))
+    ap.add_argument("--batch", type=int, default=32, help="per rank")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="per launch")
+    ap.add_argument("--json", default=str(json_path))
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return ap
+
+
+def parse_args(argv=None):
+    """Command line of both the driver and the worker (``--worker``)."""
+    ap = shared_parser(__doc__, DEFAULT_METHODS, [2, 4], RESULTS / "e2e.json")
+    ap.add_argument("--models", type=comma_list, default=["mlp", "cnn"])
+    ap.add_argument("--rates", type=comma_list, default=["100mbit", "1gbit", "10gbit"])
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay on each link end")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps (DDP PowerSGD needs >= 2)")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps (at most)")
+    ap.add_argument("--min-steps", type=int, default=2, help="timed steps (at least)")
+    ap.add_argument("--budget-s", type=float, default=30.0,
+                    help="fewer timed steps (not under --min-steps) when the last warm-up step "
+                         "says --steps would take longer than this")
+    ap.add_argument("--report", action="store_true",
+                    help="no runs: print the tables and redraw the PNGs from --json")
+    ap.add_argument("--verbose", action="store_true", help="echo the ranks' output")
+    ap.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    """Driver: sweep, print, save JSON and plots (or run as a worker with --worker)."""
+    args = parse_args(argv)
+    if args.worker:
+        worker(args)
+        return
+    if "ddp-powersgd" in args.methods and args.warmup < 2:
+        raise SystemExit("e2e: ddp-powersgd compresses from its 3rd step on: use --warmup >= 2")
+    if args.report:
+        results = json.loads(Path(args.json).read_text())
+        for key, entry in results.items():
+            add_ratios(entry["rows"], entry["rate_bps"])
+            print_table(key, entry["rows"])
+    else:
+        results = run_sweep(args)
+    for path in plot(results, Path(args.json).parent):
+        print(f"e2e: wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

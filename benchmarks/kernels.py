@@ -1,0 +1,139 @@
+"""Compression throughput: the C++ kernels against the plain-torch implementation of the same
+algorithms, and a memcpy of the same size as the ceiling, all in one run.
+
+For each size (float32 elements) and compressor: compress and decompress (one rank's payload)
+throughput in GB/s of input (4·n bytes / time), best of ``--repeat`` runs after a warm-up, on
+the kernel path (``TorchOps(kernels=True)``) and on the pure-torch path (``kernels=False``, the
+fallback, which is the straightforward torch code of the same algorithm), and their ratio.
+Prints a table and writes JSON (default benchmarks/results/kernels.json)::
+
+    python benchmarks/kernels.py --sizes 1M,25M,100M
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+import hvdcompress as hc
+from hvdcompress.compressor import Compressor, TensorInfo
+from hvdcompress.torch.backend import TorchOps
+
+COMPRESSORS: dict = {
+    "onebit": lambda: hc.OneBit(),
+    "efsignsgd": lambda: hc.EFSignSGD(),
+    "signum": lambda: hc.Signum(),
+    "twobit": lambda: hc.TwoBit(0.5),
+    "int8": lambda: hc.Int8(2048),
+    "dithering": lambda: hc.Dithering(8, "natural", "max"),
+    "qsgd": lambda: hc.QSGD(64),
+    "terngrad": lambda: hc.TernGrad(),
+    "natural": lambda: hc.Natural(),
+    "threshold": lambda: hc.Threshold(2.5),
+    "powersgd": lambda: hc.PowerSGD(rank=4),
+    "fp16": lambda: hc.FP16(),
+    "bf16": lambda: hc.BF16(),
+    "topk": lambda: hc.TopK(0.01),
+    "randomk": lambda: hc.RandomK(0.01),
+    "dgc": lambda: hc.DGC(0.99, min_numel=0),
+}
+TARGET_EXEMPT = {"fp16", "bf16", "topk"}  # casts and exact top-k: no 3x target
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9}.get(text[-1], 1)
+    return int(float(text.rstrip("KMG")) * scale)
+
+
+def best_time(fn: Callable[[], object], repeat: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def time_compressor(make: Callable[[], Compressor], ops: TorchOps, x: torch.Tensor,
+                    repeat: int) -> tuple:
+    """(compress seconds, decompress seconds) of one rank's gradient ``x``."""
+    n = x.numel()
+    cols = 1000 if n % 1000 == 0 else 1
+    info = TensorInfo(name="bench", numel=n, shape=(n // cols, cols))
+    comp, state = make(), {}
+    comp.init_state(ops, x, state, info)
+
+    def compress():
+        packet = comp.compress(ops, x, state, info)
+        return packet.resume(packet.tensors) if packet.resume else packet
+
+    packet = compress()
+    t_compress = best_time(compress, repeat)
+    decompress = (lambda: comp.decompress_gathered(ops, packet.tensors, packet.ctx, info, 1)) \
+        if not packet.summable else (lambda: comp.decompress(ops, packet.tensors, packet.ctx, info))
+    return t_compress, best_time(decompress, repeat)
+
+
+def run(sizes: list, names: list, repeat: int, skip_fallback_above: Optional[int]) -> dict:
+    kernels, fallback = TorchOps(kernels=True), TorchOps(kernels=False)
+    rows = []
+    for n in sizes:
+        x = torch.randn(n, generator=torch.Generator().manual_seed(0))
+        dst = torch.empty_like(x)
+        gbs = lambda t: 4 * n / t / 1e9  # noqa: E731
+        t_copy = best_time(lambda: dst.copy_(x), repeat)
+        rows.append({"size": n, "compressor": "memcpy", "compress_kernel_gbs": gbs(t_copy)})
+        for name in names:
+            ck, dk = time_compressor(COMPRESSORS[name], kernels, x, repeat)
+            row = {"size": n, "compressor": name, "compress_kernel_gbs": gbs(ck),
+                   "decompress_kernel_gbs": gbs(dk),
+                   "compress_vs_memcpy": ck / t_copy, "decompress_vs_memcpy": dk / t_copy}
+            if skip_fallback_above is None or n <= skip_fallback_above:
+                ct, dt = time_compressor(COMPRESSORS[name], fallback, x, repeat)
+                row.update(compress_torch_gbs=gbs(ct), decompress_torch_gbs=gbs(dt),
+                           compress_speedup=ct / ck, decompress_speedup=dt / dk)
+            rows.append(row)
+            print(format_row(row), flush=True)
+    return {"machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                        "platform": platform.platform(), "torch": torch.__version__},
+            "repeat": repeat, "rows": rows}
+
+
+def format_row(r: dict) -> str:
+    def f(key, fmt="{:7.2f}"):
+        return fmt.format(r[key]) if key in r else " " * len(fmt.format(0.0))
+    return (f"{r['size']:>11,} {r['compressor']:<10} | comp GB/s kern {f('compress_kernel_gbs')} "
+            f"torch {f('compress_torch_gbs')} x{f('compress_speedup', '{:6.1f}')} "
+            f"memcpy/{f('compress_vs_memcpy', '{:5.1f}')} | decomp kern {f('decompress_kernel_gbs')} "
+            f"torch {f('decompress_torch_gbs')} x{f('decompress_speedup', '{:6.1f}')} "
+            f"memcpy/{f('decompress_vs_memcpy', '{:5.1f}')}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1M,25M,100M", help="comma-separated element counts")
+    parser.add_argument("--compressors", default=",".join(COMPRESSORS))
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--skip-torch-above", default=None,
+                        help="do not time the pure-torch path above this size (it is slow)")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "kernels.json"))
+    args = parser.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    skip = parse_size(args.skip_torch_above) if args.skip_torch_above else None
+    results = run(sizes, args.compressors.split(","), args.repeat, skip)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""Signum with majority vote (Bernstein et al., ICLR 2019).
+
+Each rank sends the signs of its (momentum) gradient, 1 bit per element; the aggregate is the
+elementwise majority ``sign(Σ_r sign(g_r))`` (0 on a tie), returned as ``world · vote`` so that
+the wrapper's averaging gives the vote itself. Robust to a minority of bad ranks and as cheap
+as signSGD, but the step is ±lr per element: use a small learning rate (about 1e-4) and
+momentum before the sign, i.e. ``{"compressor": "signum", "momentum": "plain"}`` (the Momentum
+decorator, which takes the optimizer's momentum over). Plain signs are sent (no scale).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..backend import Ops, Tensor
+from ..compressor import TensorInfo
+from .onebit import OneBit
+
+
+class Signum(OneBit):
+    """Unscaled signs, aggregated by majority vote."""
+
+    name = "signum"
+
+    def __init__(self):
+        super().__init__(scale=False)
+
+    def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                            world: int) -> Tensor:
+        vote = ops.sign(self.decode_sum(ops, tensors, info, world)) * float(world)
+        return ops.cast(vote, ctx)

@@ -1,0 +1,42 @@
+"""Threshold sparsification (Strom 2015; GRACE's ``threshold``): send every element with
+``|g_i| ≥ τ`` as a (value, index) pair, allgathered.
+
+No sort and no sample: one counting and one compaction pass. The number sent follows the
+gradient's scale, from nothing to everything, so τ must match the gradients (and their decay
+during training); pair it with error feedback (``ef="vanilla"``) so that small elements
+accumulate until they cross τ. NaN elements are always sent.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..backend import Ops, Tensor
+from ..compressor import Packet, TensorInfo
+from ..validation import check_range
+from .quant import as_float32, check_payload
+from .sparse import SparseCompressor
+
+
+class Threshold(SparseCompressor):
+    """Send the elements whose magnitude is at least ``threshold``."""
+
+    name = "threshold"
+
+    def __init__(self, threshold: float = 0.01):
+        self.threshold = check_range("Threshold", "threshold", threshold, 0.0, math.inf,
+                                     low_open=True, high_open=True)
+
+    def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
+        x32, dtype = as_float32(ops, x, info)
+        values, indices = ops.select_ge(x32, self.threshold)
+        packet = self.packet(ops, ops.cast(values, dtype), indices, info)
+        packet.ctx = dtype
+        return packet
+
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
+        if len(tensors) != 2:
+            raise ValueError(f"threshold: expected 2 payload tensors (values, indices), got {len(tensors)}")
+        values, indices = tensors
+        check_payload(ops, self.name, "indices", indices, ops.dtype(indices), ops.numel(values))
+        return ops.cast(ops.sparse_sum(info.numel, indices, ops.cast(values, "float32")), ctx)

@@ -1,0 +1,574 @@
+// hvdcompress kernels; semantics and byte layouts are documented in kernels.h.
+#include "kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// Hot loops that are compute-bound (the hashing ones) are compiled twice on x86-64 Linux with
+// GCC, for AVX2 and for the baseline, and picked at load time (function multi-versioning).
+// Results are identical: no FMA contraction (-ffp-contract=off), integer and exact float ops.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define HVDC_ISA_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define HVDC_ISA_CLONES
+#endif
+#if defined(__GNUC__)
+#define HVDC_INLINE inline __attribute__((always_inline))
+#else
+#define HVDC_INLINE inline
+#endif
+
+namespace hvdc {
+namespace {
+
+constexpr int64_t kGrain = 1 << 16;  // elements below which a loop stays on one thread
+constexpr int kMaxThreads = 256;
+constexpr int64_t kBlock = 2048;  // elements per block: codes and sums stay in L1
+
+int threads_for(int64_t work) {
+#ifdef _OPENMP
+  if (omp_in_parallel()) return 1;
+  int64_t t = std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, work / kGrain));
+  return static_cast<int>(std::min<int64_t>(t, kMaxThreads));
+#else
+  (void)work;
+  return 1;
+#endif
+}
+
+// Calls f(thread, threads, begin, end) on `threads` contiguous slices of [0, units).
+template <class F>
+void run_slices(int64_t units, int threads, F f) {
+  if (threads <= 1) {
+    f(0, 1, int64_t{0}, units);
+    return;
+  }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+  {
+    int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    f(t, nt, units * t / nt, units * (t + 1) / nt);
+  }
+#endif
+}
+
+// Parallel loop over [0, units) where one unit covers `per_unit` elements.
+template <class F>
+void parallel_for(int64_t units, int64_t per_unit, F f) {
+  run_slices(units, threads_for(units * per_unit),
+             [&](int, int, int64_t b, int64_t e) { f(b, e); });
+}
+
+// Parallel sum of f(begin, end) over slices, combined in slice order.
+template <class F>
+double parallel_sum(int64_t units, int64_t per_unit, F f) {
+  double part[kMaxThreads] = {0.0};
+  int used = threads_for(units * per_unit);
+  run_slices(units, used, [&](int t, int, int64_t b, int64_t e) { part[t] = f(b, e); });
+  double total = 0.0;
+  for (int t = 0; t < used; ++t) total += part[t];
+  return total;
+}
+
+inline uint32_t bits_of(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return u;
+}
+
+inline float float_of(uint32_t u) {
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+inline uint32_t mix32(uint32_t h) {  // MurmurHash3's finaliser
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  h ^= h >> 16;
+  return h;
+}
+
+// The uniforms of elements i0 + j, j = 0, 1, ...: base = uint32(i0) * 0x9E3779B1 + key, so that
+// vectorised loops keep a 32-bit counter j.
+inline uint32_t block_base(uint32_t key, int64_t i0) { return static_cast<uint32_t>(i0) * 0x9E3779B1u + key; }
+
+inline uint32_t uniform24(uint32_t base, uint32_t j) { return mix32(base + j * 0x9E3779B1u) >> 8; }
+
+inline float uniform(uint32_t base, uint32_t j) {
+  return static_cast<float>(uniform24(base, j)) * (1.0f / 16777216.0f);
+}
+
+// Calls f(i0, m) for blocks [i0, i0 + m) of kBlock elements, in parallel.
+template <class F>
+void parallel_blocks(int64_t n, F f) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  parallel_for(blocks, kBlock, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) f(k * kBlock, std::min(kBlock, n - k * kBlock));
+  });
+}
+
+// Round half to even for 0 <= y < 2^22, vectorisable (no libm call).
+inline float rint_small(float y) {
+  const float magic = 12582912.0f;  // 1.5 * 2^23
+  return (y + magic) - magic;
+}
+
+inline int twobit_code(float v, float t) {
+  return (v >= t ? 3 : 0) + (v <= -t ? 2 : 0) + (v != v ? 1 : 0);  // exclusive cases
+}
+
+inline float finite_or_zero(float v) { return v - v == 0.0f ? v : 0.0f; }  // vectorisable isfinite
+
+// Stochastic rounding of r = |x| * inv to a level in [0, levels]; see kernels.h. Branch-free
+// (selects only) so that the element loops vectorise.
+template <bool Natural>
+struct Levels {
+  int levels;
+  float smallest;  // natural: the smallest nonzero level, 2^(1 - levels)
+  float stretch;   // natural: 2^(levels - 1), maps [0, smallest) onto [0, 1)
+
+  explicit Levels(int levels_)
+      : levels(levels_), smallest(std::ldexp(1.0f, 1 - levels_)), stretch(std::ldexp(1.0f, levels_ - 1)) {}
+
+  int operator()(float r, float u) const {
+    r = r >= 0.0f ? r : 0.0f;  // NaN -> 0
+    if (Natural) {
+      r = std::min(r, 2.0f);
+      const uint32_t b = bits_of(r);
+      const float p = float_of((b & 0x7FFFFFu) | 0x3F800000u) - 1.0f;  // 2m - 1 of frexp
+      const int big = std::min(static_cast<int>(b >> 23) - 127 + levels + (u < p ? 1 : 0), levels);
+      const int small = u < r * stretch ? 1 : 0;
+      return r < smallest ? small : big;
+    }
+    const float top = static_cast<float>(levels) + 1.0f;
+    r = r < top ? r : top;
+    const float low = static_cast<float>(static_cast<int>(r));  // floor for r >= 0
+    const int level = static_cast<int>(low + (u < r - low ? 1.0f : 0.0f));
+    return level < levels ? level : levels;
+  }
+};
+
+// One block of levels_pack / ternary_pack: m elements of x, uniforms from base.
+template <bool Natural>
+HVDC_INLINE void levels_block(const float* x, uint32_t m, float inv, int levels, uint32_t base,
+                              uint8_t* out) {
+  const Levels<Natural> level_of(levels);
+#pragma omp simd
+  for (uint32_t j = 0; j < m; ++j) {
+    const float v = x[j];
+    const int level = level_of(std::fabs(v) * inv, uniform(base, j));
+    out[j] = static_cast<uint8_t>(v != v ? -128 : (v < 0 ? -level : level));
+  }
+}
+
+HVDC_ISA_CLONES void levels_block_linear(const float* x, uint32_t m, float inv, int levels,
+                                         uint32_t base, uint8_t* out) {
+  levels_block<false>(x, m, inv, levels, base, out);
+}
+
+HVDC_ISA_CLONES void levels_block_natural(const float* x, uint32_t m, float inv, int levels,
+                                          uint32_t base, uint8_t* out) {
+  levels_block<true>(x, m, inv, levels, base, out);
+}
+
+HVDC_ISA_CLONES void ternary_block(const float* x, uint32_t m, float inv, uint32_t base, uint8_t* out) {
+  const Levels<false> level_of(1);
+#pragma omp simd
+  for (uint32_t j = 0; j < m; ++j) {
+    const float v = x[j];
+    const int level = level_of(std::fabs(v) * inv, uniform(base, j));
+    out[j] = static_cast<uint8_t>(v != v ? 1 : level * (v < 0 ? 2 : 3));
+  }
+}
+
+HVDC_ISA_CLONES void natural_block(const float* x, uint32_t m, uint32_t base, uint8_t* out) {
+#pragma omp simd
+  for (uint32_t j = 0; j < m; ++j) {
+    const uint32_t u = bits_of(x[j]), a = u & 0x7FFFFFFFu;
+    const int32_t up = uniform24(base, j) < 2 * (a & 0x7FFFFFu) ? 1 : 0;
+    const int32_t e8 = static_cast<int32_t>(a >> 23) + up;
+    int32_t c = e8 < 27 ? 0 : (e8 > 152 ? 127 : e8 - 26);
+    c = (a >> 23) == 0 ? 0 : c;
+    c |= static_cast<int32_t>(u >> 31) << 7;
+    out[j] = static_cast<uint8_t>(a > 0x7F800000u ? 0x80 : c);
+  }
+}
+
+
+// Packs BITS-bit codes, block by block: fill(i0, m, c) writes the codes of elements
+// [i0, i0 + m) into the byte array c, then 8 / BITS codes go into each byte by one multiplication.
+template <int BITS, class Fill>
+void pack_codes(int64_t n, uint8_t* __restrict out, Fill fill) {
+  constexpr int per = 8 / BITS;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  parallel_for(blocks, kBlock, [&](int64_t k0, int64_t k1) {
+    alignas(64) uint8_t c[kBlock];
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t i0 = k * kBlock, m = std::min(kBlock, n - i0);
+      fill(i0, static_cast<uint32_t>(m), c);
+      for (int64_t j = m; j < (m + per - 1) / per * per; ++j) c[j] = 0;
+      uint8_t* o = out + i0 / per;
+      for (int64_t b = 0; b < (m + per - 1) / per; ++b) {
+        if (BITS == 1) {
+          uint64_t v;
+          std::memcpy(&v, c + 8 * b, 8);
+          o[b] = static_cast<uint8_t>((v * 0x8040201008040201ull) >> 56);
+        } else if (BITS == 2) {
+          uint32_t v;
+          std::memcpy(&v, c + 4 * b, 4);
+          o[b] = static_cast<uint8_t>((static_cast<uint64_t>(v) * 0x40100401ull) >> 24);
+        } else {
+          o[b] = c[b];
+        }
+      }
+    }
+  });
+}
+
+// A pack_codes fill from a per-element code(i0, j) of element i0 + j.
+template <class Code>
+auto per_element(Code code) {
+  return [=](int64_t i0, uint32_t m, uint8_t* c) {
+#pragma omp simd
+    for (uint32_t j = 0; j < m; ++j) c[j] = static_cast<uint8_t>(code(i0, j));
+  };
+}
+
+template <int BITS>
+void unpack_sum_impl(const uint8_t* packed, int64_t n, const float* tables, int64_t R, float* out) {
+  constexpr int per = 8 / BITS;
+  constexpr uint32_t mask = (1u << BITS) - 1;
+  const int64_t nbytes = packed_bytes(n, BITS);
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  parallel_for(blocks, kBlock, [&](int64_t k0, int64_t k1) {
+    alignas(64) uint8_t c[kBlock];
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t i0 = k * kBlock, m = std::min(kBlock, n - i0);
+      float* __restrict o = out + i0;
+      for (int64_t i = 0; i < m; ++i) o[i] = 0.0f;
+      for (int64_t r = 0; r < R; ++r) {
+        const uint8_t* p = packed + r * nbytes + i0 / per;
+        const float* table = tables + (r << BITS);
+        const uint8_t* code = p;
+        if (BITS < 8) {
+          for (int64_t b = 0; b < (m + per - 1) / per; ++b)
+            for (int j = 0; j < per; ++j) c[b * per + j] = (p[b] >> (8 - BITS * (j + 1))) & mask;
+          code = c;
+        }
+        for (int64_t i = 0; i < m; ++i) o[i] += table[code[i]];
+      }
+    }
+  });
+}
+
+// Sum of |x[i]| over [b, e): a vectorised float sum per block, blocks added in double.
+inline double abs_sum(const float* x, int64_t b, int64_t e) {
+  double total = 0.0;
+  for (int64_t i = b; i < e; i += kBlock) {
+    const int64_t stop = std::min(e, i + kBlock);
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t j = i; j < stop; ++j) acc += std::fabs(x[j]);
+    total += acc;
+  }
+  return total;
+}
+
+// Per-slice counts for an order-preserving parallel compaction.
+struct Slices {
+  int threads;
+  std::vector<int64_t> count;
+};
+
+template <class Pred>
+Slices count_slices(int64_t n, Pred pred) {
+  Slices s{threads_for(n), {}};
+  s.count.assign(s.threads, 0);
+  run_slices(n, s.threads, [&](int t, int, int64_t b, int64_t e) {
+    int64_t c = 0;
+    for (int64_t i = b; i < e; ++i) c += pred(i) ? 1 : 0;
+    s.count[t] = c;
+  });
+  return s;
+}
+
+template <class Index>
+void scatter_add_impl(const float* values, const Index* indices, int64_t m, int64_t n, float* out) {
+  int64_t bad = static_cast<int64_t>(parallel_sum(m, 1, [&](int64_t b, int64_t e) {
+    int64_t c = 0;
+    for (int64_t j = b; j < e; ++j) c += (indices[j] < 0 || indices[j] >= n) ? 1 : 0;
+    return static_cast<double>(c);
+  }));
+  if (bad) {
+    for (int64_t j = 0; j < m; ++j)
+      if (indices[j] < 0 || indices[j] >= n)
+        throw std::out_of_range("scatter_add: index " + std::to_string(indices[j]) + " at position " +
+                                std::to_string(j) + " is outside [0, " + std::to_string(n) + ")");
+  }
+  parallel_for(n, 1, [&](int64_t b, int64_t e) { std::fill(out + b, out + e, 0.0f); });
+  // Each thread owns a range of destinations and applies the entries that fall in it, in order.
+  run_slices(n, std::min<int>(threads_for(m * 8), threads_for(n)), [&](int, int, int64_t b, int64_t e) {
+    for (int64_t j = 0; j < m; ++j) {
+      int64_t i = indices[j];
+      if (i >= b && i < e) out[i] += values[j];
+    }
+  });
+}
+
+}  // namespace
+
+int64_t packed_bytes(int64_t n, int bits) { return (n * bits + 7) / 8; }
+
+uint32_t fmix32(uint32_t h) { return mix32(h); }
+
+// ---- signs ------------------------------------------------------------------------------------
+double sign_pack(const float* x, int64_t n, uint8_t* out) {
+  pack_codes<1>(n, out, per_element([=](int64_t i0, uint32_t j) { return (~bits_of(x[i0 + j])) >> 31; }));
+  return parallel_sum(n, 1, [&](int64_t b, int64_t e) { return abs_sum(x, b, e); });
+}
+
+float ef_sign_pack(const float* x, float* residual, int64_t n, uint8_t* out) {
+  double total = parallel_sum(n, 1, [=](int64_t b, int64_t e) {
+    double sum = 0.0;
+    for (int64_t i = b; i < e; i += kBlock) {  // block by block: the sum reads from L1
+      const int64_t stop = std::min(e, i + kBlock);
+      for (int64_t j = i; j < stop; ++j) residual[j] += x[j];
+      sum += abs_sum(residual, i, stop);
+    }
+    return sum;
+  });
+  const float scale = n ? static_cast<float>(total / static_cast<double>(n)) : 0.0f;
+  pack_codes<1>(n, out, per_element([=](int64_t i0, uint32_t j) {
+    const int64_t i = i0 + j;
+    const uint32_t bit = (~bits_of(residual[i])) >> 31;
+    residual[i] = finite_or_zero(residual[i] - (bit ? scale : -scale));
+    return bit;
+  }));
+  return scale;
+}
+
+// ---- 2 bits -----------------------------------------------------------------------------------
+void twobit_pack(const float* x, float* residual, int64_t n, float t, uint8_t* out) {
+  if (!residual) {
+    pack_codes<2>(n, out, per_element([=](int64_t i0, uint32_t j) { return twobit_code(x[i0 + j], t); }));
+    return;
+  }
+  pack_codes<2>(n, out, per_element([=](int64_t i0, uint32_t j) {
+    const int64_t i = i0 + j;
+    const float v = x[i] + residual[i];
+    const int pos = v >= t, neg = v <= -t;
+    residual[i] = finite_or_zero(v - t * static_cast<float>(pos - neg));
+    return 3 * pos + 2 * neg + (v != v ? 1 : 0);
+  }));
+}
+
+// ---- stochastic levels ------------------------------------------------------------------------
+void levels_pack(const float* x, int64_t n, float inv, int levels, bool natural, uint32_t key,
+                 uint8_t* out) {
+  if (levels < 1 || levels > 127)
+    throw std::invalid_argument("levels_pack: levels=" + std::to_string(levels) + " is outside [1, 127]");
+  const auto block = natural ? levels_block_natural : levels_block_linear;
+  parallel_blocks(n, [=](int64_t i0, int64_t m) {
+    block(x + i0, static_cast<uint32_t>(m), inv, levels, block_base(key, i0), out + i0);
+  });
+}
+
+void ternary_pack(const float* x, int64_t n, float inv, uint32_t key, uint8_t* out) {
+  pack_codes<2>(n, out, [=](int64_t i0, uint32_t m, uint8_t* c) {
+    ternary_block(x + i0, m, inv, block_base(key, i0), c);
+  });
+}
+
+void natural_pack(const float* x, int64_t n, uint32_t key, uint8_t* out) {
+  parallel_blocks(n, [=](int64_t i0, int64_t m) {
+    natural_block(x + i0, static_cast<uint32_t>(m), block_base(key, i0), out + i0);
+  });
+}
+
+void unpack_sum(const uint8_t* packed, int64_t n, int bits, const float* tables, int64_t R,
+                float* out) {
+  switch (bits) {
+    case 1: return unpack_sum_impl<1>(packed, n, tables, R, out);
+    case 2: return unpack_sum_impl<2>(packed, n, tables, R, out);
+    case 8: return unpack_sum_impl<8>(packed, n, tables, R, out);
+    default: throw std::invalid_argument("unpack_sum: bits=" + std::to_string(bits) + "; allowed: 1, 2, 8");
+  }
+}
+
+// ---- min-max 8 bits ---------------------------------------------------------------------------
+void minmax_pack(const float* x, int64_t n, int64_t chunk, uint8_t* codes, float* bounds) {
+  if (chunk < 1) throw std::invalid_argument("minmax_pack: chunk must be >= 1");
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  parallel_for(chunks, chunk, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const float* v = x + c * chunk;
+      uint8_t* q = codes + c * chunk;
+      const int64_t m = std::min(chunk, n - c * chunk);
+      float mn = v[0], mx = v[0], poison = 0.0f;
+#pragma omp simd reduction(min : mn) reduction(max : mx) reduction(+ : poison)
+      for (int64_t i = 0; i < m; ++i) {
+        mn = v[i] < mn ? v[i] : mn;
+        mx = v[i] > mx ? v[i] : mx;
+        poison += v[i] * 0.0f;  // NaN iff some element is not finite
+      }
+      if (poison != 0.0f) {
+        bounds[2 * c] = bounds[2 * c + 1] = std::nanf("");
+        std::fill(q, q + m, uint8_t{0});
+        continue;
+      }
+      bounds[2 * c] = mn;
+      bounds[2 * c + 1] = mx;
+      const float range = mx - mn;
+      const float inv = range > 0.0f ? 255.0f / range : 0.0f;
+#pragma omp simd
+      for (int64_t i = 0; i < m; ++i) {
+        float y = rint_small((v[i] - mn) * inv);
+        y = y < 0.0f ? 0.0f : (y > 255.0f ? 255.0f : y);
+        q[i] = static_cast<uint8_t>(static_cast<int>(y));
+      }
+    }
+  });
+}
+
+void minmax_unpack_sum(const uint8_t* codes, const float* bounds, int64_t n, int64_t chunk,
+                       int64_t R, float* out) {
+  if (chunk < 1) throw std::invalid_argument("minmax_unpack_sum: chunk must be >= 1");
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  parallel_for(chunks, chunk, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t i0 = c * chunk, m = std::min(chunk, n - i0);
+      float* o = out + i0;
+      for (int64_t i = 0; i < m; ++i) o[i] = 0.0f;
+      for (int64_t r = 0; r < R; ++r) {
+        const float mn = bounds[2 * (r * chunks + c)], mx = bounds[2 * (r * chunks + c) + 1];
+        const float step = (mx - mn) / 255.0f;
+        const uint8_t* q = codes + r * n + i0;
+        for (int64_t i = 0; i < m; ++i) o[i] += mn + static_cast<float>(q[i]) * step;
+      }
+    }
+  });
+}
+
+// ---- sparsification ---------------------------------------------------------------------------
+int64_t count_ge(const float* x, int64_t n, float t) {
+  return static_cast<int64_t>(parallel_sum(n, 1, [&](int64_t b, int64_t e) {
+    int64_t c = 0;
+    for (int64_t i = b; i < e; ++i) c += !(std::fabs(x[i]) < t);
+    return static_cast<double>(c);
+  }));
+}
+
+int64_t select_ge(const float* x, int64_t n, float t, int64_t cap, float* values, int64_t* indices) {
+  auto selected = [&](int64_t i) { return !(std::fabs(x[i]) < t); };
+  Slices s = count_slices(n, selected);
+  std::vector<int64_t> offset(s.threads + 1, 0);
+  for (int i = 0; i < s.threads; ++i) offset[i + 1] = offset[i] + s.count[i];
+  run_slices(n, s.threads, [&](int th, int, int64_t b, int64_t e) {
+    int64_t w = offset[th];
+    for (int64_t i = b; i < e && w < cap; ++i) {
+      if (selected(i)) {
+        values[w] = x[i];
+        indices[w++] = i;
+      }
+    }
+  });
+  return offset[s.threads];
+}
+
+float sampled_threshold(const float* x, int64_t n, int64_t start, int64_t stride, int64_t top) {
+  if (stride < 1 || start < 0) throw std::invalid_argument("sampled_threshold: need start >= 0, stride >= 1");
+  const int64_t count = start < n ? (n - start + stride - 1) / stride : 0;
+  if (top < 1 || top > count)
+    throw std::invalid_argument("sampled_threshold: top=" + std::to_string(top) + " is outside [1, " +
+                                std::to_string(count) + "]");
+  std::vector<uint32_t> keys(count);
+  for (int64_t j = 0; j < count; ++j) keys[j] = bits_of(x[start + j * stride]) & 0x7FFFFFFFu;
+  std::nth_element(keys.begin(), keys.begin() + (top - 1), keys.end(), std::greater<uint32_t>());
+  return float_of(keys[top - 1]);
+}
+
+void topk_abs(const float* x, int64_t n, int64_t k, float* values, int64_t* indices) {
+  if (k < 0 || k > n)
+    throw std::invalid_argument("topk_abs: k=" + std::to_string(k) + " is outside [0, " + std::to_string(n) + "]");
+  if (k == 0) return;
+  auto key = [&](int64_t i) { return bits_of(x[i]) & 0x7FFFFFFFu; };
+  // Radix select of the k-th largest key: 11 + 11 + 10 bits (key < 2^31 uses 10 top bits).
+  const int shifts[3] = {21, 10, 0};
+  const uint32_t widths[3] = {1024, 2048, 1024};
+  uint32_t prefix = 0;
+  int64_t need = k;
+  const int threads = threads_for(n);
+  std::vector<int64_t> hist(static_cast<size_t>(threads) * 2048);
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = shifts[pass], above = pass ? shifts[pass - 1] : 32;
+    const uint32_t width = widths[pass];
+    std::fill(hist.begin(), hist.end(), 0);
+    run_slices(n, threads, [&](int t, int, int64_t b, int64_t e) {
+      int64_t* h = hist.data() + static_cast<size_t>(t) * 2048;
+      for (int64_t i = b; i < e; ++i) {
+        const uint32_t kk = key(i);
+        if (above == 32 || (kk >> above) == prefix) ++h[(kk >> shift) & (width - 1)];
+      }
+    });
+    int64_t bucket = width - 1;
+    for (; bucket > 0; --bucket) {
+      int64_t c = 0;
+      for (int t = 0; t < threads; ++t) c += hist[static_cast<size_t>(t) * 2048 + bucket];
+      if (c >= need) break;
+      need -= c;
+    }
+    prefix = (prefix << (above - shift)) | static_cast<uint32_t>(bucket);
+  }
+  const uint32_t kth = prefix;  // take every key > kth and the first `need` keys == kth
+  std::vector<int64_t> greater(threads, 0), equal(threads, 0);
+  run_slices(n, threads, [&](int t, int, int64_t b, int64_t e) {
+    int64_t g = 0, q = 0;
+    for (int64_t i = b; i < e; ++i) {
+      const uint32_t kk = key(i);
+      g += kk > kth;
+      q += kk == kth;
+    }
+    greater[t] = g;
+    equal[t] = q;
+  });
+  std::vector<int64_t> offset(threads), take(threads);
+  int64_t pos = 0, left = need;
+  for (int t = 0; t < threads; ++t) {
+    take[t] = std::min(left, equal[t]);
+    left -= take[t];
+    offset[t] = pos;
+    pos += greater[t] + take[t];
+  }
+  run_slices(n, threads, [&](int t, int, int64_t b, int64_t e) {
+    int64_t w = offset[t], eq = take[t];
+    for (int64_t i = b; i < e; ++i) {
+      const uint32_t kk = key(i);
+      if (kk > kth || (kk == kth && eq-- > 0)) {
+        values[w] = x[i];
+        indices[w++] = i;
+      }
+    }
+  });
+}
+
+void scatter_add(const float* values, const int32_t* indices, int64_t m, int64_t n, float* out) {
+  scatter_add_impl(values, indices, m, n, out);
+}
+
+void scatter_add(const float* values, const int64_t* indices, int64_t m, int64_t n, float* out) {
+  scatter_add_impl(values, indices, m, n, out);
+}
+
+}  // namespace hvdc

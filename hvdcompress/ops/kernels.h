@@ -1,0 +1,108 @@
+// hvdcompress kernels: the one C++ source of truth, on raw buffers.
+//
+// Framework-agnostic: no torch or TensorFlow header here. The torch extension
+// (torch_binding.cpp) and the TensorFlow custom-op library bind these functions; the pure
+// framework fallbacks (hvdcompress/ops/torch_fallback.py, the TF backend) implement the same
+// semantics and the byte layouts below, which are part of the wire format.
+//
+// Conventions
+//  * Inputs are float32, contiguous; n is the element count. Output buffers are given by the
+//    caller and have the sizes stated; no function allocates more than O(threads * 2048) words.
+//  * Work is split over OpenMP threads when compiled with OpenMP (serial otherwise).
+//  * Packed codes: a byte holds 8/bits codes, the FIRST element in the HIGHEST bits
+//    (numpy.packbits order; MXNet's 2-bit order). A payload of n codes of `bits` bits takes
+//    packed_bytes(n, bits) = ceil(n * bits / 8) bytes; unused low bits of the last byte are 0.
+//  * Decoders add R payloads ("gathered" from R ranks, back to back) into one dense output:
+//    out[i] = sum over r = 0..R-1, in that order, starting from +0.0f.
+//  * Errors (bad index, bad argument) throw std::out_of_range / std::invalid_argument, outside
+//    parallel regions and before anything is written.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace hvdc {
+
+int64_t packed_bytes(int64_t n, int bits);
+
+// ---- random numbers -------------------------------------------------------------------------
+// Counter-based uniform in [0, 1) for element i under a 32-bit key (identical on every thread):
+//   h = fmix32(uint32(i) * 0x9E3779B1 + key);  u = (h >> 8) * 2^-24
+// where fmix32 is MurmurHash3's finaliser. Reproducible from (key, i) alone.
+uint32_t fmix32(uint32_t h);
+
+// ---- 1 bit: signs ---------------------------------------------------------------------------
+// bit = 1 iff the sign bit of x[i] is clear (+0 -> 1, -0 -> 0). Returns sum |x[i]| (in double;
+// NaN if any element is NaN). out: packed_bytes(n, 1).
+double sign_pack(const float* x, int64_t n, uint8_t* out);
+
+// EF-signSGD, fused: p = x + residual; scale = float(sum|p| / n); bits of p as sign_pack;
+// residual = p - (bit ? scale : -scale), non-finite results stored as 0. Returns scale.
+float ef_sign_pack(const float* x, float* residual, int64_t n, uint8_t* out);
+
+// ---- 2 bits: MXNet threshold quantisation ---------------------------------------------------
+// v = x[i] + (residual ? residual[i] : 0);  code 3 (11) if v >= t, 2 (10) if v <= -t,
+// 1 (01) if v is NaN, else 0 (00). With a residual: residual[i] = v - decoded(code) where
+// decoded = +t, -t, 0; non-finite results stored as 0. out: packed_bytes(n, 2).
+void twobit_pack(const float* x, float* residual, int64_t n, float t, uint8_t* out);
+
+// ---- stochastic rounding to levels (dithering, QSGD, TernGrad) ------------------------------
+// r = |x[i]| * inv, with inv = levels / norm (linear) or 1 / norm (natural), computed by the
+// caller in float32. u = uniform(key, i).
+//  linear : l = floor(r); level = l + (u < r - l)
+//  natural: nonzero levels are 2^(j - levels), j = 1..levels. If r >= 2^(1 - levels):
+//           r = m * 2^e (frexp, m in [0.5, 1)); level = (e + levels - 1) + (u < 2m - 1);
+//           else level = (u < r * 2^(levels - 1)).  r == 0 gives level 0.
+//  level is clamped to [0, levels]. NaN inputs and a non-finite or zero inv give level 0, except
+//  that a NaN input is marked (see the writers).
+// levels_pack writes one byte per element: the level as a two's-complement int8, negated when
+// x[i] < 0; 0x80 (-128) marks NaN. Requires 1 <= levels <= 127.
+void levels_pack(const float* x, int64_t n, float inv, int levels, bool natural, uint32_t key,
+                 uint8_t* out);
+// ternary_pack: levels == 1 written as 2-bit codes in twobit_pack's format (+1 -> 11,
+// -1 -> 10, 0 -> 00, NaN -> 01). out: packed_bytes(n, 2).
+void ternary_pack(const float* x, int64_t n, float inv, uint32_t key, uint8_t* out);
+
+// ---- natural compression (Horvath et al. 2019) ----------------------------------------------
+// |x| in [2^E, 2^(E+1)) rounds to 2^(E+1) with probability |x| / 2^E - 1, else to 2^E.
+// One byte: bit 7 = sign bit of x, bits 0-6 = c: c = 0 -> 0 (|x| < 2^-100 and zeros flush to 0),
+// c = 1..126 -> 2^(c - 101), c = 127 -> infinity (|x| rounds to 2^26 or more). NaN -> 0x80.
+void natural_pack(const float* x, int64_t n, uint32_t key, uint8_t* out);
+
+// ---- decoding of packed codes ---------------------------------------------------------------
+// out[i] = sum_r tables[r * 2^bits + code_r(i)], code_r(i) the i-th `bits`-bit code of payload r
+// (payload r starts at byte r * packed_bytes(n, bits)). bits in {1, 2, 8}.
+void unpack_sum(const uint8_t* packed, int64_t n, int bits, const float* tables, int64_t R,
+                float* out);
+
+// ---- 8 bits: min-max per chunk (Bagua) ------------------------------------------------------
+// Chunk c covers elements [c*chunk, min(n, (c+1)*chunk)). bounds[2c] = min, bounds[2c+1] = max
+// of the chunk (both NaN when the chunk holds a non-finite value). In float32:
+//   range = max - min;  inv = range > 0 ? 255 / range : 0;
+//   code = clamp(rint((x - min) * inv), 0, 255)   (round half to even; 0 for a NaN chunk)
+// codes: n bytes; bounds: 2 * ceil(n / chunk) floats.
+void minmax_pack(const float* x, int64_t n, int64_t chunk, uint8_t* codes, float* bounds);
+// Decode: value = min + code * (range / 255), summed over R payloads of (n codes, bounds).
+void minmax_unpack_sum(const uint8_t* codes, const float* bounds, int64_t n, int64_t chunk,
+                       int64_t R, float* out);
+
+// ---- sparsification -------------------------------------------------------------------------
+// "Selected" means |x[i]| >= t or x[i] is NaN.
+int64_t count_ge(const float* x, int64_t n, float t);
+// Writes the selected values and their indices, ascending, up to `cap` of them; returns how many
+// are selected in total (which may exceed cap).
+int64_t select_ge(const float* x, int64_t n, float t, int64_t cap, float* values,
+                  int64_t* indices);
+// The `top`-th largest magnitude (1-based) among x[start], x[start + stride], ... with NaN
+// larger than +inf (returned as NaN). Requires 1 <= top <= sample count. Allocates the sample.
+float sampled_threshold(const float* x, int64_t n, int64_t start, int64_t stride, int64_t top);
+// Exact top-k by magnitude (NaN largest, then +inf): the k elements, ties broken towards the
+// lower index, written with ascending indices. 0 <= k <= n.
+void topk_abs(const float* x, int64_t n, int64_t k, float* values, int64_t* indices);
+
+// out[0..n) = 0, then out[indices[j]] += values[j] for j = 0..m-1 in order. Throws
+// std::out_of_range (naming the first bad position) before writing if an index is outside [0, n).
+void scatter_add(const float* values, const int32_t* indices, int64_t m, int64_t n, float* out);
+void scatter_add(const float* values, const int64_t* indices, int64_t m, int64_t n, float* out);
+
+}  // namespace hvdc

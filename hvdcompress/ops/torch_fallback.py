@@ -1,0 +1,206 @@
+"""Plain-torch implementations of the kernels in kernels.h, with the torch binding's signatures.
+
+Used when the C++ extension is not built (or HVDCOMPRESS_DISABLE_KERNELS=1), and on devices the
+extension does not cover. Deterministic operations give the kernels' results bit for bit; the
+stochastic ones follow the same rule with torch's own random numbers (seeded by ``key``), so their
+codes differ from the kernels' but have the same distribution. Argument checking is done by the
+caller (:class:`hvdcompress.torch.backend.TorchOps`).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+Tensor = torch.Tensor
+
+_SHIFTS = {1: (7, 6, 5, 4, 3, 2, 1, 0), 2: (6, 4, 2, 0), 8: (0,)}
+
+
+def packed_bytes(n: int, bits: int) -> int:
+    return (n * bits + 7) // 8
+
+
+def _pack(codes: Tensor, bits: int) -> Tensor:
+    """Integer codes (< 2**bits) packed first-element-in-the-highest-bits, as uint8."""
+    per = 8 // bits
+    n = codes.numel()
+    padded = torch.zeros(packed_bytes(n, bits) * per, dtype=torch.int32, device=codes.device)
+    padded[:n] = codes
+    shifts = torch.tensor(_SHIFTS[bits], dtype=torch.int32, device=codes.device)
+    return (padded.view(-1, per) << shifts).sum(1, dtype=torch.int32).to(torch.uint8)
+
+
+def _unpack(packed: Tensor, n: int, bits: int) -> Tensor:
+    """The first ``n`` ``bits``-bit codes of ``packed`` as int64."""
+    shifts = torch.tensor(_SHIFTS[bits], dtype=torch.int32, device=packed.device)
+    codes = (packed.to(torch.int32).view(-1, 1) >> shifts) & ((1 << bits) - 1)
+    return codes.view(-1)[:n].long()
+
+
+def _sign_bits(x: Tensor) -> Tensor:
+    return (~torch.signbit(x)).to(torch.int32)
+
+
+def _finite_or_zero(x: Tensor) -> Tensor:
+    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+
+
+def _uniform(n: int, key: int, device) -> Tensor:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(key))
+    return torch.rand(n, generator=gen, device=device)
+
+
+def sign_pack(x: Tensor) -> Tuple[Tensor, Tensor]:
+    mean = x.abs().sum(dtype=torch.float64) / max(1, x.numel())
+    return _pack(_sign_bits(x), 1), mean.to(torch.float32).view(1)
+
+
+def ef_sign_pack(x: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
+    p = x + residual
+    packed, scale = sign_pack(p)
+    sent = torch.where(torch.signbit(p), -scale, scale)
+    residual.copy_(_finite_or_zero(p - sent))
+    return packed, scale
+
+
+def _twobit_codes(v: Tensor, t: float) -> Tensor:
+    return (3 * (v >= t).int() + 2 * (v <= -t).int() + torch.isnan(v).int())
+
+
+def twobit_pack(x: Tensor, threshold: float, residual: Optional[Tensor]) -> Tensor:
+    if residual is None:
+        return _pack(_twobit_codes(x, threshold), 2)
+    v = x + residual
+    codes = _twobit_codes(v, threshold)
+    sent = threshold * ((v >= threshold).float() - (v <= -threshold).float())
+    residual.copy_(_finite_or_zero(v - sent))
+    return _pack(codes, 2)
+
+
+def _levels(x: Tensor, inv: float, levels: int, natural: bool, key: int) -> Tensor:
+    """Stochastic level in [0, levels] of |x| * inv (kernels.h), as int64."""
+    r = torch.nan_to_num(x.abs() * inv, nan=0.0)
+    u = _uniform(x.numel(), key, x.device)
+    if natural:
+        r = r.clamp(max=2.0)
+        mantissa, exponent = torch.frexp(r)
+        big = (exponent.long() + levels - 1 + (u < 2 * mantissa - 1).long()).clamp(max=levels)
+        small = (u < r * 2.0 ** (levels - 1)).long()
+        return torch.where(r < 2.0 ** (1 - levels), small, big)
+    r = r.clamp(max=levels + 1.0)
+    low = r.floor()
+    return (low.long() + (u < r - low).long()).clamp(max=levels)
+
+
+def levels_pack(x: Tensor, inv: float, levels: int, natural: bool, key: int) -> Tensor:
+    level = _levels(x, inv, levels, natural, key)
+    code = torch.where(x < 0, -level, level)
+    code = torch.where(torch.isnan(x), torch.full_like(code, -128), code)
+    return code.to(torch.int8).view(torch.uint8)
+
+
+def ternary_pack(x: Tensor, inv: float, key: int) -> Tensor:
+    level = _levels(x, inv, 1, False, key)
+    codes = level * torch.where(x < 0, 2, 3) + torch.isnan(x).long()
+    return _pack(codes.int(), 2)
+
+
+def natural_pack(x: Tensor, key: int) -> Tensor:
+    bits = x.view(torch.int32)
+    mag = bits & 0x7FFFFFFF
+    field = mag >> 23
+    u24 = (_uniform(x.numel(), key, x.device) * 16777216.0).to(torch.int32)
+    e8 = field + (u24 < 2 * (mag & 0x7FFFFF)).int()
+    c = torch.where(e8 < 27, 0, torch.where(e8 > 152, 127, e8 - 26))
+    c = torch.where(field == 0, 0, c) | (torch.signbit(x).int() << 7)
+    return torch.where(mag > 0x7F800000, 0x80, c).to(torch.uint8)
+
+
+def unpack_sum(packed: Tensor, n: int, bits: int, tables: Tensor) -> Tensor:
+    per_rank = packed_bytes(n, bits)
+    out = torch.zeros(n, dtype=torch.float32, device=packed.device)
+    for r, payload in enumerate(packed.split(per_rank)):
+        table = tables[r << bits:(r + 1) << bits]
+        out += table[_unpack(payload, n, bits)]
+    return out
+
+
+def _rows(x: Tensor, chunk: int) -> list:
+    """``x`` as [full chunks (rows), last partial chunk (one row)], leaving out empty parts."""
+    full = x.numel() // chunk * chunk
+    parts = [x[:full].view(-1, chunk), x[full:].view(1, -1)]
+    return [p for p in parts if p.numel()]
+
+
+def minmax_pack(x: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
+    codes, bounds = [], []
+    for rows in _rows(x, chunk):
+        mn, mx = rows.amin(1, keepdim=True), rows.amax(1, keepdim=True)
+        bad = ~torch.isfinite(rows).all(1, keepdim=True)
+        span = mx - mn
+        inv = torch.where(span > 0, 255.0 / span, torch.zeros_like(span))
+        q = torch.round((rows - mn) * inv).clamp(0, 255)
+        codes.append(torch.where(bad, torch.zeros_like(q), q).to(torch.uint8).view(-1))
+        pair = torch.cat([mn, mx], 1)
+        bounds.append(torch.where(bad, torch.full_like(pair, float("nan")), pair).view(-1))
+    return torch.cat(codes), torch.cat(bounds)
+
+
+def minmax_unpack_sum(codes: Tensor, bounds: Tensor, n: int, chunk: int) -> Tensor:
+    chunks = -(-n // chunk)
+    out = torch.zeros(n, dtype=torch.float32, device=codes.device)
+    for r, payload in enumerate(codes.split(n)):
+        pairs = bounds[2 * chunks * r:2 * chunks * (r + 1)].view(chunks, 2)
+        decoded, c = [], 0
+        for rows in _rows(payload, chunk):
+            mn, mx = pairs[c:c + rows.shape[0], 0:1], pairs[c:c + rows.shape[0], 1:2]
+            decoded.append((mn + rows.float() * ((mx - mn) / 255.0)).view(-1))
+            c += rows.shape[0]
+        out += torch.cat(decoded)
+    return out
+
+
+def _selected(x: Tensor, t: float) -> Tensor:
+    return ~(x.abs() < t)
+
+
+def count_ge(x: Tensor, t: float) -> int:
+    return int(_selected(x, t).sum())
+
+
+def select_ge(x: Tensor, t: float) -> Tuple[Tensor, Tensor]:
+    indices = torch.nonzero(_selected(x, t)).view(-1)
+    return x[indices], indices
+
+
+def _keys(x: Tensor) -> Tensor:
+    """Magnitude order keys: the bit pattern of |x| (NaN above +inf), as int32."""
+    return x.view(torch.int32) & 0x7FFFFFFF
+
+
+def sampled_threshold(x: Tensor, start: int, stride: int, top: int) -> float:
+    keys = _keys(x[start::stride].contiguous())
+    kth = torch.topk(keys, top).values[-1]
+    return float(kth.view(1).view(torch.float32))
+
+
+def topk_abs(x: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+    if k == 0:
+        return x[:0], torch.zeros(0, dtype=torch.int64, device=x.device)
+    keys = _keys(x)
+    kth = torch.topk(keys, k).values[-1]
+    above = torch.nonzero(keys > kth).view(-1)
+    ties = torch.nonzero(keys == kth).view(-1)[:k - above.numel()]
+    indices = torch.cat([above, ties]).sort().values
+    return x[indices], indices
+
+
+def scatter_add(n: int, indices: Tensor, values: Tensor) -> Tensor:
+    bad = torch.nonzero((indices < 0) | (indices >= n)).view(-1)
+    if bad.numel():
+        j = int(bad[0])
+        raise IndexError(f"scatter_add: index {int(indices[j])} at position {j} is outside [0, {n})")
+    out = torch.zeros(n, dtype=torch.float32, device=values.device)
+    return out.index_add_(0, indices.long(), values)

@@ -1,0 +1,281 @@
+"""Compress, exchange and average gradients over Horovod ranks: the engine behind
+:func:`~hvdcompress.tensorflow.DistributedGradientTape` and the Keras ``DistributedOptimizer``.
+
+One call, for the dense gradients ``g_i`` of the sources ``w_i``::
+
+    x_i = flat(g_i) / predivide
+    packet_i = compressor.compress(x_i, state_i)           # state_i: tf.Variables
+    summable payloads -> hvd.grouped_allreduce(op=Sum)    # one grouped call per group and round
+    per-rank payloads -> hvd.grouped_allgather
+    total_i = compressor.decompress(...)                   # sum over ranks
+    g_i <- total_i * predivide / N   (op=Average)   or   total_i   (op=Sum)
+
+Only Horovod's collective ops are used (not its tape, optimizer or Keras code), so this works
+with Keras 2 and Keras 3 alike.
+
+Graph mode: the core's algorithms take Python decisions on tensor values (DGC's adaptive
+threshold loop, random-k's seeded host-side index draw, counts as Python ints) and the payload
+layout may change from step to step (DGC sends dense during warm-up). Inside a ``tf.function``
+the whole exchange therefore runs as one ``tf.py_function``: the same eager code as in eager
+mode, hence the same results as the torch path, and nothing about sparsity, step or epoch is
+baked into the graph, so changing them never retraces. The price: one host round trip per step
+and no XLA (``jit_compile=True``) for the training step.
+
+IndexedSlices gradients (embeddings): with ``sparse_as_dense=True``, or when the compressor
+takes the optimizer's momentum over (it needs every row), they are densified and compressed.
+Otherwise they are passed through uncompressed, as Horovod does: values and indices are
+allgathered (and divided by N for op=Average).
+
+``None`` gradients stay ``None`` and are not communicated (as in Horovod's TensorFlow API).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from ..accounting import ByteCount
+from ..compressor import Compressor, Packet, TensorInfo, payload_bytes
+from ..compressors.none import NoCompression
+from ..registry import from_params
+from .backend import TFOps
+from .state import compression_state
+
+OPS = TFOps()
+
+
+def as_compressor(compression: Any) -> Compressor:
+    """``compression`` as a compressor: a Compressor, a dict for ``from_params``, or None."""
+    if compression is None:
+        return NoCompression()
+    if isinstance(compression, Compressor):
+        return compression
+    if isinstance(compression, dict):
+        return from_params(compression)
+    raise TypeError(f"compression={compression!r} is not supported; allowed: an hvdcompress "
+                    "Compressor (e.g. hvdcompress.DGC(0.999), hvdcompress.FP16()), a dict for "
+                    "hvdcompress.from_params, or None")
+
+
+@dataclass
+class ExchangeOptions:
+    """Horovod's arguments for gradient reduction, checked on construction."""
+
+    device_dense: str = ""
+    device_sparse: str = ""
+    sparse_as_dense: bool = False
+    op: Any = hvd.Average
+    gradient_predivide_factor: float = 1.0
+    groups: Any = None
+    process_set: Any = hvd.global_process_set
+
+    def __post_init__(self) -> None:
+        for key in ("device_dense", "device_sparse"):
+            if not isinstance(getattr(self, key), str):
+                raise ValueError(f"{key}={getattr(self, key)!r}: allowed: a device string such as "
+                                 "'/cpu:0' or '' (Horovod's default)")
+        if not isinstance(self.sparse_as_dense, bool):
+            raise ValueError(f"sparse_as_dense={self.sparse_as_dense!r}: allowed: True or False")
+        if self.op not in (hvd.Average, hvd.Sum):
+            raise ValueError(f"op={self.op!r}: allowed: hvd.Average or hvd.Sum (Adasum, Min, Max "
+                             "and Product do not combine with compression)")
+        factor = self.gradient_predivide_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+            raise ValueError(f"gradient_predivide_factor={factor!r}: allowed: a number > 0")
+        if factor != 1.0 and self.op != hvd.Average:
+            raise ValueError(f"gradient_predivide_factor={factor!r} needs op=hvd.Average "
+                             f"(got op={self.op!r})")
+        groups = self.groups
+        valid_int = isinstance(groups, int) and not isinstance(groups, bool) and groups > 0
+        valid_list = isinstance(groups, list) and all(isinstance(g, (list, tuple)) for g in groups)
+        if groups is not None and not (valid_int or valid_list):
+            raise ValueError(f"groups={groups!r}: allowed: None, a positive integer, or a list of "
+                             "lists of variables")
+        if not isinstance(self.process_set, hvd.ProcessSet):
+            raise ValueError(f"process_set={self.process_set!r}: allowed: a horovod ProcessSet "
+                             "(default hvd.global_process_set)")
+
+    def bundles(self, sources: Sequence[Any]) -> list:
+        """Positions of ``sources`` grouped for one grouped collective each (Horovod's ``groups``)."""
+        n = len(sources)
+        if self.groups is None:
+            return [list(range(n))] if n else []
+        if isinstance(self.groups, int):
+            per = -(-n // self.groups)
+            return [list(range(i, min(i + per, n))) for i in range(0, n, per)]
+        where = {id(s): i for i, s in enumerate(sources)}
+        listed = [[where[id(v)] for v in group if id(v) in where] for group in self.groups]
+        seen = {i for bundle in listed for i in bundle}
+        return [b for b in listed if b] + [[i] for i in range(n) if i not in seen]
+
+
+def source_names(sources: Sequence[Any]) -> list:
+    """Stable, unique names of the gradient sources (variable paths; positions otherwise)."""
+    names = []
+    for i, s in enumerate(sources):
+        name = (getattr(s, "path", None) or getattr(s, "name", None)) if hasattr(s, "assign") else None
+        names.append(name.split(":")[0] if name else f"source.{i}")
+    counts = {n: names.count(n) for n in names}
+    return [f"{n}.{i}" if counts[n] > 1 else n for i, n in enumerate(names)]
+
+
+def _tag(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", text)
+
+
+class GradientExchange:
+    """Compresses, communicates and averages gradients with one compressor and fixed options.
+
+    ``momentum`` / ``nesterov``: the wrapped optimizer's settings that the compressor takes over
+    (:attr:`~hvdcompress.Compressor.takes_over_momentum`); handed to it in :class:`TensorInfo`.
+    ``last_step_bytes`` / ``total_bytes``: this rank's dense versus sent bytes.
+    """
+
+    def __init__(self, compressor: Compressor, options: ExchangeOptions,
+                 momentum: float = 0.0, nesterov: bool = False):
+        self.compressor = compressor
+        self.options = options
+        self.momentum = momentum
+        self.nesterov = nesterov
+        self.state = compression_state(compressor)
+        self.last_step_bytes = ByteCount()
+        self.total_bytes = ByteCount()
+
+    # ---- entry point --------------------------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert  # plain Python on Python values: nothing to convert
+    def __call__(self, grads: Sequence[Any], sources: Sequence[Any]) -> list:
+        """The averaged (or summed) gradients, in the structure of ``grads`` (None kept)."""
+        names = source_names(sources)
+        out = list(grads)
+        dense = []
+        for i, g in enumerate(grads):
+            if isinstance(g, tf.IndexedSlices):
+                if not (self.options.sparse_as_dense or self.compressor.takes_over_momentum):
+                    out[i] = self._gather_slices(g, names[i])
+                    continue
+                out[i] = tf.convert_to_tensor(g)
+            if out[i] is not None:
+                dense.append(i)
+        if not dense:
+            return out
+        infos = [self._info(names[i], sources[i], out[i]) for i in dense]
+        params = [sources[i] if hasattr(sources[i], "assign") else None for i in dense]
+        inputs = [out[i] for i in dense]
+        self._init_states(inputs, infos)
+        if tf.executing_eagerly():
+            reduced = self._exchange(inputs, params, infos)
+        else:
+            reduced = tf.py_function(lambda *g: self._exchange(list(g), params, infos), inputs,
+                                     Tout=[g.dtype for g in inputs])
+            for r, g in zip(reduced, inputs):
+                r.set_shape(g.shape)
+        for i, r in zip(dense, reduced):
+            out[i] = r
+        return out
+
+    # ---- pieces ---------------------------------------------------------------------------------
+    def _info(self, name: str, source: Any, grad: Any) -> TensorInfo:
+        static = tf.TensorShape(source.shape)  # Keras 3 variables give a tuple
+        shape = tf.TensorShape(static if static.is_fully_defined() else grad.shape)
+        return TensorInfo(name=name, numel=shape.num_elements(),
+                          world=self.options.process_set.size(), shape=tuple(shape),
+                          momentum=self.momentum, nesterov=self.nesterov)
+
+    def _init_states(self, grads: list, infos: list) -> None:
+        """Create the compressor's state variables, outside any graph being traced."""
+        for g, info in zip(grads, infos):
+            if info.name not in self.state and info.numel:
+                with tf.init_scope():
+                    like = tf.zeros([info.numel], g.dtype)
+                    self.compressor.init_state(OPS, like, self.state.tensor(info.name), info)
+
+    def _gather_slices(self, grad: tf.IndexedSlices, name: str) -> tf.IndexedSlices:
+        """Horovod's sparse path: allgather values and indices, uncompressed."""
+        ps = self.options.process_set
+        with tf.device(self.options.device_sparse):
+            values = hvd.allgather(grad.values, process_set=ps)
+            indices = hvd.allgather(grad.indices, process_set=ps)
+        if self.options.op == hvd.Average:
+            values = values / tf.cast(ps.size(), values.dtype)
+        return tf.IndexedSlices(values, indices, grad.dense_shape)
+
+    def _exchange(self, grads: list, params: list, infos: list) -> list:
+        """Eager: compress every gradient, communicate, decompress, scale."""
+        self.state.pull()
+        factor = self.options.gradient_predivide_factor
+        step_bytes = ByteCount(steps=1)
+        packets = []
+        for g, p, info in zip(grads, params, infos):
+            if p is not None:
+                info.param = tf.reshape(tf.convert_to_tensor(p), [-1])
+            if info.numel == 0:
+                packets.append(Packet([], None, summable=True))
+                continue
+            x = tf.reshape(g, [-1])
+            if factor != 1.0:
+                x = x / factor
+            packet = self.compressor.compress(OPS, x, self.state.tensor(info.name), info)
+            step_bytes.add(info.numel * g.dtype.size, payload_bytes(OPS, packet.tensors))
+            packets.append(packet)
+        totals = self._communicate(packets, infos, params)
+        self.compressor.on_step()
+        self.state.push()
+        self.last_step_bytes = step_bytes
+        self.total_bytes.add(step_bytes.dense, step_bytes.sent)
+        self.total_bytes.steps += 1
+        scale = factor / self.options.process_set.size() if self.options.op == hvd.Average else 1.0
+        out = []
+        for g, total in zip(grads, totals):
+            grad = tf.reshape(tf.cast(total, g.dtype), tf.shape(g)) if total is not None else g
+            out.append(grad * scale if scale != 1.0 else grad)
+        return out
+
+    def _communicate(self, packets: list, infos: list, params: list) -> list:
+        """Sum over ranks of what each packet stands for (None for empty tensors)."""
+        world = self.options.process_set.size()
+        totals: list = [None] * len(packets)
+        for bundle in self.options.bundles(params):
+            pending = [(i, packets[i]) for i in bundle if infos[i].numel]
+            round_ = 0
+            while pending:
+                tag = _tag(f"hvdc.{infos[pending[0][0]].name}.r{round_}")
+                outputs = self._collect([pk for _, pk in pending], tag)
+                resumed = []
+                for (i, packet), out in zip(pending, outputs):
+                    if packet.resume is not None:
+                        resumed.append((i, packet.resume(out)))
+                    elif packet.summable:
+                        totals[i] = self.compressor.decompress(OPS, out, packet.ctx, infos[i])
+                    else:
+                        totals[i] = self.compressor.decompress_gathered(OPS, out, packet.ctx,
+                                                                        infos[i], world)
+                pending, round_ = resumed, round_ + 1
+        return totals
+
+    def _collect(self, packets: list, tag: str) -> list:
+        """Summable payloads through grouped allreduce (op=Sum), the others through grouped
+        allgather; one call per dtype, since Horovod's grouped TF ops take a single dtype."""
+        ps = self.options.process_set
+        summed = [t for pk in packets if pk.summable for t in pk.tensors]
+        gathered = [t for pk in packets if not pk.summable for t in pk.tensors]
+        with tf.device(self.options.device_dense):
+            sums = iter(_per_dtype(lambda ts, name: hvd.grouped_allreduce(
+                ts, op=hvd.Sum, process_set=ps, name=name), summed, tag + ".sum"))
+            gathers = iter(_per_dtype(lambda ts, name: hvd.grouped_allgather(
+                ts, process_set=ps, name=name), gathered, tag + ".gather"))
+        return [[next(sums if pk.summable else gathers) for _ in pk.tensors] for pk in packets]
+
+
+def _per_dtype(collective, tensors: list, tag: str) -> list:
+    """``collective(tensors_of_one_dtype, name)`` for each dtype; results in input order."""
+    positions: dict = {}
+    for i, t in enumerate(tensors):
+        positions.setdefault(t.dtype, []).append(i)
+    out: list = [None] * len(tensors)
+    for dtype, idx in positions.items():
+        for i, result in zip(idx, collective([tensors[i] for i in idx], f"{tag}.{dtype.name}")):
+            out[i] = result
+    return out

@@ -1,0 +1,15 @@
+"""Keras wrapper: ``hvdcompress.tensorflow.keras.DistributedOptimizer`` and callbacks.
+
+    import hvdcompress.tensorflow.keras as hvck
+    opt = hvck.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9),
+                                    compression=hvdcompress.DGC(0.999))
+    model.fit(x, y, callbacks=[hvck.callbacks.BroadcastGlobalVariablesCallback(0),
+                               hvck.callbacks.SparsityWarmupCallback(opt, ExponentialWarmup(4))])
+
+Works with Keras 2 (TF <= 2.15) and Keras 3 (TF >= 2.16).
+"""
+from . import callbacks
+from ..broadcast import broadcast_variables
+from .optimizer import DistributedOptimizer
+
+__all__ = ["DistributedOptimizer", "broadcast_variables", "callbacks"]

@@ -1,0 +1,163 @@
+"""``DistributedOptimizer`` for Keras optimizers (Keras 2 and Keras 3), with compression.
+
+    opt = hvck.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9),
+                                    compression=hvdcompress.DGC(0.999))
+    model.compile(optimizer=opt, loss=..., jit_compile=False)   # Keras 3: no XLA, see below
+
+``apply_gradients`` compresses, exchanges and averages the gradients over ranks (see
+:mod:`hvdcompress.tensorflow.exchange`), then applies them with the wrapped optimizer; this
+covers ``model.fit`` and custom loops that call ``apply_gradients``. The step runs one
+``tf.py_function``, which XLA cannot compile: Keras 3 compiles ``fit`` with XLA by default
+(``jit_compile="auto"``), so pass ``jit_compile=False`` to ``model.compile`` there.
+
+Momentum taken over: with a compressor that applies momentum itself (``takes_over_momentum``:
+DGC, the Momentum decorator) and a Keras ``SGD``, the wrapper reads the SGD's ``momentum`` and
+``nesterov`` once, hands them to the compressor for every variable, and builds the wrapped SGD
+with ``momentum=0, nesterov=False``, so it takes plain steps on the momentum-corrected
+gradient. Keras's ``weight_decay`` is decoupled (applied to the weights, not through
+momentum), so it stays in the optimizer. A compressor with an explicit momentum next to an SGD
+with momentum is an error (momentum would apply twice). Other optimizers are left alone.
+
+``backward_passes_per_step=N``: gradients are summed locally in variables (averaged if
+``average_aggregated_gradients``) and exchanged and applied on every N-th call only, as in
+Horovod. IndexedSlices are densified for that.
+
+Compressor state (residuals, momenta, velocities, DGC's counters) is tracked by the optimizer,
+so ``tf.train.Checkpoint(optimizer=opt)`` and TF-format ``model.save_weights`` capture it.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from ...compressor import Compressor
+from ..subclass import subclass_with
+from ..exchange import ExchangeOptions, GradientExchange, as_compressor
+
+
+def _keras_classes(name: str) -> tuple:
+    """``tf.keras.optimizers.<name>`` and, where Keras 2 has it, its legacy twin."""
+    legacy = getattr(tf.keras.optimizers, "legacy", None)
+    return (getattr(tf.keras.optimizers, name),) + \
+        ((getattr(legacy, name),) if hasattr(legacy, name) else ())
+
+
+def _take_over_momentum(compressor: Compressor, optimizer: Any, config: dict) -> tuple:
+    """(momentum, nesterov) moved from an SGD's ``config`` into the compressor's hands."""
+    if not compressor.takes_over_momentum or not isinstance(optimizer, _keras_classes("SGD")):
+        return 0.0, False
+    momentum, nesterov = config.get("momentum", 0.0), bool(config.get("nesterov", False))
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
+        raise ValueError(f"SGD momentum={momentum!r}: {compressor.name} takes the momentum over "
+                         "and needs a constant number")
+    explicit = getattr(compressor, "momentum", None)
+    if explicit is None:
+        explicit = getattr(compressor, "mu", None)
+    if explicit is not None and momentum:
+        raise ValueError(f"SGD momentum={momentum!r} and the compressor's momentum={explicit!r}: "
+                         "momentum would be applied twice; set one of them to 0 (or leave the "
+                         "compressor's at None to take the optimizer's)")
+    config.update(momentum=0.0, nesterov=False)
+    return float(momentum), nesterov
+
+
+class GradientAccumulator(tf.Module):
+    """Local sums of gradients over ``passes`` backward passes (Horovod's aggregation helper)."""
+
+    def __init__(self, passes: int, average: bool):
+        super().__init__(name=None)
+        self.passes = passes
+        self.average = average
+        self.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="passes")
+        self.sums = []
+
+    def add(self, grads: list) -> tf.Tensor:
+        """Add ``grads``; True when this pass completes a step."""
+        if not self.sums:
+            with tf.init_scope():
+                self.sums = [tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False, name="grad_sum")
+                             for g in grads]
+        for s, g in zip(self.sums, grads):
+            s.assign_add(g)
+        return tf.equal(self.counter.assign_add(1) % self.passes, 0)
+
+    def take(self) -> list:
+        """The sums (or means) so far, and reset them."""
+        out = [s.read_value() / self.passes if self.average else s.read_value() for s in self.sums]
+        for s in self.sums:
+            s.assign(tf.zeros_like(s))
+        return out
+
+
+class _DistributedOptimizer:
+    """Methods mixed into the wrapped optimizer's class by :func:`DistributedOptimizer`."""
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        """Exchange the gradients over ranks, then apply them (every N-th call with N passes)."""
+        pairs = [(g, v) for g, v in grads_and_vars]
+        variables = [v for _, v in pairs]
+        parent = super(self.__class__, self)
+        if self._hvdc_accumulator is None:
+            grads = self._hvdc_exchange([g for g, _ in pairs], variables)
+            return parent.apply_gradients(zip(grads, variables), *args, **kwargs)
+        dense = [tf.convert_to_tensor(g) for g, _ in pairs]
+        ready = self._hvdc_accumulator.add(dense)
+        if not getattr(self, "built", True):
+            self.build(variables)
+
+        def step():
+            grads = self._hvdc_exchange(self._hvdc_accumulator.take(), variables)
+            parent.apply_gradients(zip(grads, variables), *args, **kwargs)
+            return tf.constant(True)
+
+        if tf.executing_eagerly():
+            return step() if bool(ready) else tf.constant(False)
+        return tf.cond(ready, step, lambda: tf.constant(False))
+
+    @property
+    def compression_bytes(self):
+        """This rank's dense versus sent bytes: ``(last step, total)`` :class:`ByteCount`."""
+        return self._hvdc_exchange.last_step_bytes, self._hvdc_exchange.total_bytes
+
+
+def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "",
+                         device_sparse: str = "", compression: Any = None,
+                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                         op=hvd.Average, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups=None, process_set=hvd.global_process_set) -> Any:
+    """Wrap a Keras ``optimizer`` so that gradients are compressed, exchanged and averaged.
+
+    Arguments are those of ``horovod.tensorflow.keras.DistributedOptimizer``; ``compression``
+    takes an hvdcompress compressor (default: none) or a dict for
+    :func:`hvdcompress.from_params`. Returns a new optimizer of the same class and config
+    (momentum moved into the compressor where it takes it over, see the module doc).
+    """
+    if not isinstance(optimizer, _keras_classes("Optimizer")):
+        raise TypeError(f"optimizer={optimizer!r}: allowed: a Keras optimizer "
+                        "(tf.keras.optimizers.*)")
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+            or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step={backward_passes_per_step!r}: allowed: an "
+                         "integer >= 1")
+    if num_groups:
+        warnings.warn("num_groups is deprecated, use groups", DeprecationWarning)
+        groups = groups if groups is not None else num_groups
+    options = ExchangeOptions(device_dense, device_sparse, sparse_as_dense, op,
+                              gradient_predivide_factor, groups, process_set)
+    compressor = as_compressor(compression)
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    momentum, nesterov = _take_over_momentum(compressor, optimizer, config)
+    cls = subclass_with(optimizer.__class__, _DistributedOptimizer)
+    wrapped = cls.from_config(config)
+    wrapped._hvdc_exchange = GradientExchange(compressor, options, momentum, nesterov)
+    wrapped._hvdc_compression_state = wrapped._hvdc_exchange.state
+    wrapped._hvdc_accumulator = (GradientAccumulator(backward_passes_per_step,
+                                                     average_aggregated_gradients)
+                                 if backward_passes_per_step > 1 else None)
+    return wrapped

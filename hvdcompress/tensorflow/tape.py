@@ -1,0 +1,63 @@
+"""``DistributedGradientTape``: Horovod's tape with gradient compression.
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(model(x), y)
+    tape = hvc.DistributedGradientTape(tape, compression=hvdcompress.DGC(0.999, momentum=0.9))
+    grads = tape.gradient(loss, model.trainable_variables)   # averaged over ranks
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+
+The tape has no optimizer to take momentum from: give a momentum-correcting compressor (DGC,
+the Momentum decorator) its own ``momentum`` and use a plain SGD optimizer, or use
+:func:`hvdcompress.tensorflow.keras.DistributedOptimizer`, which moves the optimizer's momentum
+into the compressor. As in Horovod, the tape has no ``backward_passes_per_step``; accumulate with
+the DistributedOptimizer. Compressor state is per compressor object (tapes are created every
+step); checkpoint it with :func:`hvdcompress.tensorflow.compression_state`.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from .subclass import subclass_with
+from .exchange import ExchangeOptions, GradientExchange, as_compressor
+
+
+class _DistributedGradientTape:
+    """Methods mixed into the wrapped tape's own class by :func:`DistributedGradientTape`."""
+
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        """The gradients of ``target``, compressed, exchanged and averaged over ranks."""
+        grads = super(self.__class__, self).gradient(target, sources, output_gradients,
+                                                     unconnected_gradients)
+        flat = self.exchange(tf.nest.flatten(grads), tf.nest.flatten(sources))
+        return tf.nest.pack_sequence_as(grads, flat)
+
+
+def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                            device_sparse: str = "", compression: Any = None,
+                            sparse_as_dense: bool = False, op=hvd.Average,
+                            gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                            groups=None, process_set=hvd.global_process_set) -> tf.GradientTape:
+    """Wrap ``gradtape`` so that :meth:`gradient` returns gradients averaged over ranks.
+
+    Arguments are those of ``horovod.tensorflow.DistributedGradientTape``; ``compression`` takes
+    an hvdcompress compressor (default: none) or a dict for :func:`hvdcompress.from_params`.
+    The returned tape is an instance of ``gradtape``'s class sharing its recording; its
+    ``exchange`` attribute has ``last_step_bytes`` / ``total_bytes`` (dense vs sent bytes).
+    """
+    if not isinstance(gradtape, tf.GradientTape):
+        raise TypeError(f"gradtape={gradtape!r}: allowed: a tf.GradientTape")
+    if num_groups:
+        warnings.warn("num_groups is deprecated, use groups", DeprecationWarning)
+        groups = groups if groups is not None else num_groups
+    options = ExchangeOptions(device_dense, device_sparse, sparse_as_dense, op,
+                              gradient_predivide_factor, groups, process_set)
+    cls = subclass_with(gradtape.__class__, _DistributedGradientTape)
+    tape = cls.__new__(cls)
+    tape.__dict__.update(gradtape.__dict__)
+    tape.exchange = GradientExchange(as_compressor(compression), options)
+    return tape

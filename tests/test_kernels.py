@@ -1,0 +1,431 @@
+"""Every kernel of hvdcompress/ops on both paths (C++ extension and plain-torch fallback) against
+numpy references written here. The extension path fails (does not skip) when it is not built."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from hvdcompress.torch.backend import TorchOps
+
+PATHS = ["kernels", "fallback"]
+
+
+@pytest.fixture(params=PATHS)
+def ops(request) -> TorchOps:
+    return TorchOps(kernels=request.param == "kernels")
+
+
+def data(n: int, seed: int = 0, specials: bool = False) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    if specials and n >= 8:
+        x[[1, 3, 5, 6]] = [0.0, -0.0, np.inf, -np.inf]
+    return x
+
+
+def t(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a).copy())
+
+
+# ---- numpy references -------------------------------------------------------------------------
+def np_pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """First element in the highest bits, zero padded."""
+    per = 8 // bits
+    padded = np.zeros(-(-codes.size // per) * per, dtype=np.uint32)
+    padded[:codes.size] = codes
+    shifts = np.array([8 - bits * (j + 1) for j in range(per)], dtype=np.uint32)
+    return (padded.reshape(-1, per) << shifts).sum(1).astype(np.uint8)
+
+
+def np_unpack(packed: np.ndarray, n: int, bits: int) -> np.ndarray:
+    per = 8 // bits
+    shifts = np.array([8 - bits * (j + 1) for j in range(per)], dtype=np.uint32)
+    return ((packed.astype(np.uint32)[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[:n]
+
+
+def np_fmix32(h: np.ndarray) -> np.ndarray:
+    h = h.astype(np.uint64)
+    m = np.uint64(0xFFFFFFFF)
+    h ^= h >> np.uint64(16)
+    h = (h * np.uint64(0x85EBCA6B)) & m
+    h ^= h >> np.uint64(13)
+    h = (h * np.uint64(0xC2B2AE35)) & m
+    h ^= h >> np.uint64(16)
+    return h
+
+
+def np_uniform24(n: int, key: int) -> np.ndarray:
+    i = np.arange(n, dtype=np.uint64)
+    return np_fmix32((i * np.uint64(0x9E3779B1) + np.uint64(key)) & np.uint64(0xFFFFFFFF)) >> np.uint64(8)
+
+
+def np_levels(x: np.ndarray, inv: float, levels: int, natural: bool, u: np.ndarray) -> np.ndarray:
+    r = np.abs(x) * np.float32(inv)
+    r = np.where(np.isnan(r), np.float32(0), r).astype(np.float32)
+    if natural:
+        r = np.minimum(r, np.float32(2))
+        m, e = np.frexp(r)
+        big = np.minimum(e + levels - 1 + (u < 2 * m - 1), levels)
+        small = (u < r * np.float32(2.0 ** (levels - 1))).astype(np.int64)
+        return np.where(r < np.float32(2.0 ** (1 - levels)), small, big)
+    r = np.minimum(r, np.float32(levels + 1))
+    low = np.floor(r)
+    return np.minimum(low.astype(np.int64) + (u < r - low), levels)
+
+
+def np_minmax(x: np.ndarray, chunk: int):
+    codes, bounds = [], []
+    for c in range(0, x.size, chunk):
+        v = x[c:c + chunk]
+        if not np.isfinite(v).all():
+            codes.append(np.zeros(v.size, np.uint8))
+            bounds += [np.nan, np.nan]
+            continue
+        mn, mx = v.min(), v.max()
+        span = np.float32(mx - mn)
+        inv = np.float32(255) / span if span > 0 else np.float32(0)
+        codes.append(np.clip(np.rint((v - mn) * inv), 0, 255).astype(np.uint8))
+        bounds += [mn, mx]
+    return np.concatenate(codes), np.array(bounds, dtype=np.float32)
+
+
+def np_magnitude_keys(x: np.ndarray) -> np.ndarray:
+    return x.view(np.uint32) & np.uint32(0x7FFFFFFF)
+
+
+SIZES = [1, 7, 8, 9, 1000, 70001]
+
+
+# ---- sign -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", SIZES)
+def test_sign_pack_matches_numpy(ops, n):
+    x = data(n, specials=True)
+    packed, mean = ops.sign_pack(t(x))
+    np.testing.assert_array_equal(packed.numpy(), np_pack((~np.signbit(x)).astype(np.uint32), 1))
+    finite = np.abs(x[np.isfinite(x)]).astype(np.float64).sum() / n
+    if np.isfinite(x).all():
+        np.testing.assert_allclose(mean.numpy(), [finite], rtol=1e-6)
+    else:
+        assert np.isinf(mean.numpy()[0])
+
+
+def test_sign_pack_mean_is_nan_with_a_nan(ops):
+    x = data(100)
+    x[10] = np.nan
+    assert np.isnan(ops.sign_pack(t(x))[1].item())
+
+
+@pytest.mark.parametrize("n", [5, 1000, 70001])
+def test_ef_sign_pack_matches_numpy(ops, n):
+    x, e = data(n, 1), data(n, 2) * 0.1
+    residual = t(e)
+    packed, scale, residual = ops.ef_sign_pack(t(x), residual)
+    p = x + e
+    want_scale = np.abs(p).astype(np.float64).mean()
+    np.testing.assert_allclose(scale.numpy(), [want_scale], rtol=1e-6)
+    np.testing.assert_array_equal(packed.numpy(), np_pack((~np.signbit(p)).astype(np.uint32), 1))
+    s = np.float32(scale.item())
+    np.testing.assert_array_equal(residual.numpy(), p - np.where(np.signbit(p), -s, s))
+
+
+# ---- unpack -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("bits", [1, 2, 8])
+@pytest.mark.parametrize("n,ranks", [(1, 1), (13, 3), (70001, 2)])
+def test_unpack_sum_matches_numpy(ops, bits, n, ranks):
+    rng = np.random.default_rng(bits * 100 + n)
+    codes = rng.integers(0, 1 << bits, size=(ranks, n)).astype(np.uint32)
+    packed = np.concatenate([np_pack(c, bits) for c in codes])
+    tables = rng.standard_normal((ranks, 1 << bits)).astype(np.float32)
+    want = np.zeros(n, np.float32)
+    for r in range(ranks):
+        want = want + tables[r][codes[r]]
+    got = ops.unpack_sum(t(packed), n, bits, t(tables.reshape(-1)))
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_unpack_sum_rejects_wrong_lengths():
+    ops = TorchOps(kernels=True)
+    with pytest.raises(ValueError, match="packed has 3 elements"):
+        ops.unpack_sum(torch.zeros(3, dtype=torch.uint8), 30, 1, torch.zeros(2))
+    with pytest.raises(ValueError, match="tables has 3 entries"):
+        ops.unpack_sum(torch.zeros(3, dtype=torch.uint8), 24, 1, torch.zeros(3))
+
+
+# ---- two bits ---------------------------------------------------------------------------------
+def np_twobit(x, t_, residual=None):
+    v = x if residual is None else x + residual
+    codes = 3 * (v >= t_) + 2 * (v <= -t_) + np.isnan(v)
+    sent = np.float32(t_) * ((v >= t_).astype(np.float32) - (v <= -t_).astype(np.float32))
+    new = v - sent
+    return codes.astype(np.uint32), np.where(np.isfinite(new), new, np.float32(0))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_twobit_pack_without_residual(ops, n):
+    x = data(n, specials=True)
+    if n > 20:
+        x[20] = np.nan
+    packed, res = ops.twobit_pack(t(x), 0.5)
+    assert res is None
+    codes, _ = np_twobit(x, np.float32(0.5))
+    np.testing.assert_array_equal(packed.numpy(), np_pack(codes, 2))
+
+
+def test_twobit_pack_with_residual_over_steps(ops):
+    n, thr = 5003, np.float32(0.7)
+    residual_np = np.zeros(n, np.float32)
+    residual = torch.zeros(n)
+    for step in range(4):
+        x = data(n, step)
+        packed, residual = ops.twobit_pack(t(x), float(thr), residual)
+        codes, residual_np = np_twobit(x, thr, residual_np)
+        np.testing.assert_array_equal(packed.numpy(), np_pack(codes, 2))
+        np.testing.assert_array_equal(residual.numpy(), residual_np)
+
+
+def test_twobit_format_is_mxnet():
+    # elements +t, -t, 0, nan -> codes 11 10 00 01 -> one byte 0b11100001
+    packed, _ = TorchOps(kernels=True).twobit_pack(torch.tensor([1.0, -1.0, 0.2, float("nan")]), 0.5)
+    assert packed.tolist() == [0b11100001]
+
+
+# ---- stochastic levels ------------------------------------------------------------------------
+LEVEL_CASES = [(127, False, 30.0), (4, False, 1.5), (8, True, 0.3), (3, True, 0.3), (1, False, 0.4)]
+
+
+@pytest.mark.parametrize("levels,natural,inv", LEVEL_CASES)
+def test_levels_pack_kernel_is_the_documented_rule_bit_for_bit(levels, natural, inv):
+    x = data(50001, specials=True)
+    x[[7, 9]] = [np.nan, 1e-30]
+    key = 123456789
+    u = np_uniform24(x.size, key).astype(np.float32) * np.float32(2.0 ** -24)
+    level = np_levels(x, inv, levels, natural, u)
+    want = np.where(np.isnan(x), -128, np.where(x < 0, -level, level)).astype(np.int8).view(np.uint8)
+    got = TorchOps(kernels=True).levels_pack(t(x), inv, levels, natural, key)
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize("levels,natural,inv", LEVEL_CASES)
+def test_levels_pack_rounds_to_a_neighbouring_level(ops, levels, natural, inv):
+    x = data(20001, 5)
+    codes = ops.levels_pack(t(x), inv, levels, natural, 99).numpy().view(np.int8).astype(np.int64)
+    r = np.abs(x).astype(np.float64) * inv
+    if natural:
+        grid = np.concatenate([[0.0], 2.0 ** (np.arange(1, levels + 1) - levels)])
+        low = np.searchsorted(grid, r, side="right") - 1
+        low = np.minimum(low, levels)
+        high = np.minimum(low + 1, levels)
+    else:
+        low = np.minimum(np.floor(r), levels).astype(np.int64)
+        high = np.minimum(low + 1, levels)
+    mag = np.abs(codes)
+    assert np.all((mag == low) | (mag == high))
+    assert np.all(np.sign(codes[mag > 0]) == np.sign(x[mag > 0]))
+
+
+@pytest.mark.parametrize("levels,natural,inv", LEVEL_CASES)
+def test_levels_pack_is_unbiased(ops, levels, natural, inv):
+    x = np.full(200000, 0.0, np.float32)
+    x[:100000] = np.float32(0.37 / inv)   # r = 0.37: between two levels of every case
+    x[100000:] = np.float32(-0.11 / inv)
+    codes = ops.levels_pack(t(x), inv, levels, natural, 7).numpy().view(np.int8).astype(np.float64)
+    value = (np.sign(codes) * (2.0 ** (np.abs(codes) - levels)) * (codes != 0)) if natural else codes
+    for part, r in ((value[:100000], 0.37), (value[100000:], -0.11)):
+        assert abs(part.mean() - r) < 4 * part.std() / np.sqrt(part.size) + 1e-6
+
+
+def test_ternary_pack_kernel_bit_for_bit_and_format():
+    x = data(9999, 3, specials=True)
+    x[2] = np.nan
+    inv, key = 0.5, 42
+    u = np_uniform24(x.size, key).astype(np.float32) * np.float32(2.0 ** -24)
+    level = np_levels(x, inv, 1, False, u)
+    codes = np.where(np.isnan(x), 1, level * np.where(x < 0, 2, 3)).astype(np.uint32)
+    got = TorchOps(kernels=True).ternary_pack(t(x), inv, key)
+    np.testing.assert_array_equal(got.numpy(), np_pack(codes, 2))
+
+
+def test_ternary_pack_fallback_is_unbiased():
+    x = np.full(100000, 0.3, np.float32)
+    codes = np_unpack(TorchOps(kernels=False).ternary_pack(t(x), 1.0, 1).numpy(), x.size, 2)
+    assert set(np.unique(codes)) <= {0, 3}
+    assert abs((codes == 3).mean() - 0.3) < 0.01
+
+
+# ---- natural compression ----------------------------------------------------------------------
+def np_natural_decode(codes: np.ndarray) -> np.ndarray:
+    c = (codes & 0x7F).astype(np.int64)
+    mag = np.where(c == 0, 0.0, np.ldexp(1.0, c - 101))
+    mag = np.where(c == 127, np.inf, mag)
+    out = np.where(codes & 0x80, -mag, mag)
+    return np.where(codes == 0x80, np.nan, out)
+
+
+def test_natural_pack_kernel_bit_for_bit():
+    x = data(30001, 4, specials=True)
+    x[[10, 11, 12]] = [np.nan, 1e-35, 1e9]
+    key = 77
+    u24 = np_uniform24(x.size, key)
+    a = x.view(np.uint32) & np.uint32(0x7FFFFFFF)
+    field = (a >> np.uint32(23)).astype(np.int64)
+    e8 = field + (u24 < 2 * (a & np.uint32(0x7FFFFF)).astype(np.uint64))
+    c = np.where(e8 < 27, 0, np.where(e8 > 152, 127, e8 - 26))
+    c = np.where(field == 0, 0, c) | (np.signbit(x).astype(np.int64) << 7)
+    want = np.where(a > 0x7F800000, 0x80, c).astype(np.uint8)
+    np.testing.assert_array_equal(TorchOps(kernels=True).natural_pack(t(x), key).numpy(), want)
+
+
+def test_natural_pack_rounds_to_neighbouring_powers_and_is_unbiased(ops):
+    x = data(100000, 6)
+    x[0], x[1] = np.nan, 3e8
+    dec = np_natural_decode(ops.natural_pack(t(x), 5).numpy())
+    assert np.isnan(dec[0]) and np.isinf(dec[1])
+    xs, ds = x[2:].astype(np.float64), dec[2:]
+    low = 2.0 ** np.floor(np.log2(np.abs(xs)))
+    assert np.all((np.abs(ds) == low) | (np.abs(ds) == 2 * low))
+    assert np.all(np.sign(ds) == np.sign(xs))
+    y = np.full(100000, 1.3, np.float32)
+    mean = np_natural_decode(ops.natural_pack(t(y), 9).numpy()).mean()
+    assert abs(mean - 1.3) < 0.01
+
+
+# ---- min-max 8 bits ---------------------------------------------------------------------------
+@pytest.mark.parametrize("n,chunk", [(1, 4), (10, 4), (5000, 256), (70001, 2048), (64, 64)])
+def test_minmax_pack_and_unpack_match_numpy(ops, n, chunk):
+    x = data(n, 8)
+    if n > 300:
+        x[260] = np.nan
+        x[:256] = 1.5  # a constant chunk
+    codes, bounds = ops.minmax_pack(t(x), chunk)
+    want_codes, want_bounds = np_minmax(x, chunk)
+    np.testing.assert_array_equal(codes.numpy(), want_codes)
+    np.testing.assert_array_equal(bounds.numpy(), want_bounds)
+    ranks = [x, data(n, 9)]
+    packed = [np_minmax(v, chunk) for v in ranks]
+    want = np.zeros(n, np.float32)
+    for q, b in packed:
+        mn, mx = np.repeat(b[0::2], chunk)[:n], np.repeat(b[1::2], chunk)[:n]
+        want = want + (mn + q.astype(np.float32) * ((mx - mn) / np.float32(255)))
+    got = ops.minmax_unpack_sum(t(np.concatenate([q for q, _ in packed])),
+                                t(np.concatenate([b for _, b in packed])), n, chunk)
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_minmax_error_is_at_most_half_a_step(ops):
+    x = data(10000, 3)
+    codes, bounds = ops.minmax_pack(t(x), 1000)
+    dec = ops.minmax_unpack_sum(codes, bounds, x.size, 1000).numpy()
+    step = np.repeat(bounds.numpy()[1::2] - bounds.numpy()[0::2], 1000) / 255
+    assert np.all(np.abs(dec - x) <= step / 2 * 1.001 + 1e-7)
+
+
+# ---- sparsification ---------------------------------------------------------------------------
+@pytest.mark.parametrize("threshold", [0.0, 1.0, 2.5, 100.0])
+def test_count_and_select_ge_match_numpy(ops, threshold):
+    x = data(70001, 10, specials=True)
+    x[100] = np.nan
+    selected = ~(np.abs(x) < threshold)
+    assert ops.count_ge(t(x), threshold) == selected.sum()
+    values, indices = ops.select_ge(t(x), threshold)
+    np.testing.assert_array_equal(indices.numpy(), np.nonzero(selected)[0])
+    np.testing.assert_array_equal(values.numpy(), x[selected])
+
+
+@pytest.mark.parametrize("start,stride,top", [(0, 1, 1), (3, 7, 50), (0, 101, 693)])
+def test_sampled_threshold_matches_numpy(ops, start, stride, top):
+    x = data(70001, 11)
+    x[3 + 7 * 5] = np.nan
+    keys = np.sort(np_magnitude_keys(x[start::stride]))[::-1]
+    want = keys[top - 1:top].view(np.float32)[0]
+    got = ops.sampled_threshold(t(x), start, stride, top)
+    assert (np.isnan(got) and np.isnan(want)) or got == want
+
+
+def np_topk_abs(x: np.ndarray, k: int):
+    order = np.argsort(-np_magnitude_keys(x).astype(np.int64), kind="stable")[:k]
+    idx = np.sort(order)
+    return x[idx], idx
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (10, 0), (10, 10), (1000, 17), (70001, 700), (300000, 1)])
+def test_topk_abs_matches_numpy_with_ties_to_the_lower_index(ops, n, k):
+    x = np.round(data(n, 12) * 4) / 4  # many ties
+    if n > 10:
+        x[[3, 4]] = [np.nan, -np.inf]
+    values, indices = ops.topk_abs(t(x), k)
+    want_v, want_i = np_topk_abs(x, k)
+    np.testing.assert_array_equal(indices.numpy(), want_i)
+    np.testing.assert_array_equal(values.numpy(), want_v)
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_sparse_sum_matches_numpy(ops, index_dtype):
+    rng = np.random.default_rng(13)
+    n = 50000
+    indices = rng.integers(0, n, 3000).astype(index_dtype)  # repeats across "ranks"
+    values = rng.integers(-8, 8, 3000).astype(np.float32)
+    want = np.zeros(n, np.float32)
+    np.add.at(want, indices, values)
+    np.testing.assert_array_equal(ops.sparse_sum(n, t(indices), t(values)).numpy(), want)
+
+
+# ---- bad input --------------------------------------------------------------------------------
+def test_wrong_dtype_is_a_type_error(ops):
+    for call in (lambda x: ops.sign_pack(x), lambda x: ops.minmax_pack(x, 16),
+                 lambda x: ops.topk_abs(x, 1), lambda x: ops.levels_pack(x, 1.0, 4, False, 0)):
+        with pytest.raises(TypeError, match="float32"):
+            call(torch.zeros(16, dtype=torch.float64))
+
+
+def test_non_contiguous_input_is_a_value_error(ops):
+    x = torch.zeros(32)[::2]
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.sign_pack(x)
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.twobit_pack(torch.zeros(16), 0.5, torch.zeros(32)[::2])
+
+
+def test_out_of_range_arguments_are_value_errors(ops):
+    with pytest.raises(ValueError, match="k=11"):
+        ops.topk_abs(torch.zeros(10), 11)
+    with pytest.raises(ValueError, match="levels=128"):
+        ops.levels_pack(torch.zeros(10), 1.0, 128, False, 0)
+    with pytest.raises(ValueError, match="levels=0"):
+        ops.levels_pack(torch.zeros(10), 1.0, 0, False, 0)
+
+
+def test_sparse_sum_rejects_an_index_out_of_range(ops):
+    with pytest.raises(IndexError, match="index 10 at position 1"):
+        ops.sparse_sum(10, torch.tensor([0, 10], dtype=torch.int32), torch.ones(2))
+    with pytest.raises(IndexError, match="index -1 at position 0"):
+        ops.sparse_sum(10, torch.tensor([-1, 2]), torch.ones(2))
+
+
+LOG_PATH = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
+from hvdcompress.torch.backend import TorchOps
+TorchOps(); TorchOps()
+print("uses_kernels", TorchOps().uses_kernels)
+"""
+
+
+@pytest.mark.parametrize("disable,uses,message", [
+    ("0", True, "hvdcompress INFO using the C++ kernels"),
+    ("1", False, "hvdcompress WARNING HVDCOMPRESS_DISABLE_KERNELS=1; using the pure-torch fallback"),
+])
+def test_the_path_is_chosen_automatically_and_logged_once(disable, uses, message):
+    env = dict(os.environ, HVDCOMPRESS_DISABLE_KERNELS=disable)
+    out = subprocess.run([sys.executable, "-c", LOG_PATH], capture_output=True, text=True, env=env,
+                         check=True).stdout
+    assert out.count(message) == 1, out  # `make test` builds the extension: it must be in use
+    assert f"uses_kernels {uses}" in out
+
+
+def test_explicit_choice_of_path():
+    assert TorchOps(kernels=True).uses_kernels
+    assert not TorchOps(kernels=False).uses_kernels

@@ -9,6 +9,7 @@ other float dtypes are quantised as float32 and returned in their own dtype.
 from __future__ import annotations
 
 import zlib
+from abc import abstractmethod
 from typing import Any, Tuple
 
 import numpy as np
@@ -68,13 +69,13 @@ class TableQuantizer(Compressor):
 
     bits = 8
 
+    @abstractmethod
     def unit_table(self) -> np.ndarray:
         """float32[2**bits]: the value of each code for a scale of 1."""
-        raise NotImplementedError
 
+    @abstractmethod
     def encode(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Tuple[Tensor, Tensor]:
         """``(codes, scale)`` for the float32 gradient ``x``."""
-        raise NotImplementedError
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         x32, dtype = as_float32(ops, x, info)

@@ -45,18 +45,19 @@ int threads_for(int64_t work) {
 #endif
 }
 
-// Calls f(thread, threads, begin, end) on `threads` contiguous slices of [0, units).
+// Calls f(slice, slices, begin, end) on `slices` contiguous slices of [0, units). The slices do
+// not depend on how many threads OpenMP grants, so two calls with equal arguments cut alike.
 template <class F>
-void run_slices(int64_t units, int threads, F f) {
-  if (threads <= 1) {
+void run_slices(int64_t units, int slices, F f) {
+  if (slices <= 1) {
     f(0, 1, int64_t{0}, units);
     return;
   }
 #ifdef _OPENMP
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(slices)
   {
-    int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    f(t, nt, units * t / nt, units * (t + 1) / nt);
+    for (int s = omp_get_thread_num(); s < slices; s += omp_get_num_threads())
+      f(s, slices, units * s / slices, units * (s + 1) / slices);
   }
 #endif
 }
@@ -459,6 +460,31 @@ void minmax_unpack_sum(const uint8_t* codes, const float* bounds, int64_t n, int
       }
     }
   });
+}
+
+// ---- reductions --------------------------------------------------------------------------------
+float max_abs(const float* x, int64_t n) {
+  float part[kMaxThreads] = {0.0f};
+  int nan[kMaxThreads] = {0};
+  const int slices = threads_for(n);
+  run_slices(n, slices, [&](int t, int, int64_t b, int64_t e) {
+    float m = 0.0f;
+    int bad = 0;
+#pragma omp simd reduction(max : m) reduction(| : bad)
+    for (int64_t i = b; i < e; ++i) {
+      const float a = std::fabs(x[i]);
+      m = a > m ? a : m;
+      bad |= a != a;
+    }
+    part[t] = m;
+    nan[t] = bad;
+  });
+  float m = 0.0f;
+  for (int t = 0; t < slices; ++t) {
+    if (nan[t]) return std::nanf("");
+    m = std::max(m, part[t]);
+  }
+  return m;
 }
 
 // ---- sparsification ---------------------------------------------------------------------------

@@ -86,6 +86,10 @@ void minmax_pack(const float* x, int64_t n, int64_t chunk, uint8_t* codes, float
 void minmax_unpack_sum(const uint8_t* codes, const float* bounds, int64_t n, int64_t chunk,
                        int64_t R, float* out);
 
+// ---- reductions -----------------------------------------------------------------------------
+// max |x[i]| (0 for n = 0), NaN if some element is NaN.
+float max_abs(const float* x, int64_t n);
+
 // ---- sparsification -------------------------------------------------------------------------
 // "Selected" means |x[i]| >= t or x[i] is NaN.
 int64_t count_ge(const float* x, int64_t n, float t);

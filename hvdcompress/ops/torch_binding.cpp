@@ -140,6 +140,16 @@ Tensor minmax_unpack_sum(const Tensor& codes, const Tensor& bounds, int64_t n, i
   return out;
 }
 
+Tensor max_abs(const Tensor& x) {
+  check(x, torch::kFloat32, "x");
+  float m;
+  {
+    pybind11::gil_scoped_release nogil;
+    m = hvdc::max_abs(x.data_ptr<float>(), x.numel());
+  }
+  return torch::full({}, m, x.options());
+}
+
 int64_t count_ge(const Tensor& x, double t) {
   check(x, torch::kFloat32, "x");
   pybind11::gil_scoped_release nogil;
@@ -213,6 +223,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unpack_sum", &unpack_sum);
   m.def("minmax_pack", &minmax_pack);
   m.def("minmax_unpack_sum", &minmax_unpack_sum);
+  m.def("max_abs", &max_abs);
   m.def("count_ge", &count_ge);
   m.def("select_ge", &select_ge);
   m.def("sampled_threshold", &sampled_threshold);

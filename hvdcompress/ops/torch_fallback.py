@@ -135,7 +135,8 @@ def _rows(x: Tensor, chunk: int) -> list:
 
 
 def minmax_pack(x: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
-    codes, bounds = [], []
+    codes = [torch.zeros(0, dtype=torch.uint8, device=x.device)]
+    bounds = [torch.zeros(0, dtype=torch.float32, device=x.device)]
     for rows in _rows(x, chunk):
         mn, mx = rows.amin(1, keepdim=True), rows.amax(1, keepdim=True)
         bad = ~torch.isfinite(rows).all(1, keepdim=True)
@@ -160,6 +161,13 @@ def minmax_unpack_sum(codes: Tensor, bounds: Tensor, n: int, chunk: int) -> Tens
             c += rows.shape[0]
         out += torch.cat(decoded)
     return out
+
+
+def max_abs(x: Tensor) -> Tensor:
+    if x.numel() == 0:
+        return torch.zeros((), dtype=x.dtype, device=x.device)
+    low, high = torch.aminmax(x)
+    return torch.maximum(-low, high)
 
 
 def _selected(x: Tensor, t: float) -> Tensor:

@@ -220,5 +220,6 @@ class TFOps(Ops):
         if indices.dtype not in (tf.int32, tf.int64):
             raise TypeError(f"indices must be int32 or int64, got {indices.dtype.name}")
         if self.numel(indices) != self.numel(values):
-            raise ValueError(f"sparse_sum: {self.numel(indices)} indices for {self.numel(values)} values")
+            raise ValueError(f"sparse_sum: {self.numel(indices)} indices for "
+                             f"{self.numel(values)} values")
         return kernels.sparse_sum(int(n), indices, values)

@@ -99,7 +99,7 @@ class ExchangeOptions:
                              "(default hvd.global_process_set)")
 
     def bundles(self, sources: Sequence[Any]) -> list:
-        """Positions of ``sources`` grouped for one grouped collective each (Horovod's ``groups``)."""
+        """Positions of ``sources``, grouped for one grouped collective each (``groups``)."""
         n = len(sources)
         if self.groups is None:
             return [list(range(n))] if n else []
@@ -116,7 +116,9 @@ def source_names(sources: Sequence[Any]) -> list:
     """Stable, unique names of the gradient sources (variable paths; positions otherwise)."""
     names = []
     for i, s in enumerate(sources):
-        name = (getattr(s, "path", None) or getattr(s, "name", None)) if hasattr(s, "assign") else None
+        name = None
+        if hasattr(s, "assign"):  # a variable: Keras 3 has a unique path, TF and Keras 2 a name
+            name = getattr(s, "path", None) or getattr(s, "name", None)
         names.append(name.split(":")[0] if name else f"source.{i}")
     counts = {n: names.count(n) for n in names}
     return [f"{n}.{i}" if counts[n] > 1 else n for i, n in enumerate(names)]

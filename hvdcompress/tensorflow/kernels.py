@@ -91,7 +91,8 @@ def _twobit_codes(v: Tensor, t: float) -> Tensor:
     return 3 * as_int(v >= t) + 2 * as_int(v <= -t) + as_int(tf.math.is_nan(v))
 
 
-def twobit_pack(x: Tensor, threshold: float, residual: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+def twobit_pack(x: Tensor, threshold: float,
+                residual: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
     v = x if residual is None else x + residual
     packed = _pack(_twobit_codes(v, threshold), 2)
     if residual is None:
@@ -136,7 +137,8 @@ def ternary_pack(x: Tensor, inv: float, key: int) -> Tensor:
 def natural_pack(x: Tensor, key: int) -> Tensor:
     mag = tf.bitwise.bitwise_and(_bits(x), 0x7FFFFFFF)
     field = tf.bitwise.right_shift(mag, 23)
-    up = tf.cast(_uniform24(int(tf.size(x)), key) < 2 * tf.bitwise.bitwise_and(mag, 0x7FFFFF), tf.int32)
+    u24 = _uniform24(int(tf.size(x)), key)
+    up = tf.cast(u24 < 2 * tf.bitwise.bitwise_and(mag, 0x7FFFFF), tf.int32)
     e8 = field + up
     c = tf.where(e8 < 27, 0, tf.where(e8 > 152, 127, e8 - 26))
     c = tf.bitwise.bitwise_or(tf.where(field == 0, 0, c),
@@ -174,7 +176,8 @@ def minmax_pack(x: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
         q = tf.where(bad, tf.zeros_like(q), q)
         codes.append(tf.reshape(tf.cast(q, tf.uint8), [-1]))
         pair = tf.concat([mn, mx], 1)
-        bounds.append(tf.reshape(tf.where(bad, tf.fill(tf.shape(pair), np.float32(np.nan)), pair), [-1]))
+        nan = tf.fill(tf.shape(pair), np.float32(np.nan))
+        bounds.append(tf.reshape(tf.where(bad, nan, pair), [-1]))
     return tf.concat(codes, 0), tf.concat(bounds, 0)
 
 
@@ -188,7 +191,8 @@ def minmax_unpack_sum(codes: Tensor, bounds: Tensor, n: int, chunk: int) -> Tens
         for rows in _rows(codes[r * n:(r + 1) * n], chunk):
             m = int(rows.shape[0])
             mn, mx = pairs[c:c + m, 0:1], pairs[c:c + m, 1:2]
-            decoded.append(tf.reshape(mn + tf.cast(rows, tf.float32) * ((mx - mn) / np.float32(255.0)), [-1]))
+            step = (mx - mn) / np.float32(255.0)
+            decoded.append(tf.reshape(mn + tf.cast(rows, tf.float32) * step, [-1]))
             c += m
         out = out + tf.concat(decoded, 0)
     return out

@@ -89,7 +89,8 @@ class CompressionState(tf.Module):
         for key, value in initial.items():
             if type(value) not in _PYTHON_DTYPES:
                 raise TypeError(f"{type(compressor).__name__}.state_dict()[{key!r}] = {value!r}: "
-                                "the TensorFlow wrapper checkpoints bool, int and float values only")
+                                "the TensorFlow wrapper checkpoints bool, int and float values "
+                                "only")
         self.counters = {k: _variable(v, f"compressor/{k}") for k, v in initial.items()}
         self._pushed = dict(initial)
 
@@ -134,7 +135,8 @@ def compression_state(compressor: Compressor) -> CompressionState:
                                    compression=hvc.compression_state(dgc))
     """
     if not isinstance(compressor, Compressor):
-        raise TypeError(f"compression_state: compressor={compressor!r} is not an hvdcompress Compressor")
+        raise TypeError(f"compression_state: compressor={compressor!r} is not an hvdcompress "
+                        "Compressor")
     if compressor not in _STATES:
         _STATES[compressor] = CompressionState(compressor)
     return _STATES[compressor]

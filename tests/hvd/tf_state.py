@@ -26,10 +26,11 @@ def batch(rank: int, step: int):
 
 
 def build():
-    """A fresh model, DGC and optimizer. The layer is named: DGC's sampling depends on tensor
-    names, and Keras numbers unnamed layers anew in every build within a process."""
+    """A fresh model, DGC and optimizer. Model and layer are named: DGC's sampling depends on
+    tensor names, and Keras numbers unnamed models and layers anew in every build."""
     model = tf.keras.Sequential([tf.keras.Input((32,)),
-                                 tf.keras.layers.Dense(32, kernel_initializer="ones", name="fc")])
+                                 tf.keras.layers.Dense(32, kernel_initializer="ones", name="fc")],
+                                name="net")
     dgc = DGC(0.9, min_numel=0)
     opt = hvck.DistributedOptimizer(tf.keras.optimizers.SGD(0.01, momentum=0.9), compression=dgc)
     return model, dgc, opt

@@ -29,7 +29,8 @@ def _sparsifier(target: Any) -> Any:
     compressor = exchange.compressor if exchange is not None else target
     if not isinstance(compressor, Compressor):
         raise TypeError(f"SparsityWarmupCallback: {target!r} is neither an hvdcompress compressor "
-                        "nor an optimizer wrapped by hvdcompress.tensorflow.keras.DistributedOptimizer")
+                        "nor an optimizer wrapped by "
+                        "hvdcompress.tensorflow.keras.DistributedOptimizer")
     inner = compressor
     while not hasattr(inner, "warmup") and hasattr(inner, "inner"):
         inner = inner.inner

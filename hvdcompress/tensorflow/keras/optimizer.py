@@ -78,8 +78,8 @@ class GradientAccumulator(tf.Module):
         """Add ``grads``; True when this pass completes a step."""
         if not self.sums:
             with tf.init_scope():
-                self.sums = [tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False, name="grad_sum")
-                             for g in grads]
+                self.sums = [tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False,
+                                         name="grad_sum") for g in grads]
         for s, g in zip(self.sums, grads):
             s.assign_add(g)
         return tf.equal(self.counter.assign_add(1) % self.passes, 0)

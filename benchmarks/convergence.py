@@ -155,7 +155,7 @@ def plot(results: dict, path: Path) -> None:
 def parse_args(argv=None):
     """Command line of the driver and of the worker (``--worker``)."""
     ap = shared_parser(__doc__, DEFAULT_METHODS, [2, 4], RESULTS / "convergence.json")
-    ap.add_argument("--epochs", type=int, default=15)
+    ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)

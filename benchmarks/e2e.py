@@ -243,7 +243,7 @@ def run_method(method: str, args) -> dict:
     wire = iface_bytes() - tx0
     return {"method": method, "steps": steps, "step_s": elapsed / steps,
             "fwd_bwd_s": split["fwd_bwd"] / steps, "sync_update_s": split["sync_update"] / steps,
-            "codec_s": timer.seconds / steps if method not in ("ddp-powersgd",) else None,
+            "codec_s": None if method == "ddp-powersgd" else timer.seconds / steps,
             "accounted_bytes": accounted_bytes(method, model, opt),
             "wire_bytes": wire / steps,
             "params": sum(p.numel() for p in model.parameters())}
@@ -424,8 +424,9 @@ def main(argv=None) -> None:
     if args.worker:
         worker(args)
         return
-    if "ddp-powersgd" in args.methods and args.warmup < 2:
-        raise SystemExit("e2e: ddp-powersgd compresses from its 3rd step on: use --warmup >= 2")
+    if args.warmup < 1 or ("ddp-powersgd" in args.methods and args.warmup < 2):
+        raise SystemExit("e2e: use --warmup >= 1 (>= 2 with ddp-powersgd, which compresses from "
+                         "its 3rd step on)")
     if args.report:
         results = json.loads(Path(args.json).read_text())
         for key, entry in results.items():

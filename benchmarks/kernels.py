@@ -94,7 +94,10 @@ def run(sizes: list, names: list, repeat: int, skip_fallback_above: Optional[int
         dst = torch.empty_like(x)
         gbs = lambda t: 4 * n / t / 1e9  # noqa: E731
         t_copy = best_time(lambda: dst.copy_(x), repeat)
+        t_clone = best_time(x.clone, repeat)  # a copy into fresh memory: what an allocating decoder pays
         rows.append({"size": n, "compressor": "memcpy", "compress_kernel_gbs": gbs(t_copy)})
+        rows.append({"size": n, "compressor": "clone", "compress_kernel_gbs": gbs(t_clone)})
+        print(f"{n:>11,} memcpy {gbs(t_copy):.2f} GB/s, clone (allocating copy) {gbs(t_clone):.2f} GB/s")
         for name in names:
             ck, dk = time_compressor(COMPRESSORS[name], kernels, x, repeat)
             row = {"size": n, "compressor": name, "compress_kernel_gbs": gbs(ck),

@@ -323,6 +323,17 @@ def test_minmax_error_is_at_most_half_a_step(ops):
     assert np.all(np.abs(dec - x) <= step / 2 * 1.001 + 1e-7)
 
 
+# ---- reductions -------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [0, 1, 1000, 200001])
+def test_max_abs_matches_numpy(ops, n):
+    x = data(n, 14)
+    want = np.abs(x).max() if n else 0.0
+    assert ops.max_abs(t(x)).item() == want
+    if n:
+        x[n // 2] = np.nan
+        assert np.isnan(ops.max_abs(t(x)).item())
+
+
 # ---- sparsification ---------------------------------------------------------------------------
 @pytest.mark.parametrize("threshold", [0.0, 1.0, 2.5, 100.0])
 def test_count_and_select_ge_match_numpy(ops, threshold):

@@ -129,10 +129,15 @@ def main() -> None:
     parser.add_argument("--sizes", default="1M,25M,100M", help="comma-separated element counts")
     parser.add_argument("--compressors", default=",".join(COMPRESSORS))
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for torch and the kernels (default: torch's default); on a "
+                             "loaded shared machine 1 avoids timing the scheduler")
     parser.add_argument("--skip-torch-above", default=None,
                         help="do not time the pure-torch path above this size (it is slow)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "kernels.json"))
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)  # also the OpenMP threads the kernels use
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     skip = parse_size(args.skip_torch_above) if args.skip_torch_above else None
     results = run(sizes, args.compressors.split(","), args.repeat, skip)

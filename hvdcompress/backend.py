@@ -213,6 +213,11 @@ class Ops(ABC):
         r at offset r * 2^bits) and sum: ``out[i] = sum_r tables[r][code_r(i)]``."""
 
     @abstractmethod
+    def sign_vote(self, packed: Tensor, n: int, scale: float) -> Tensor:
+        """Majority vote of R :meth:`sign_pack` payloads (back to back): float32
+        ``scale * sign(sum_r (bit ? 1 : -1))``, 0 where the ranks tie."""
+
+    @abstractmethod
     def minmax_pack(self, x: Tensor, chunk: int) -> tuple:
         """Bagua's 8-bit min-max quantisation per chunk of ``chunk`` elements (the last may be
         shorter). Returns ``(codes, bounds)``: n uint8 codes and float32 bounds

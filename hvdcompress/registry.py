@@ -115,3 +115,19 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
     if momentum != "none":
         compressor = Momentum(compressor, mu=mu, nesterov=momentum == "nesterov")
     return compressor
+
+
+def as_compressor(compression: Any) -> Compressor:
+    """What the framework wrappers accept as ``compression=``: a Compressor, a dict for
+    :func:`from_params`, or None (no compression)."""
+    from .compressors.none import NoCompression
+
+    if compression is None:
+        return NoCompression()
+    if isinstance(compression, Compressor):
+        return compression
+    if isinstance(compression, Mapping):
+        return from_params(compression)
+    raise TypeError(f"compression={compression!r} is not supported; allowed: an hvdcompress "
+                    "Compressor (e.g. hvdcompress.DGC(0.999), hvdcompress.FP16()), a dict for "
+                    "hvdcompress.from_params, or None")

@@ -147,6 +147,15 @@ def test_unpack_sum_matches_numpy(ops, bits, n, ranks):
     np.testing.assert_array_equal(got.numpy(), want)
 
 
+@pytest.mark.parametrize("n,ranks", [(1, 1), (13, 2), (70001, 3), (1000, 4)])
+def test_sign_vote_matches_numpy(ops, n, ranks):
+    xs = [data(n, 20 + r) for r in range(ranks)]
+    packed = np.concatenate([np_pack((~np.signbit(x)).astype(np.uint32), 1) for x in xs])
+    votes = sum(np.where(np.signbit(x), -1, 1) for x in xs)
+    want = (np.sign(votes) * ranks).astype(np.float32)
+    np.testing.assert_array_equal(ops.sign_vote(t(packed), n, float(ranks)).numpy(), want)
+
+
 def test_unpack_sum_rejects_wrong_lengths():
     ops = TorchOps(kernels=True)
     with pytest.raises(ValueError, match="packed has 3 elements"):

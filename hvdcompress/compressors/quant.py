@@ -89,13 +89,18 @@ class TableQuantizer(Compressor):
                             world: int) -> Tensor:
         return ops.cast(self.decode_sum(ops, tensors, info, world), ctx)
 
-    def decode_sum(self, ops: Ops, tensors: list, info: TensorInfo, world: int) -> Tensor:
-        """float32 sum of the ``world`` payloads in ``tensors``, lengths checked first."""
+    def checked(self, ops: Ops, tensors: list, info: TensorInfo, world: int) -> list:
+        """``[codes, scales]`` of ``world`` payloads, their lengths checked."""
         if len(tensors) != 2:
             raise ValueError(f"{self.name}: expected 2 payload tensors (codes, scales), got {len(tensors)}")
         codes, scales = tensors
         per_rank = (info.numel * self.bits + 7) // 8
         check_payload(ops, self.name, "codes", codes, "uint8", world * per_rank)
         check_payload(ops, self.name, "scales", scales, "float32", world)
+        return tensors
+
+    def decode_sum(self, ops: Ops, tensors: list, info: TensorInfo, world: int) -> Tensor:
+        """float32 sum of the ``world`` payloads in ``tensors``, lengths checked first."""
+        codes, scales = self.checked(ops, tensors, info, world)
         tables = ops.outer(scales, ops.from_numpy(self.unit_table(), like=scales))
         return ops.unpack_sum(codes, info.numel, self.bits, tables)

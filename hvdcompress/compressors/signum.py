@@ -26,5 +26,5 @@ class Signum(OneBit):
 
     def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
                             world: int) -> Tensor:
-        vote = ops.sign(self.decode_sum(ops, tensors, info, world)) * float(world)
-        return ops.cast(vote, ctx)
+        codes, _ = self.checked(ops, tensors, info, world)
+        return ops.cast(ops.sign_vote(codes, info.numel, float(world)), ctx)

@@ -247,8 +247,11 @@ auto per_element(Code code) {
   };
 }
 
-template <int BITS>
-void unpack_sum_impl(const uint8_t* packed, int64_t n, const float* tables, int64_t R, float* out) {
+// Decodes and sums R payloads block by block, then applies finish(block, m) to each summed block
+// while it is in L1.
+template <int BITS, class Finish>
+void unpack_sum_impl(const uint8_t* packed, int64_t n, const float* tables, int64_t R, float* out,
+                     Finish finish) {
   constexpr int per = 8 / BITS;
   constexpr uint32_t mask = (1u << BITS) - 1;
   const int64_t nbytes = packed_bytes(n, BITS);
@@ -270,6 +273,7 @@ void unpack_sum_impl(const uint8_t* packed, int64_t n, const float* tables, int6
         }
         for (int64_t i = 0; i < m; ++i) o[i] += table[code[i]];
       }
+      finish(o, m);
     }
   });
 }
@@ -400,12 +404,22 @@ void natural_pack(const float* x, int64_t n, uint32_t key, uint8_t* out) {
 
 void unpack_sum(const uint8_t* packed, int64_t n, int bits, const float* tables, int64_t R,
                 float* out) {
+  const auto keep = [](float*, int64_t) {};
   switch (bits) {
-    case 1: return unpack_sum_impl<1>(packed, n, tables, R, out);
-    case 2: return unpack_sum_impl<2>(packed, n, tables, R, out);
-    case 8: return unpack_sum_impl<8>(packed, n, tables, R, out);
+    case 1: return unpack_sum_impl<1>(packed, n, tables, R, out, keep);
+    case 2: return unpack_sum_impl<2>(packed, n, tables, R, out, keep);
+    case 8: return unpack_sum_impl<8>(packed, n, tables, R, out, keep);
     default: throw std::invalid_argument("unpack_sum: bits=" + std::to_string(bits) + "; allowed: 1, 2, 8");
   }
+}
+
+void sign_vote(const uint8_t* packed, int64_t n, int64_t R, float scale, float* out) {
+  std::vector<float> tables(2 * R);
+  for (int64_t r = 0; r < R; ++r) tables[2 * r] = -1.0f, tables[2 * r + 1] = 1.0f;
+  unpack_sum_impl<1>(packed, n, tables.data(), R, out, [scale](float* o, int64_t m) {
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) o[i] = o[i] > 0.0f ? scale : (o[i] < 0.0f ? -scale : 0.0f);
+  });
 }
 
 // ---- min-max 8 bits ---------------------------------------------------------------------------

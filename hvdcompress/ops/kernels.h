@@ -75,6 +75,9 @@ void natural_pack(const float* x, int64_t n, uint32_t key, uint8_t* out);
 void unpack_sum(const uint8_t* packed, int64_t n, int bits, const float* tables, int64_t R,
                 float* out);
 
+// Majority vote of R 1-bit payloads: out[i] = scale * sign(sum_r (bit_r(i) ? 1 : -1)), 0 on a tie.
+void sign_vote(const uint8_t* packed, int64_t n, int64_t R, float scale, float* out);
+
 // ---- 8 bits: min-max per chunk (Bagua) ------------------------------------------------------
 // Chunk c covers elements [c*chunk, min(n, (c+1)*chunk)). bounds[2c] = min, bounds[2c+1] = max
 // of the chunk (both NaN when the chunk holds a non-finite value). In float32:

@@ -115,6 +115,16 @@ Tensor unpack_sum(const Tensor& packed, int64_t n, int64_t bits, const Tensor& t
   return out;
 }
 
+Tensor sign_vote(const Tensor& packed, int64_t n, double scale) {
+  check(packed, torch::kUInt8, "packed");
+  TORCH_CHECK_VALUE(n >= 1, "n=", n, " must be >= 1");
+  const int64_t R = payloads(packed, hvdc::packed_bytes(n, 1), "packed");
+  Tensor out = floats(n, packed);
+  pybind11::gil_scoped_release nogil;
+  hvdc::sign_vote(packed.data_ptr<uint8_t>(), n, R, static_cast<float>(scale), out.data_ptr<float>());
+  return out;
+}
+
 std::tuple<Tensor, Tensor> minmax_pack(const Tensor& x, int64_t chunk) {
   check(x, torch::kFloat32, "x");
   TORCH_CHECK_VALUE(chunk >= 1, "chunk=", chunk, " must be >= 1");
@@ -221,6 +231,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ternary_pack", &ternary_pack);
   m.def("natural_pack", &natural_pack);
   m.def("unpack_sum", &unpack_sum);
+  m.def("sign_vote", &sign_vote);
   m.def("minmax_pack", &minmax_pack);
   m.def("minmax_unpack_sum", &minmax_unpack_sum);
   m.def("max_abs", &max_abs);

@@ -127,6 +127,12 @@ def unpack_sum(packed: Tensor, n: int, bits: int, tables: Tensor) -> Tensor:
     return out
 
 
+def sign_vote(packed: Tensor, n: int, scale: float) -> Tensor:
+    ranks = packed.numel() // packed_bytes(n, 1)
+    tables = torch.tensor([-1.0, 1.0], device=packed.device).repeat(ranks)
+    return torch.sign(unpack_sum(packed, n, 1, tables)) * scale
+
+
 def _rows(x: Tensor, chunk: int) -> list:
     """``x`` as [full chunks (rows), last partial chunk (one row)], leaving out empty parts."""
     full = x.numel() // chunk * chunk

@@ -39,25 +39,10 @@ import tensorflow as tf
 
 from ..accounting import ByteCount
 from ..compressor import Compressor, Packet, TensorInfo, payload_bytes
-from ..compressors.none import NoCompression
-from ..registry import from_params
 from .backend import TFOps
 from .state import compression_state
 
 OPS = TFOps()
-
-
-def as_compressor(compression: Any) -> Compressor:
-    """``compression`` as a compressor: a Compressor, a dict for ``from_params``, or None."""
-    if compression is None:
-        return NoCompression()
-    if isinstance(compression, Compressor):
-        return compression
-    if isinstance(compression, dict):
-        return from_params(compression)
-    raise TypeError(f"compression={compression!r} is not supported; allowed: an hvdcompress "
-                    "Compressor (e.g. hvdcompress.DGC(0.999), hvdcompress.FP16()), a dict for "
-                    "hvdcompress.from_params, or None")
 
 
 @dataclass

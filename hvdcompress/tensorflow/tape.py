@@ -22,7 +22,8 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from .subclass import subclass_with
-from .exchange import ExchangeOptions, GradientExchange, as_compressor
+from ..registry import as_compressor
+from .exchange import ExchangeOptions, GradientExchange
 
 
 class _DistributedGradientTape:

@@ -188,6 +188,9 @@ class TorchOps(Ops):
     def unpack_sum(self, packed, n, bits, tables):
         return self._impl(packed).unpack_sum(packed, int(n), int(bits), tables)
 
+    def sign_vote(self, packed, n, scale):
+        return self._impl(packed).sign_vote(packed, int(n), float(scale))
+
     def minmax_pack(self, x, chunk):
         _check_x(x)
         return self._impl(x).minmax_pack(x, int(chunk))

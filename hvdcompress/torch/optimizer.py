@@ -43,21 +43,11 @@ import torch
 
 from ..accounting import ByteCount
 from ..compressor import Compressor, Packet, TensorInfo, payload_bytes
-from ..registry import from_params
+from ..registry import as_compressor
 from .backend import TorchOps
 
 _OPS = TorchOps()
 _TAKEN_OVER = ("momentum", "nesterov", "weight_decay")
-
-
-def _as_compressor(compression: Any) -> Compressor:
-    if isinstance(compression, Compressor):
-        return compression
-    if isinstance(compression, Mapping):
-        return from_params(compression)
-    raise TypeError(f"compression={compression!r} is not supported; pass an hvdcompress "
-                    "Compressor (e.g. hvdcompress.DGC(0.999), hvdcompress.FP16()) or a dict for "
-                    "hvdcompress.from_params")
 
 
 def _allgather_object(obj: Any, process_set) -> list:
@@ -117,8 +107,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._group_of = self._make_groups(groups)
         self._param_group = {p: g for g in self.param_groups for p in g["params"]}
         self._check_ranks_agree()
-        if self.process_set.included():
+        if self._included():
             self._register_hooks()
+
+    # ---- the process set, asked through horovod.torch where it is the global one --------------
+    # (a ProcessSet answers through whichever Horovod framework module was imported last, so a
+    # process that also imported horovod.tensorflow would otherwise ask the wrong library)
+    def _world(self) -> int:
+        return hvd.size() if self.process_set is hvd.global_process_set else self.process_set.size()
+
+    def _rank(self) -> int:
+        return hvd.rank() if self.process_set is hvd.global_process_set else self.process_set.rank()
+
+    def _included(self) -> bool:
+        return self.process_set is hvd.global_process_set or self.process_set.included()
 
     # ---- construction checks -----------------------------------------------------------------
     def _check_names(self, named_parameters) -> dict:
@@ -195,7 +197,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     diff = (sorted(set(map(str, mine[key])) ^ set(map(str, other[key])))[:5]
                             if key == "params" else [mine[key], other[key]])
                     raise ValueError(f"hvdcompress.torch.DistributedOptimizer: ranks disagree on "
-                                     f"{key}: this rank (index {self.process_set.rank()}) vs rank "
+                                     f"{key}: this rank (index {self._rank()}) vs rank "
                                      f"index {rank}; differing entries: {diff}")
 
     # ---- hooks and communication -----------------------------------------------------------------
@@ -217,7 +219,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._prepare(p)
 
     def _info(self, p: torch.Tensor) -> TensorInfo:
-        info = TensorInfo(name=self._names[p], numel=p.numel(), world=self.process_set.size(),
+        info = TensorInfo(name=self._names[p], numel=p.numel(), world=self._world(),
                           shape=tuple(p.shape), param=p.detach().view(-1))
         if self._compression.takes_over_momentum and isinstance(self, torch.optim.SGD):
             group = self._param_group[p]
@@ -274,7 +276,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         sums = iter(hvd.synchronize(handles[0]) if handles[0] is not None else [])
         gathers = iter(hvd.synchronize(handles[1]) if handles[1] is not None else [])
         resumed = []
-        world = self.process_set.size()
+        world = self._world()
         for p, packet, info in entries:
             outputs = [next(sums if packet.summable else gathers) for _ in packet.tensors]
             if packet.resume is not None:
@@ -300,7 +302,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self) -> None:
         """Wait for every gradient's communication and write the averaged gradients."""
-        if not self.process_set.included():
+        if not self._included():
             self._synchronized = True
             return
         for p in sorted(self._requires_update - self._handled(), key=lambda q: self._names[q]):
@@ -433,9 +435,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     sent bytes of this rank) and a ``state_dict()`` that includes the compressor's state.
     ``op`` is ``hvd.Average`` or ``hvd.Sum`` (Adasum does not combine with compression).
     """
-    from ..compressors.none import NoCompression
-
-    compressor = NoCompression() if compression is None else _as_compressor(compression)
+    compressor = as_compressor(compression)
     if op not in (hvd.Average, hvd.Sum):
         raise ValueError(f"op={op!r}: allowed: hvd.Average or hvd.Sum (Adasum does not combine "
                          "with compression)")

@@ -35,7 +35,8 @@ import tensorflow as tf
 
 from ...compressor import Compressor
 from ..subclass import subclass_with
-from ..exchange import ExchangeOptions, GradientExchange, as_compressor
+from ...registry import as_compressor
+from ..exchange import ExchangeOptions, GradientExchange
 
 
 def _keras_classes(name: str) -> tuple:

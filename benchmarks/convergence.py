@@ -25,8 +25,8 @@ from e2e import CodecTimer, make_optimizer, runnable, shared_parser
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-DEFAULT_METHODS = ("hvd-dense,hvd-fp16,fp16,dgc,dgc-warmup,topk,topk-ef,randomk,randomk-ef,"
-                   "onebit,onebit-ef,int8,powersgd")
+DEFAULT_METHODS = ("hvd-dense,hvd-fp16,fp16,dgc,dgc-warmup,topk,topk-ef,topk-ef-mom,randomk,"
+                   "randomk-ef,randomk-ef-mom,onebit,onebit-ef,onebit-ef-mom,int8,powersgd")
 
 
 def load_digits_split(seed: int = 0):
@@ -137,6 +137,8 @@ def plot(results: dict, path: Path) -> None:
     nps = sorted(results, key=int)
     fig, axes = plt.subplots(2, len(nps), figsize=(6.5 * len(nps), 8), squeeze=False)
     for col, n in enumerate(nps):
+        for ax in axes[:, col]:
+            ax.set_prop_cycle(color=plt.cm.tab20.colors)
         for m, row in results[n].items():
             style = "k-" if m == "hvd-dense" else "-"
             epochs = range(1, len(row["loss"]) + 1)
@@ -163,15 +165,16 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> None:
-    """Driver: one horovodrun per rank count, then table, JSON (merged) and plot."""
+    """Driver: one horovodrun per rank count, then table, JSON (merged) and plot
+    (``--report``: table and plot from the JSON only)."""
     args = parse_args(argv)
     if args.worker:
         worker(args)
         return
-    methods = runnable(args.methods, "convergence")
     out = Path(args.json)
     results = json.loads(out.read_text()) if out.exists() else {}
-    for np_ in args.nps:
+    methods = [] if args.report else runnable(args.methods, "convergence")
+    for np_ in [] if args.report else args.nps:
         rows = run_np(np_, methods, args)
         results[str(np_)] = {**results.get(str(np_), {}), **{r["method"]: r for r in rows}}
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import os
 import sys
 import time
@@ -51,6 +52,10 @@ HVDC_METHODS = {  # short names for hvdcompress configurations (also used by con
     "randomk": "randomk:k=0.01",
     "randomk-ef": "randomk:k=0.01:ef=vanilla",
     "powersgd": "powersgd:rank=4",
+    # error feedback with the optimizer's momentum moved before compression (memory.Momentum)
+    "topk-ef-mom": "topk:k=0.01:ef=vanilla:momentum=plain",
+    "onebit-ef-mom": "onebit:ef=vanilla:momentum=plain",
+    "randomk-ef-mom": "randomk:k=0.01:ef=vanilla:momentum=plain",
 }
 DEFAULT_METHODS = ",".join([*BUILTIN, "fp16", "bf16", "dgc", "topk", "onebit-ef", "int8",
                             "randomk", "powersgd"])
@@ -309,6 +314,37 @@ def print_table(key: str, rows: list) -> None:
               f"{r['accounted_bytes'] / 1e6:>9.2f}{r['wire_bytes'] / 1e6:>9.2f}{fmt(ratio, '>10.2f')}")
 
 
+def crossover_bps(points: list) -> Optional[float]:
+    """The link rate where speedup over dense falls through 1, log-interpolated between the
+    measured ``(rate_bps, speedup)`` points (sorted by rate); None when it never does."""
+    for (r0, s0), (r1, s1) in zip(points, points[1:]):
+        if s0 >= 1.0 > s1:
+            f = math.log(s0) / (math.log(s0) - math.log(s1))
+            return math.exp(math.log(r0) + f * (math.log(r1) - math.log(r0)))
+    return None
+
+
+def print_crossovers(results: dict) -> None:
+    """Per model, rank count and method: below which link rate it beats Horovod dense."""
+    print("\n== crossover: compression pays below this link rate (speedup over hvd-dense = 1)")
+    groups = sorted({(v["model"], v["np"]) for v in results.values()})
+    for model, np_ in groups:
+        runs = sorted((v for v in results.values() if v["model"] == model and v["np"] == np_),
+                      key=lambda v: v["rate_bps"])
+        cells = []
+        for m in (r["method"] for r in runs[0]["rows"]):
+            pts = [(v["rate_bps"], r["speedup_vs_dense"]) for v in runs for r in v["rows"]
+                   if r["method"] == m and r["speedup_vs_dense"] is not None]
+            if m in ("hvd-dense", "nocomm") or not pts:
+                continue
+            x = crossover_bps(pts)
+            where = (f"{x / 1e9:.2f} Gbit/s" if x else
+                     f"> {pts[-1][0] / 1e9:g} Gbit/s" if pts[-1][1] >= 1 else
+                     f"< {pts[0][0] / 1e9:g} Gbit/s")
+            cells.append(f"{m} {where}")
+        print(f"{model} np{np_}: " + "; ".join(cells))
+
+
 def run_sweep(args) -> dict:
     """One launch per (model, np, rate); returns and saves the merged results."""
     sys.path.insert(0, str(HERE.parent))
@@ -359,6 +395,7 @@ def plot(results: dict, out_dir: Path) -> list:
         nps = sorted({v["np"] for v in entries})
         fig, axes = plt.subplots(1, len(nps), figsize=(6 * len(nps), 4.5), squeeze=False)
         for ax, np_ in zip(axes[0], nps):
+            ax.set_prop_cycle(color=plt.cm.tab20.colors)
             runs = sorted((v for v in entries if v["np"] == np_), key=lambda v: v["rate_bps"])
             methods = [r["method"] for r in runs[0]["rows"] if r["method"] != "hvd-dense"]
             for m in methods:
@@ -394,6 +431,8 @@ def shared_parser(doc: str, methods: str, nps: list, json_path: Path) -> argpars
     ap.add_argument("--batch", type=int, default=32, help="per rank")
     ap.add_argument("--timeout", type=float, default=3600.0, help="per launch")
     ap.add_argument("--json", default=str(json_path))
+    ap.add_argument("--report", action="store_true",
+                    help="no runs: print the tables and redraw the PNGs from --json")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap
 
@@ -411,8 +450,6 @@ def parse_args(argv=None):
     ap.add_argument("--budget-s", type=float, default=30.0,
                     help="fewer timed steps (not under --min-steps) when the last warm-up step "
                          "says --steps would take longer than this")
-    ap.add_argument("--report", action="store_true",
-                    help="no runs: print the tables and redraw the PNGs from --json")
     ap.add_argument("--verbose", action="store_true", help="echo the ranks' output")
     ap.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -434,6 +471,7 @@ def main(argv=None) -> None:
             print_table(key, entry["rows"])
     else:
         results = run_sweep(args)
+    print_crossovers(results)
     for path in plot(results, Path(args.json).parent):
         print(f"e2e: wrote {path}")
 

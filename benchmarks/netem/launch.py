@@ -25,14 +25,14 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
 from horovod.runner.http.http_server import RendezvousServer
 
-from .links import CLEANUP_SIGNALS, RANK_IFACE, Network, RankLink
+from .links import CLEANUP_SIGNALS, RANK_IFACE, Network
 
 TORCH_DIST_PORT = 29500
 KILL_GRACE_S = 5.0
@@ -49,7 +49,6 @@ class LaunchResult:
     rate_bps: int
     delay_ms: float
     failed_rank: Optional[int] = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -73,7 +72,7 @@ def signals_raise() -> Iterator[None]:
             signal.signal(s, h)
 
 
-def rank_env(net: Network, link: RankLink, slot, port: int, base: dict) -> dict:
+def rank_env(net: Network, slot, port: int, base: dict) -> dict:
     """The environment of one rank: Horovod's Gloo rendezvous variables plus torch.distributed's."""
     env = dict(base)
     env.update({k: str(v) for k, v in create_run_env_vars(net.gateway, [RANK_IFACE], port).items()})
@@ -140,7 +139,7 @@ def run_ranks(net: Network, command: Sequence[str], env: Optional[dict] = None,
     try:
         for link, slot in zip(net.links, slots):
             p = subprocess.Popen(["ip", "netns", "exec", link.netns, *command],
-                                 env=rank_env(net, link, slot, port, env or os.environ),
+                                 env=rank_env(net, slot, port, env or os.environ),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  start_new_session=True)
             procs.append(p)

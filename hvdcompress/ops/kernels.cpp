@@ -418,7 +418,8 @@ void sign_vote(const uint8_t* packed, int64_t n, int64_t R, float scale, float* 
   for (int64_t r = 0; r < R; ++r) tables[2 * r] = -1.0f, tables[2 * r + 1] = 1.0f;
   unpack_sum_impl<1>(packed, n, tables.data(), R, out, [scale](float* o, int64_t m) {
 #pragma omp simd
-    for (int64_t i = 0; i < m; ++i) o[i] = o[i] > 0.0f ? scale : (o[i] < 0.0f ? -scale : 0.0f);
+    for (int64_t i = 0; i < m; ++i)  // branch-free: the signs are random
+      o[i] = static_cast<float>(static_cast<int>(o[i] > 0.0f) - static_cast<int>(o[i] < 0.0f)) * scale;
   });
 }
 

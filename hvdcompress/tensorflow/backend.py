@@ -184,6 +184,9 @@ class TFOps(Ops):
         _check_x(x)
         return kernels.natural_pack(x, int(key))
 
+    def sign_vote(self, packed: Tensor, n: int, scale: float) -> Tensor:
+        return kernels.sign_vote(packed, int(n), float(scale))
+
     def unpack_sum(self, packed: Tensor, n: int, bits: int, tables: Tensor) -> Tensor:
         if bits not in (1, 2, 8):
             raise ValueError(f"unpack_sum: bits={bits} is out of range; allowed: 1, 2, 8")

@@ -156,6 +156,12 @@ def unpack_sum(packed: Tensor, n: int, bits: int, tables: Tensor) -> Tensor:
     return out
 
 
+def sign_vote(packed: Tensor, n: int, scale: float) -> Tensor:
+    ranks = int(tf.size(packed)) // packed_bytes(n, 1)
+    tables = tf.tile(tf.constant([-1.0, 1.0]), [ranks])
+    return tf.sign(unpack_sum(packed, n, 1, tables)) * scale
+
+
 def _rows(x: Tensor, chunk: int) -> list:
     """``x`` as [full chunks (rows), last partial chunk (one row)], leaving out empty parts."""
     n = int(tf.size(x))

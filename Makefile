@@ -8,7 +8,7 @@ KERAS3_STAMP := $(KERAS3_VENV)/.hvdc-setup-keras3.project
 
 .PHONY: setup demo test test-unit test-keras3 bench-kernels clean
 
-$(SETUP_STAMP): setup.py pyproject.toml scripts/setup_env.sh
+$(SETUP_STAMP): setup.py pyproject.toml scripts/setup_env.sh $(wildcard hvdcompress/ops/*.cpp hvdcompress/ops/*.h)
 	bash scripts/setup_env.sh $(VENV) main
 
 setup: $(SETUP_STAMP)

@@ -125,8 +125,7 @@ class DGC(SparseCompressor):
             ops.write(state, "momentum", u)
             ops.write(state, "velocity", ops.zeros(info.numel, like=x))
             return Packet([v], None, summable=True)
-        indices = self.select(ops, v, 1.0 - sparsity, info)
-        values = ops.gather(v, indices)
+        values, indices = self.select(ops, v, 1.0 - sparsity, info)
         ops.write(state, "velocity", ops.fill_at(v, indices, 0.0))
         ops.write(state, "momentum", ops.fill_at(u, indices, 0.0) if self.masking else u)
         if self.fp16_values:
@@ -141,32 +140,35 @@ class DGC(SparseCompressor):
         values, indices = tensors
         return super().decompress(ops, [ops.cast(values, ctx), indices], ctx, info)
 
-    def select(self, ops: Ops, v: Tensor, density: float, info: TensorInfo) -> Tensor:
-        """Indices of about ``⌈n·density⌉`` largest-magnitude elements of ``v`` (see module doc)."""
+    def select(self, ops: Ops, v: Tensor, density: float, info: TensorInfo) -> tuple:
+        """``(values, indices)`` of about ``⌈n·density⌉`` largest-magnitude elements of ``v``
+        (see the module doc); magnitudes are compared in float32."""
         n = info.numel
         k = resolve_k(density, n)
-        importance = ops.magnitude(v)
-        wanted = max(int(math.ceil(n * self.sample_ratio)), int(math.ceil(2.0 / density)))
-        if self.sample_ratio >= 1.0 or n <= wanted:
-            samples, sampled = importance, False
-        else:
+        v32 = v if ops.dtype(v) == "float32" else ops.cast(v, "float32")
+        wanted = max(math.ceil(n * self.sample_ratio), math.ceil(2.0 / density))
+        start, stride, sampled = 0, 1, not (self.sample_ratio >= 1.0 or n <= wanted)
+        if sampled:
             stride = max(1, n // wanted)
             stride -= 1 if stride > 1 and stride % 2 == 0 else 0
             start = zlib.crc32(f"{self.seed}:{self._step}:{info.name}".encode()) % stride
-            samples, sampled = ops.strided(importance, start, stride), True
-        top = resolve_k(density, ops.numel(samples))
-        threshold = ops.min(ops.topk_values(samples, top))
-        indices = ops.nonzero(ops.ge(importance, threshold))
-        count = ops.numel(indices)
+        samples = (n - start + stride - 1) // stride
+        threshold = ops.sampled_threshold(v32, start, stride, resolve_k(density, samples))
+        if math.isnan(threshold):  # NaNs fill the sample's top: send the non-finite elements
+            threshold = math.inf
+        count = ops.count_ge(v32, threshold)
         for _ in range(self.max_adaptation_iters if sampled else 0):
-            if count > k * self.upper and self.resample:
-                return ops.gather(indices, ops.topk_indices(ops.gather(importance, indices), k))
-            if count > k * self.upper:
-                threshold = threshold * self.upper
+            if count > k * self.upper and not self.resample:
+                threshold *= self.upper
             elif count < k * self.lower:
-                threshold = threshold * self.lower
+                threshold *= self.lower
             else:
                 break
-            indices = ops.nonzero(ops.ge(importance, threshold))
-            count = ops.numel(indices)
-        return indices if count <= k else ops.split(indices, [k, count - k])[0]
+            count = ops.count_ge(v32, threshold)
+        values, indices = ops.select_ge(v32, threshold)
+        if sampled and self.resample and count > k * self.upper:
+            values, best = ops.topk_abs(values, k)
+            indices = ops.gather(indices, best)
+        elif count > k:
+            values, indices = (ops.split(t, [k, count - k])[0] for t in (values, indices))
+        return (values if v32 is v else ops.gather(v, indices)), indices

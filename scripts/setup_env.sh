@@ -82,9 +82,12 @@ WRAPPER
   "$VPY" -m pip install -q cloudpickle psutil pyyaml || fail "horovod deps" "could not install horovod's runtime dependencies"
 fi
 
-stale=$( [ -f "$STAMP.project" ] && find "$ROOT/setup.py" "$ROOT/pyproject.toml" "$ROOT/hvdcompress/ops" \
-          -newer "$STAMP.project" \( -name '*.py' -o -name '*.toml' -o -name '*.cpp' -o -name '*.h' \) | head -1 )
-if ! [ -f "$STAMP.project" ] || [ -n "$stale" ]; then
+stale=yes
+if [ -f "$STAMP.project" ]; then  # reinstall (and rebuild the kernels) when their sources changed
+  stale=$(find "$ROOT/setup.py" "$ROOT/pyproject.toml" "$ROOT/hvdcompress/ops" -newer "$STAMP.project" \
+          \( -name '*.py' -o -name '*.toml' -o -name '*.cpp' -o -name '*.h' \) | head -1)
+fi
+if [ -n "$stale" ]; then
   step "installing hvdcompress (editable) and test/demo dependencies"
   "$VPY" -m pip install -q pytest tqdm scikit-learn matplotlib || fail "tools" "could not install pytest/tqdm/scikit-learn/matplotlib"
   "$VPY" -m pip install -q --no-build-isolation --no-deps -e "$ROOT" || fail "hvdcompress" "editable install failed"

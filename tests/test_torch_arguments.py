@@ -77,3 +77,14 @@ def test_old_optimizer_hooks_go_quiet(model):
     model(torch.ones(3)).sum().backward()
     opt.step()
     assert opt.total_bytes.steps == 1
+
+
+def test_multi_round_payloads_are_counted():
+    """PowerSGD sends P (rows x r), then Q (cols x r); a 1-D bias goes dense."""
+    model = torch.nn.Linear(30, 20)
+    opt = hvc.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(),
+                                   compression=hc.PowerSGD(rank=2))
+    model(torch.ones(30)).sum().backward()
+    opt.step()
+    assert opt.last_step_bytes.sent == 4 * (2 * (20 + 30) + 20)
+    assert opt.last_step_bytes.dense == 4 * (20 * 30 + 20)

@@ -280,7 +280,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p, packet, info in entries:
             outputs = [next(sums if packet.summable else gathers) for _ in packet.tensors]
             if packet.resume is not None:
-                resumed.append((p, packet.resume(outputs), info))
+                follow_up = packet.resume(outputs)
+                self._step_bytes.add(0, payload_bytes(_OPS, follow_up.tensors))
+                resumed.append((p, follow_up, info))
                 continue
             if info.numel == 0:
                 continue

@@ -27,7 +27,9 @@ from .backend import FLOAT_DTYPES, Ops, Tensor
 
 @dataclass
 class TensorInfo:
-    """What a compressor may know about the tensor it compresses. Identical on every rank.
+    """What a compressor may know about the tensor it compresses. Identical on every rank but
+    for ``rank`` (this rank's index in the process set), which only random draws that must be
+    independent across ranks may use; a collective's shape must never depend on it.
 
     ``momentum``, ``nesterov`` and ``weight_decay`` are the wrapped optimizer's settings for this
     tensor when the compressor took them over (see :attr:`Compressor.takes_over_momentum`).
@@ -37,6 +39,7 @@ class TensorInfo:
     numel: int
     world: int = 1
     shape: tuple = ()
+    rank: int = 0
     param: Optional[Tensor] = None
     momentum: float = 0.0
     nesterov: bool = False

@@ -251,3 +251,16 @@ def test_decompress_gathered_sums_ranks_payloads():
     va, ia = np_topk(a, 5)
     vb, ib = np_topk(b, 5)
     np.testing.assert_array_equal(total, np_dense(50, ia, va) + np_dense(50, ib, vb))
+
+
+@pytest.mark.parametrize("make", [lambda: hc.Dithering(levels=4, seed=1), lambda: hc.TernGrad(seed=1),
+                                  lambda: hc.Natural(seed=1)])
+def test_stochastic_rounding_is_independent_across_ranks(make):
+    """Ranks draw different streams, so the average over R ranks' roundings of the same gradient
+    has about 1/R of one rounding's squared error (identical streams would not shrink it)."""
+    x = grad(20_000, seed=4)
+    outs = [roundtrip(make(), x, info=TensorInfo("w", x.size, rank=r))[1] for r in range(16)]
+    assert not np.array_equal(outs[0], outs[1])
+    single = np.mean((outs[0] - x) ** 2)
+    averaged = np.mean((np.mean(outs, axis=0) - x) ** 2)
+    assert averaged < single / 8  # 1/16 expected

@@ -168,7 +168,8 @@ class GradientExchange:
         static = tf.TensorShape(source.shape)  # Keras 3 variables give a tuple
         shape = tf.TensorShape(static if static.is_fully_defined() else grad.shape)
         return TensorInfo(name=name, numel=shape.num_elements(),
-                          world=self.options.process_set.size(), shape=tuple(shape),
+                          world=self.options.process_set.size(), rank=self.options.process_set.rank(),
+                          shape=tuple(shape),
                           momentum=self.momentum, nesterov=self.nesterov)
 
     def _init_states(self, grads: list, infos: list) -> None:

@@ -219,7 +219,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._prepare(p)
 
     def _info(self, p: torch.Tensor) -> TensorInfo:
-        info = TensorInfo(name=self._names[p], numel=p.numel(), world=self._world(),
+        info = TensorInfo(name=self._names[p], numel=p.numel(), world=self._world(), rank=self._rank(),
                           shape=tuple(p.shape), param=p.detach().view(-1))
         if self._compression.takes_over_momentum and isinstance(self, torch.optim.SGD):
             group = self._param_group[p]

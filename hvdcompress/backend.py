@@ -125,6 +125,14 @@ class Ops(ABC):
     def write(self, state: dict, key: str, value: Tensor) -> None:
         """Store ``value`` as ``state[key]``, reusing the existing buffer where there is one."""
 
+    def accumulate(self, state: dict, key: str, scale: float, add: Tensor,
+                   post: float = 1.0) -> Tensor:
+        """``state[key] = (state[key] * scale + add) * post``; returns the new value, which may be
+        the state buffer itself (a backend may update in place: do not hand it to a collective)."""
+        value = (state[key] * scale + add) * post
+        self.write(state, key, value)
+        return value
+
     # --- shape and linear algebra (PowerSGD) ------------------------------------------------
     @abstractmethod
     def reshape(self, x: Tensor, shape: Sequence[int]) -> Tensor:

@@ -115,19 +115,21 @@ class DGC(SparseCompressor):
         mu = info.momentum if self.momentum is None else self.momentum
         nesterov = info.nesterov if self.nesterov is None else self.nesterov
         if nesterov:
-            u = (state["momentum"] + g) * mu
-            v = state["velocity"] + u + g
+            u = ops.accumulate(state, "momentum", 1.0, g, post=mu)
         else:
-            u = state["momentum"] * mu + g
-            v = state["velocity"] + u
+            u = ops.accumulate(state, "momentum", mu, g)
         sparsity = self.current_sparsity
         if info.numel < self.min_numel or sparsity == 0.0:
-            ops.write(state, "momentum", u)
+            v = state["velocity"] + u + g if nesterov else state["velocity"] + u
             ops.write(state, "velocity", ops.zeros(info.numel, like=x))
             return Packet([v], None, summable=True)
+        v = ops.accumulate(state, "velocity", 1.0, u)
+        if nesterov:
+            v = ops.accumulate(state, "velocity", 1.0, g)
         values, indices = self.select(ops, v, 1.0 - sparsity, info)
         ops.write(state, "velocity", ops.fill_at(v, indices, 0.0))
-        ops.write(state, "momentum", ops.fill_at(u, indices, 0.0) if self.masking else u)
+        if self.masking:
+            ops.write(state, "momentum", ops.fill_at(u, indices, 0.0))
         if self.fp16_values:
             values = ops.cast(values, "float16")
         packet = self.packet(ops, values, indices, info)

@@ -132,6 +132,15 @@ class TorchOps(Ops):
 
     def split(self, x, sizes): return list(torch.split(x, list(sizes)))
 
+    def accumulate(self, state, key, scale, add, post=1.0):
+        buf = state[key]  # in place: one pass over the buffer instead of two temporaries
+        if scale != 1.0:
+            buf.mul_(scale)
+        buf.add_(add)
+        if post != 1.0:
+            buf.mul_(post)
+        return buf
+
     def write(self, state, key, value):
         old = state.get(key)
         if isinstance(old, torch.Tensor) and old.shape == value.shape and old.dtype == value.dtype:

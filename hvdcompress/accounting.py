@@ -22,6 +22,12 @@ class ByteCount:
         self.dense += dense
         self.sent += sent
 
+    def merge(self, step: "ByteCount") -> None:
+        """Add a finished step (or any other count) to this running total."""
+        self.dense += step.dense
+        self.sent += step.sent
+        self.steps += step.steps
+
     @property
     def ratio(self) -> float:
         """Compression ratio dense / sent (inf when nothing was sent)."""

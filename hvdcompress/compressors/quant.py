@@ -16,6 +16,7 @@ import numpy as np
 
 from ..backend import Ops, Tensor
 from ..compressor import Compressor, Packet, TensorInfo, check_float_tensor
+from ..ops.layout import packed_bytes
 
 RESIDUAL = "quant_residual"
 
@@ -98,7 +99,7 @@ class TableQuantizer(Compressor):
         if len(tensors) != 2:
             raise ValueError(f"{self.name}: expected 2 payload tensors (codes, scales), got {len(tensors)}")
         codes, scales = tensors
-        per_rank = (info.numel * self.bits + 7) // 8
+        per_rank = packed_bytes(info.numel, self.bits)
         check_payload(ops, self.name, "codes", codes, "uint8", world * per_rank)
         check_payload(ops, self.name, "scales", scales, "float32", world)
         return tensors

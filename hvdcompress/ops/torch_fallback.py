@@ -12,14 +12,9 @@ from typing import Optional, Tuple
 
 import torch
 
+from .layout import SHIFTS, packed_bytes
+
 Tensor = torch.Tensor
-
-_SHIFTS = {1: (7, 6, 5, 4, 3, 2, 1, 0), 2: (6, 4, 2, 0), 8: (0,)}
-
-
-def packed_bytes(n: int, bits: int) -> int:
-    return (n * bits + 7) // 8
-
 
 def _pack(codes: Tensor, bits: int) -> Tensor:
     """Integer codes (< 2**bits) packed first-element-in-the-highest-bits, as uint8."""
@@ -27,13 +22,13 @@ def _pack(codes: Tensor, bits: int) -> Tensor:
     n = codes.numel()
     padded = torch.zeros(packed_bytes(n, bits) * per, dtype=torch.int32, device=codes.device)
     padded[:n] = codes
-    shifts = torch.tensor(_SHIFTS[bits], dtype=torch.int32, device=codes.device)
+    shifts = torch.tensor(SHIFTS[bits], dtype=torch.int32, device=codes.device)
     return (padded.view(-1, per) << shifts).sum(1, dtype=torch.int32).to(torch.uint8)
 
 
 def _unpack(packed: Tensor, n: int, bits: int) -> Tensor:
     """The first ``n`` ``bits``-bit codes of ``packed`` as int64."""
-    shifts = torch.tensor(_SHIFTS[bits], dtype=torch.int32, device=packed.device)
+    shifts = torch.tensor(SHIFTS[bits], dtype=torch.int32, device=packed.device)
     codes = (packed.to(torch.int32).view(-1, 1) >> shifts) & ((1 << bits) - 1)
     return codes.view(-1)[:n].long()
 

@@ -212,8 +212,7 @@ class GradientExchange:
         self.compressor.on_step()
         self.state.push()
         self.last_step_bytes = step_bytes
-        self.total_bytes.add(step_bytes.dense, step_bytes.sent)
-        self.total_bytes.steps += 1
+        self.total_bytes.merge(step_bytes)
         scale = factor / self.options.process_set.size() if self.options.op == hvd.Average else 1.0
         out = []
         for g, total in zip(grads, totals):

@@ -13,28 +13,23 @@ from typing import Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from ..ops.layout import SHIFTS, packed_bytes
+
 Tensor = tf.Tensor
-
-_SHIFTS = {1: (7, 6, 5, 4, 3, 2, 1, 0), 2: (6, 4, 2, 0), 8: (0,)}
-
-
-def packed_bytes(n: int, bits: int) -> int:
-    return (n * bits + 7) // 8
-
 
 def _pack(codes: Tensor, bits: int) -> Tensor:
     """Integer codes (< 2**bits) packed first-element-in-the-highest-bits, as uint8."""
     per = 8 // bits
     n = int(tf.size(codes))
     padded = tf.pad(tf.cast(codes, tf.int32), [[0, packed_bytes(n, bits) * per - n]])
-    shifted = tf.bitwise.left_shift(tf.reshape(padded, [-1, per]), tf.constant(_SHIFTS[bits]))
+    shifted = tf.bitwise.left_shift(tf.reshape(padded, [-1, per]), tf.constant(SHIFTS[bits]))
     return tf.cast(tf.reduce_sum(shifted, axis=1), tf.uint8)
 
 
 def _unpack(packed: Tensor, n: int, bits: int) -> Tensor:
     """The first ``n`` ``bits``-bit codes of ``packed`` as int64."""
     shifted = tf.bitwise.right_shift(tf.reshape(tf.cast(packed, tf.int32), [-1, 1]),
-                                     tf.constant(_SHIFTS[bits]))
+                                     tf.constant(SHIFTS[bits]))
     codes = tf.bitwise.bitwise_and(shifted, (1 << bits) - 1)
     return tf.cast(tf.reshape(codes, [-1])[:n], tf.int64)
 

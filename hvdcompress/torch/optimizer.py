@@ -102,7 +102,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._plain_step = False
         self.last_step_bytes = ByteCount()
         self.total_bytes = ByteCount()
-        self._step_bytes = ByteCount()
+        self._step_bytes = ByteCount(steps=1)
         self._check_momentum()
         self._group_of = self._make_groups(groups)
         self._param_group = {p: g for g in self.param_groups for p in g["params"]}
@@ -319,11 +319,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._sparse.clear()
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
-        self._step_bytes.steps = 1
         self.last_step_bytes = self._step_bytes
-        self.total_bytes.add(self._step_bytes.dense, self._step_bytes.sent)
-        self.total_bytes.steps += 1
-        self._step_bytes = ByteCount()
+        self.total_bytes.merge(self._step_bytes)
+        self._step_bytes = ByteCount(steps=1)
         self._synchronized = True
 
     def _handled(self) -> set:

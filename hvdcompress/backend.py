@@ -125,6 +125,11 @@ class Ops(ABC):
     def write(self, state: dict, key: str, value: Tensor) -> None:
         """Store ``value`` as ``state[key]``, reusing the existing buffer where there is one."""
 
+    @abstractmethod
+    def into(self, out: Tensor | None, value: Tensor) -> Tensor:
+        """``value`` when ``out`` is None; else ``value`` (cast to ``out``'s dtype) written into
+        the caller's buffer ``out`` (same number of elements), and ``out`` returned."""
+
     def accumulate(self, state: dict, key: str, scale: float, add: Tensor,
                    post: float = 1.0) -> Tensor:
         """``state[key] = (state[key] * scale + add) * post``; returns the new value, which may be
@@ -132,6 +137,15 @@ class Ops(ABC):
         value = (state[key] * scale + add) * post
         self.write(state, key, value)
         return value
+
+    def momentum_correction(self, u: Tensor, v: Tensor, g: Tensor, mu: float,
+                            nesterov: bool) -> tuple:
+        """DGC's momentum correction, ``(u, v)`` after one step with the local gradient ``g``:
+        plain ``u = u·mu + g; v = v + u``; Nesterov ``u = (u + g)·mu; v = (v + u) + g``. A
+        backend may update ``u`` and ``v`` in place (one fused pass, kernels.h
+        ``momentum_correction``); the caller stores the results with :meth:`write`."""
+        u = (u + g) * mu if nesterov else u * mu + g
+        return u, (v + u) + g if nesterov else v + u
 
     # --- shape and linear algebra (PowerSGD) ------------------------------------------------
     @abstractmethod
@@ -152,6 +166,14 @@ class Ops(ABC):
     def outer(self, a: Tensor, b: Tensor) -> Tensor:
         """The flat row-major outer product: ``out[i * len(b) + j] = a[i] * b[j]``."""
 
+    def lowrank_residual(self, m: Tensor, p: Tensor, q: Tensor) -> Tensor:
+        """``m − p qᵀ`` (m: rows × cols, p: rows × r, q: cols × r; float32) with non-finite
+        entries set to 0, flattened (row-major): PowerSGD's new residual. A backend may compute
+        it in place in ``m`` (one fused pass, kernels.h ``lowrank_residual``)."""
+        n = self.numel(m)
+        e = self.reshape(m - self.matmul(p, q, transpose_b=True), (n,))
+        return self.where(self.isfinite(e), e, self.zeros(n, like=e))
+
     @abstractmethod
     def max_abs(self, x: Tensor) -> Tensor:
         """``max |x|`` as a 0-d tensor; NaN if ``x`` has a NaN; 0 for an empty ``x``."""
@@ -165,7 +187,9 @@ class Ops(ABC):
     #    (numpy.packbits order, MXNet's 2-bit order); n codes take ceil(n * bits / 8) bytes and
     #    unused low bits of the last byte are 0.
     #  * Decoders take the payloads of R ranks back to back (allgather order) and return their
-    #    float32 sum, added in rank order from +0.0.
+    #    float32 sum, added in rank order from +0.0. Given ``out`` (a contiguous float32 tensor
+    #    of n elements, not aliasing the payload), they write the sum into it and return it,
+    #    so a caller can decode straight into a gradient buffer without allocating.
     #  * ``key`` (an int in [0, 2**32)) seeds the stochastic operations: with the C++ kernels the
     #    uniform for element i is (fmix32(uint32(i) * 0x9E3779B1 + key) >> 8) / 2**24 (MurmurHash3
     #    finaliser). A framework fallback may draw its own uniforms from ``key``: the rounding
@@ -215,13 +239,14 @@ class Ops(ABC):
         2^(c - 101), 127 -> infinity (results of 2^26 or more). NaN -> 0x80."""
 
     @abstractmethod
-    def unpack_sum(self, packed: Tensor, n: int, bits: int, tables: Tensor) -> Tensor:
+    def unpack_sum(self, packed: Tensor, n: int, bits: int, tables: Tensor,
+                   out: Tensor | None = None) -> Tensor:
         """Decode R payloads of ``n`` ``bits``-bit codes (bits in 1, 2, 8; payload r starts at
         byte r * ceil(n * bits / 8)) through per-rank float32 tables (R * 2^bits entries, table
         r at offset r * 2^bits) and sum: ``out[i] = sum_r tables[r][code_r(i)]``."""
 
     @abstractmethod
-    def sign_vote(self, packed: Tensor, n: int, scale: float) -> Tensor:
+    def sign_vote(self, packed: Tensor, n: int, scale: float, out: Tensor | None = None) -> Tensor:
         """Majority vote of R :meth:`sign_pack` payloads (back to back): float32
         ``scale * sign(sum_r (bit ? 1 : -1))``, 0 where the ranks tie."""
 
@@ -234,7 +259,8 @@ class Ops(ABC):
         ``code = clamp(rint((x - min) * inv), 0, 255)`` (half to even; 0 in a NaN chunk)."""
 
     @abstractmethod
-    def minmax_unpack_sum(self, codes: Tensor, bounds: Tensor, n: int, chunk: int) -> Tensor:
+    def minmax_unpack_sum(self, codes: Tensor, bounds: Tensor, n: int, chunk: int,
+                          out: Tensor | None = None) -> Tensor:
         """Sum over R payloads (``codes`` R * n bytes, ``bounds`` R * 2 * ceil(n / chunk)
         floats) of ``min + code * (range / 255)``, in float32."""
 
@@ -259,7 +285,8 @@ class Ops(ABC):
         0 <= k <= numel(x)."""
 
     @abstractmethod
-    def sparse_sum(self, n: int, indices: Tensor, values: Tensor) -> Tensor:
+    def sparse_sum(self, n: int, indices: Tensor, values: Tensor,
+                   out: Tensor | None = None) -> Tensor:
         """A dense float32 length-``n`` tensor: zeros plus ``values`` (float32) added at
         ``indices`` (int32 or int64, repeats summed in order), e.g. the allgathered sparse
         payloads of all ranks. An index outside [0, n) is an IndexError raised before writing."""

@@ -67,6 +67,11 @@ def payload_bytes(ops: Ops, tensors: list) -> int:
     return sum(ops.numel(t) * ops.element_size(t) for t in tensors)
 
 
+def float32_buffer(ops: Ops, out: Optional[Tensor]) -> Optional[Tensor]:
+    """``out`` when a float32 decoder can write into it directly, else None."""
+    return out if out is not None and ops.dtype(out) == "float32" else None
+
+
 def check_float_tensor(ops: Ops, x: Tensor, info: TensorInfo) -> None:
     """Compressors accept floating-point gradients only: an integer gradient is a caller bug."""
     dt = ops.dtype(x)
@@ -98,13 +103,20 @@ class Compressor(ABC):
         """Compress the flat gradient ``x``; may update ``state``."""
 
     @abstractmethod
-    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
         """The dense flat tensor one payload stands for (or, for a summable payload that was
-        allreduced, the sum over ranks)."""
+        allreduced, the sum over ranks), in the gradient's dtype.
+
+        ``out``: an optional flat buffer of ``info.numel`` elements of the gradient's dtype
+        (e.g. the gradient itself) that must not alias the payload. The result is written into
+        it and it is returned, so a framework wrapper can decode without allocating (the
+        kernels write float32 results straight into it)."""
 
     def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
-                            world: int) -> Tensor:
-        """Sum over ranks of the dense tensors that the allgathered payloads stand for.
+                            world: int, out: Optional[Tensor] = None) -> Tensor:
+        """Sum over ranks of the dense tensors that the allgathered payloads stand for
+        (``out`` as for :meth:`decompress`).
 
         Default: every rank's payload tensors have equal length; split them into ``world``
         pieces, decompress each, add. Sparse formats override this with one scatter-add.
@@ -114,7 +126,7 @@ class Compressor(ABC):
         for r in range(world):
             dense = self.decompress(ops, [p[r] for p in pieces], ctx, info)
             total = dense if total is None else total + dense
-        return total
+        return ops.into(out, total)
 
     # ---- compressor-wide state (schedules) -------------------------------------------------------
     def on_step(self) -> None:

@@ -41,12 +41,13 @@ class Decorator(Compressor):
     def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
         self.inner.init_state(ops, x, state, info)
 
-    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
-        return self.inner.decompress(ops, tensors, ctx, info)
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
+        return self.inner.decompress(ops, tensors, ctx, info, out)
 
     def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
-                            world: int) -> Tensor:
-        return self.inner.decompress_gathered(ops, tensors, ctx, info, world)
+                            world: int, out: Optional[Tensor] = None) -> Tensor:
+        return self.inner.decompress_gathered(ops, tensors, ctx, info, world, out)
 
     def on_step(self) -> None:
         self.inner.on_step()

@@ -31,9 +31,10 @@ class Cast(Compressor):
             return Packet([wire], ops.dtype(x), summable=True)
         return Packet([ops.bitcast(wire, self.carrier)], ops.dtype(x), summable=False)
 
-    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
         wire = tensors[0] if self.carrier is None else ops.bitcast(tensors[0], self.wire_dtype)
-        return ops.cast(wire, ctx)
+        return ops.cast(wire, ctx) if out is None else ops.into(out, wire)  # one casting copy
 
 
 class FP16(Cast):

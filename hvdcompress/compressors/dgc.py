@@ -114,18 +114,18 @@ class DGC(SparseCompressor):
             g = g * min(1.0, limit / (ops.scalar(ops.norm(g)) + 1e-6))
         mu = info.momentum if self.momentum is None else self.momentum
         nesterov = info.nesterov if self.nesterov is None else self.nesterov
-        if nesterov:
-            u = ops.accumulate(state, "momentum", 1.0, g, post=mu)
-        else:
-            u = ops.accumulate(state, "momentum", mu, g)
         sparsity = self.current_sparsity
-        if info.numel < self.min_numel or sparsity == 0.0:
+        if info.numel < self.min_numel or sparsity == 0.0:  # dense: a new tensor for the collective
+            if nesterov:
+                u = ops.accumulate(state, "momentum", 1.0, g, post=mu)
+            else:
+                u = ops.accumulate(state, "momentum", mu, g)
             v = state["velocity"] + u + g if nesterov else state["velocity"] + u
             ops.write(state, "velocity", ops.zeros(info.numel, like=x))
             return Packet([v], None, summable=True)
-        v = ops.accumulate(state, "velocity", 1.0, u)
-        if nesterov:
-            v = ops.accumulate(state, "velocity", 1.0, g)
+        u, v = ops.momentum_correction(state["momentum"], state["velocity"], g, mu, nesterov)
+        ops.write(state, "momentum", u)
+        ops.write(state, "velocity", v)
         values, indices = self.select(ops, v, 1.0 - sparsity, info)
         ops.write(state, "velocity", ops.fill_at(v, indices, 0.0))
         if self.masking:
@@ -136,11 +136,12 @@ class DGC(SparseCompressor):
         packet.ctx = ops.dtype(x)
         return packet
 
-    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
         if len(tensors) == 1:  # dense
-            return tensors[0]
+            return ops.into(out, tensors[0])
         values, indices = tensors
-        return super().decompress(ops, [ops.cast(values, ctx), indices], ctx, info)
+        return super().decompress(ops, [ops.cast(values, ctx), indices], ctx, info, out)
 
     def select(self, ops: Ops, v: Tensor, density: float, info: TensorInfo) -> tuple:
         """``(values, indices)`` of about ``⌈n·density⌉`` largest-magnitude elements of ``v``

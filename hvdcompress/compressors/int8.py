@@ -9,10 +9,10 @@ allreduce).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from ..backend import Ops, Tensor
-from ..compressor import Compressor, Packet, TensorInfo
+from ..compressor import Compressor, Packet, TensorInfo, float32_buffer
 from ..validation import check_int
 from .quant import as_float32, check_payload
 
@@ -30,15 +30,17 @@ class Int8(Compressor):
         codes, bounds = ops.minmax_pack(x32, self.chunk)
         return Packet([codes, bounds], dtype, summable=False)
 
-    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
-        return self.decompress_gathered(ops, tensors, ctx, info, 1)
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
+        return self.decompress_gathered(ops, tensors, ctx, info, 1, out)
 
     def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
-                            world: int) -> Tensor:
+                            world: int, out: Optional[Tensor] = None) -> Tensor:
         if len(tensors) != 2:
             raise ValueError(f"int8: expected 2 payload tensors (codes, bounds), got {len(tensors)}")
         codes, bounds = tensors
         chunks = -(-info.numel // self.chunk)
         check_payload(ops, self.name, "codes", codes, "uint8", world * info.numel)
         check_payload(ops, self.name, "bounds", bounds, "float32", world * 2 * chunks)
-        return ops.cast(ops.minmax_unpack_sum(codes, bounds, info.numel, self.chunk), ctx)
+        total = ops.minmax_unpack_sum(codes, bounds, info.numel, self.chunk, out=float32_buffer(ops, out))
+        return ops.into(out, ops.cast(total, ctx))

@@ -2,7 +2,7 @@
 measured against (4 bytes per float32 element on the wire)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from ..compressor import Compressor, Packet, TensorInfo
 from ..backend import Ops, Tensor
@@ -16,5 +16,6 @@ class NoCompression(Compressor):
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         return Packet([x], None, summable=True)
 
-    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
-        return tensors[0]
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
+        return ops.into(out, tensors[0])

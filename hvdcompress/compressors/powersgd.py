@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -80,26 +80,27 @@ class PowerSGD(OwnResidual, Compressor):
         if shape is None:
             return Packet([x], None, summable=True)
         rows, cols = shape
-        m = ops.reshape(x32 + self.residual(state), (rows, cols))
+        self.residual(state)  # refuses an ErrorFeedback wrapper
+        m = ops.reshape(ops.accumulate(state, RESIDUAL, 1.0, x32), (rows, cols))  # M = e + g
         p = ops.matmul(m, self._initial_q(ops, state, info, cols, x32))
 
         def second_round(outputs: list) -> Packet:
             check_payload(ops, self.name, "P", outputs[0], "float32", rows * self.rank)
             p_hat = ops.orthonormalize(ops.reshape(outputs[0], (rows, self.rank)))
             q = ops.matmul(m, p_hat, transpose_a=True)
-            e = ops.reshape(m - ops.matmul(p_hat, q, transpose_b=True), (info.numel,))
-            ops.write(state, RESIDUAL, ops.where(ops.isfinite(e), e, ops.zeros(info.numel, like=e)))
+            ops.write(state, RESIDUAL, ops.lowrank_residual(m, p_hat, q))  # e = M - P̂ Qᵀ
             return Packet([ops.reshape(q, (cols * self.rank,))], _Factors(p_hat, cols, dtype, state),
                           summable=True)
 
         return Packet([ops.reshape(p, (rows * self.rank,))], None, summable=True, resume=second_round)
 
-    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
         if not isinstance(ctx, _Factors):  # sent dense
-            return tensors[0]
+            return ops.into(out, tensors[0])
         check_payload(ops, self.name, "Q", tensors[0], "float32", ctx.cols * self.rank)
         q = ops.reshape(tensors[0], (ctx.cols, self.rank))
         if self.warm_start:
             ops.write(ctx.state, WARM_Q, tensors[0])
-        dense = ops.matmul(ctx.p_hat, q, transpose_b=True)
-        return ops.cast(ops.reshape(dense, (info.numel,)), ctx.dtype)
+        dense = ops.reshape(ops.matmul(ctx.p_hat, q, transpose_b=True), (info.numel,))
+        return ops.cast(dense, ctx.dtype) if out is None else ops.into(out, dense)

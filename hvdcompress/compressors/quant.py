@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import zlib
 from abc import abstractmethod
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from ..backend import Ops, Tensor
-from ..compressor import Compressor, Packet, TensorInfo, check_float_tensor
+from ..compressor import Compressor, Packet, TensorInfo, check_float_tensor, float32_buffer
 from ..ops.layout import packed_bytes
 
 RESIDUAL = "quant_residual"
@@ -87,12 +87,13 @@ class TableQuantizer(Compressor):
         codes, scale = self.encode(ops, x32, state, info)
         return Packet([codes, scale], dtype, summable=False)
 
-    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
-        return self.decompress_gathered(ops, tensors, ctx, info, 1)
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
+        return self.decompress_gathered(ops, tensors, ctx, info, 1, out)
 
     def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
-                            world: int) -> Tensor:
-        return ops.cast(self.decode_sum(ops, tensors, info, world), ctx)
+                            world: int, out: Optional[Tensor] = None) -> Tensor:
+        return ops.into(out, ops.cast(self.decode_sum(ops, tensors, info, world, out), ctx))
 
     def checked(self, ops: Ops, tensors: list, info: TensorInfo, world: int) -> list:
         """``[codes, scales]`` of ``world`` payloads, their lengths checked."""
@@ -104,8 +105,10 @@ class TableQuantizer(Compressor):
         check_payload(ops, self.name, "scales", scales, "float32", world)
         return tensors
 
-    def decode_sum(self, ops: Ops, tensors: list, info: TensorInfo, world: int) -> Tensor:
-        """float32 sum of the ``world`` payloads in ``tensors``, lengths checked first."""
+    def decode_sum(self, ops: Ops, tensors: list, info: TensorInfo, world: int,
+                   out: Optional[Tensor] = None) -> Tensor:
+        """float32 sum of the ``world`` payloads in ``tensors``, lengths checked first; written
+        into ``out`` when that is a float32 buffer."""
         codes, scales = self.checked(ops, tensors, info, world)
         tables = ops.outer(scales, ops.from_numpy(self.unit_table(), like=scales))
-        return ops.unpack_sum(codes, info.numel, self.bits, tables)
+        return ops.unpack_sum(codes, info.numel, self.bits, tables, out=float32_buffer(ops, out))

@@ -10,7 +10,7 @@ drops large and small elements alike, so it converges more slowly at the same k.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -51,5 +51,6 @@ class RandomK(SparseCompressor):
             values = values * (info.numel / k)
         return Packet([values], indices, summable=True)
 
-    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
-        return ops.scatter_add(info.numel, ctx, tensors[0])
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
+        return super().decompress(ops, [tensors[0], ctx], None, info, out)

@@ -9,10 +9,10 @@ decorator, which takes the optimizer's momentum over). Plain signs are sent (no 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from ..backend import Ops, Tensor
-from ..compressor import TensorInfo
+from ..compressor import TensorInfo, float32_buffer
 from .onebit import OneBit
 
 
@@ -25,6 +25,7 @@ class Signum(OneBit):
         super().__init__(scale=False)
 
     def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
-                            world: int) -> Tensor:
+                            world: int, out: Optional[Tensor] = None) -> Tensor:
         codes, _ = self.checked(ops, tensors, info, world)
-        return ops.cast(ops.sign_vote(codes, info.numel, float(world)), ctx)
+        vote = ops.sign_vote(codes, info.numel, float(world), out=float32_buffer(ops, out))
+        return ops.into(out, ops.cast(vote, ctx))

@@ -7,9 +7,9 @@ so :meth:`decompress_gathered` needs no per-rank split.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
-from ..compressor import Compressor, Packet, TensorInfo
+from ..compressor import Compressor, Packet, TensorInfo, float32_buffer
 from ..backend import Ops, Tensor
 
 INT32_LIMIT = 2 ** 31
@@ -25,12 +25,13 @@ class SparseCompressor(Compressor):
     def packet(self, ops: Ops, values: Tensor, indices: Tensor, info: TensorInfo) -> Packet:
         return Packet([values, ops.cast(indices, index_dtype(info.numel))], None, summable=False)
 
-    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
         values, indices = tensors
         if ops.dtype(values) == "float32":  # the kernel: bounds-checked, no index cast
-            return ops.sparse_sum(info.numel, indices, values)
-        return ops.scatter_add(info.numel, ops.cast(indices, "int64"), values)
+            return ops.into(out, ops.sparse_sum(info.numel, indices, values, out=float32_buffer(ops, out)))
+        return ops.into(out, ops.scatter_add(info.numel, ops.cast(indices, "int64"), values))
 
     def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
-                            world: int) -> Tensor:
-        return self.decompress(ops, tensors, ctx, info)
+                            world: int, out: Optional[Tensor] = None) -> Tensor:
+        return self.decompress(ops, tensors, ctx, info, out)

@@ -9,10 +9,10 @@ accumulate until they cross τ. NaN elements are always sent.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 from ..backend import Ops, Tensor
-from ..compressor import Packet, TensorInfo
+from ..compressor import Packet, TensorInfo, float32_buffer
 from ..validation import check_range
 from .quant import as_float32, check_payload
 from .sparse import SparseCompressor
@@ -34,9 +34,11 @@ class Threshold(SparseCompressor):
         packet.ctx = dtype
         return packet
 
-    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo) -> Tensor:
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
         if len(tensors) != 2:
             raise ValueError(f"threshold: expected 2 payload tensors (values, indices), got {len(tensors)}")
         values, indices = tensors
         check_payload(ops, self.name, "indices", indices, ops.dtype(indices), ops.numel(values))
-        return ops.cast(ops.sparse_sum(info.numel, indices, ops.cast(values, "float32")), ctx)
+        total = ops.sparse_sum(info.numel, indices, ops.cast(values, "float32"), out=float32_buffer(ops, out))
+        return ops.into(out, ops.cast(total, ctx))

@@ -291,22 +291,33 @@ inline double abs_sum(const float* x, int64_t b, int64_t e) {
   return total;
 }
 
-// Per-slice counts for an order-preserving parallel compaction.
-struct Slices {
-  int threads;
-  std::vector<int64_t> count;
-};
+// Selection for the sparsifiers: |x[i]| >= t, or x[i] is NaN.
+inline bool selected(float v, float t) { return !(std::fabs(v) < t); }
 
-template <class Pred>
-Slices count_slices(int64_t n, Pred pred) {
-  Slices s{threads_for(n), {}};
-  s.count.assign(s.threads, 0);
-  run_slices(n, s.threads, [&](int t, int, int64_t b, int64_t e) {
-    int64_t c = 0;
-    for (int64_t i = b; i < e; ++i) c += pred(i) ? 1 : 0;
-    s.count[t] = c;
-  });
-  return s;
+inline int64_t count_selected(const float* x, int64_t b, int64_t e, float t) {
+  int64_t c = 0;
+#pragma omp simd reduction(+ : c)
+  for (int64_t i = b; i < e; ++i) c += selected(x[i], t) ? 1 : 0;
+  return c;
+}
+
+// Calls f(i) for the selected i in [b, e), ascending. Flags are computed 16 at a time
+// (vectorised); only groups holding a selected element are walked, so a sparse selection
+// costs about one read of x.
+template <class F>
+HVDC_INLINE void for_each_selected(const float* x, int64_t b, int64_t e, float t, F f) {
+  constexpr int kGroup = 16;
+  int64_t i = b;
+  for (; i + kGroup <= e; i += kGroup) {
+    int any = 0;
+#pragma omp simd reduction(| : any)
+    for (int j = 0; j < kGroup; ++j) any |= selected(x[i + j], t) ? 1 : 0;
+    if (!any) continue;
+    for (int j = 0; j < kGroup; ++j)
+      if (selected(x[i + j], t)) f(i + j);
+  }
+  for (; i < e; ++i)
+    if (selected(x[i], t)) f(i);
 }
 
 template <class Index>
@@ -505,27 +516,76 @@ float max_abs(const float* x, int64_t n) {
 // ---- sparsification ---------------------------------------------------------------------------
 int64_t count_ge(const float* x, int64_t n, float t) {
   return static_cast<int64_t>(parallel_sum(n, 1, [&](int64_t b, int64_t e) {
-    int64_t c = 0;
-    for (int64_t i = b; i < e; ++i) c += !(std::fabs(x[i]) < t);
-    return static_cast<double>(c);
+    return static_cast<double>(count_selected(x, b, e, t));
   }));
 }
 
 int64_t select_ge(const float* x, int64_t n, float t, int64_t cap, float* values, int64_t* indices) {
-  auto selected = [&](int64_t i) { return !(std::fabs(x[i]) < t); };
-  Slices s = count_slices(n, selected);
-  std::vector<int64_t> offset(s.threads + 1, 0);
-  for (int i = 0; i < s.threads; ++i) offset[i + 1] = offset[i] + s.count[i];
-  run_slices(n, s.threads, [&](int th, int, int64_t b, int64_t e) {
+  const int threads = threads_for(n);
+  std::vector<int64_t> offset(threads + 1, 0);
+  if (threads > 1) {  // order-preserving: each slice writes from the count of the slices before
+    run_slices(n, threads, [&](int th, int, int64_t b, int64_t e) { offset[th + 1] = count_selected(x, b, e, t); });
+    for (int th = 0; th < threads; ++th) offset[th + 1] += offset[th];
+  }
+  int64_t total = 0;
+  run_slices(n, threads, [&](int th, int, int64_t b, int64_t e) {
     int64_t w = offset[th];
-    for (int64_t i = b; i < e && w < cap; ++i) {
-      if (selected(i)) {
+    for_each_selected(x, b, e, t, [&](int64_t i) {
+      if (w < cap) {
         values[w] = x[i];
-        indices[w++] = i;
+        indices[w] = i;
+      }
+      ++w;
+    });
+    if (th == threads - 1) total = w;
+  });
+  return total;
+}
+
+void momentum_correction(const float* g, float* u, float* v, int64_t n, float mu, bool nesterov) {
+  parallel_for(n, 1, [&](int64_t b, int64_t e) {
+    if (nesterov) {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) {
+        const float m = (u[i] + g[i]) * mu;
+        u[i] = m;
+        v[i] = (v[i] + m) + g[i];
+      }
+    } else {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) {
+        const float m = u[i] * mu + g[i];
+        u[i] = m;
+        v[i] = v[i] + m;
       }
     }
   });
-  return offset[s.threads];
+}
+
+void lowrank_residual(float* m, const float* p, const float* q, int64_t rows, int64_t cols, int64_t r) {
+  if (rows < 0 || cols < 0 || r < 1)
+    throw std::invalid_argument("lowrank_residual: need rows >= 0, cols >= 0, r >= 1");
+  std::vector<float> qt(static_cast<size_t>(r * cols));  // q transposed: row k is column k of q
+  for (int64_t j = 0; j < cols; ++j)
+    for (int64_t k = 0; k < r; ++k) qt[k * cols + j] = q[j * r + k];
+  parallel_for(rows, cols, [&](int64_t i0, int64_t i1) {
+    alignas(64) float acc[kBlock];
+    for (int64_t i = i0; i < i1; ++i) {
+      float* row = m + i * cols;
+      for (int64_t j0 = 0; j0 < cols; j0 += kBlock) {
+        const int64_t len = std::min(kBlock, cols - j0);
+        for (int64_t j = 0; j < len; ++j) acc[j] = 0.0f;
+        for (int64_t k = 0; k < r; ++k) {
+          const float pk = p[i * r + k];
+          const float* qk = qt.data() + k * cols + j0;
+#pragma omp simd
+          for (int64_t j = 0; j < len; ++j) acc[j] += pk * qk[j];
+        }
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) row[j0 + j] = finite_or_zero(row[j0 + j] - acc[j]);
+      }
+    }
+  });
 }
 
 float sampled_threshold(const float* x, int64_t n, int64_t start, int64_t stride, int64_t top) {

@@ -107,6 +107,18 @@ float sampled_threshold(const float* x, int64_t n, int64_t start, int64_t stride
 // lower index, written with ascending indices. 0 <= k <= n.
 void topk_abs(const float* x, int64_t n, int64_t k, float* values, int64_t* indices);
 
+// DGC's momentum correction over the local gradient g, in place, in one pass:
+//   plain:    u = u * mu + g;      v = v + u
+//   nesterov: u = (u + g) * mu;    v = (v + u) + g
+// (float32, in this order: identical to the same steps done one array operation at a time).
+void momentum_correction(const float* g, float* u, float* v, int64_t n, float mu, bool nesterov);
+
+// ---- low rank (PowerSGD) --------------------------------------------------------------------
+// m (rows x cols, row-major) = m - p q^T in place, with p (rows x r) and q (cols x r) row-major;
+// non-finite results are stored as 0. The product is accumulated in float32 over k = 0..r-1.
+// Allocates q transposed (r * cols floats).
+void lowrank_residual(float* m, const float* p, const float* q, int64_t rows, int64_t cols, int64_t r);
+
 // out[0..n) = 0, then out[indices[j]] += values[j] for j = 0..m-1 in order. Throws
 // std::out_of_range (naming the first bad position) before writing if an index is outside [0, n).
 void scatter_add(const float* values, const int32_t* indices, int64_t m, int64_t n, float* out);

@@ -23,6 +23,15 @@ Tensor floats(int64_t count, const Tensor& like) {
   return torch::empty({count}, like.options().dtype(torch::kFloat32));
 }
 
+// A decoder's output: the caller's buffer `out` (checked: float32, contiguous, `count` elements)
+// or a new one.
+Tensor output(const c10::optional<Tensor>& out, int64_t count, const Tensor& like) {
+  if (!out) return floats(count, like);
+  check(*out, torch::kFloat32, "out");
+  TORCH_CHECK_VALUE(out->numel() == count, "out has ", out->numel(), " elements; the result has ", count);
+  return *out;
+}
+
 // R payloads of `each` elements back to back; returns R.
 int64_t payloads(const Tensor& t, int64_t each, const char* what) {
   TORCH_CHECK_VALUE(each > 0 && t.numel() % each == 0 && t.numel() > 0, what, " has ", t.numel(),
@@ -100,7 +109,8 @@ Tensor natural_pack(const Tensor& x, int64_t key) {
   return out;
 }
 
-Tensor unpack_sum(const Tensor& packed, int64_t n, int64_t bits, const Tensor& tables) {
+Tensor unpack_sum(const Tensor& packed, int64_t n, int64_t bits, const Tensor& tables,
+                  const c10::optional<Tensor>& out_) {
   check(packed, torch::kUInt8, "packed");
   check(tables, torch::kFloat32, "tables");
   TORCH_CHECK_VALUE(bits == 1 || bits == 2 || bits == 8, "bits=", bits, "; allowed: 1, 2, 8");
@@ -108,18 +118,18 @@ Tensor unpack_sum(const Tensor& packed, int64_t n, int64_t bits, const Tensor& t
   const int64_t R = payloads(packed, hvdc::packed_bytes(n, static_cast<int>(bits)), "packed");
   TORCH_CHECK_VALUE(tables.numel() == (R << bits), "tables has ", tables.numel(), " entries; ", R,
                     " payloads of ", bits, "-bit codes need ", (R << bits));
-  Tensor out = floats(n, tables);
+  Tensor out = output(out_, n, tables);
   pybind11::gil_scoped_release nogil;
   hvdc::unpack_sum(packed.data_ptr<uint8_t>(), n, static_cast<int>(bits), tables.data_ptr<float>(),
                    R, out.data_ptr<float>());
   return out;
 }
 
-Tensor sign_vote(const Tensor& packed, int64_t n, double scale) {
+Tensor sign_vote(const Tensor& packed, int64_t n, double scale, const c10::optional<Tensor>& out_) {
   check(packed, torch::kUInt8, "packed");
   TORCH_CHECK_VALUE(n >= 1, "n=", n, " must be >= 1");
   const int64_t R = payloads(packed, hvdc::packed_bytes(n, 1), "packed");
-  Tensor out = floats(n, packed);
+  Tensor out = output(out_, n, packed);
   pybind11::gil_scoped_release nogil;
   hvdc::sign_vote(packed.data_ptr<uint8_t>(), n, R, static_cast<float>(scale), out.data_ptr<float>());
   return out;
@@ -135,7 +145,8 @@ std::tuple<Tensor, Tensor> minmax_pack(const Tensor& x, int64_t chunk) {
   return {codes, bounds};
 }
 
-Tensor minmax_unpack_sum(const Tensor& codes, const Tensor& bounds, int64_t n, int64_t chunk) {
+Tensor minmax_unpack_sum(const Tensor& codes, const Tensor& bounds, int64_t n, int64_t chunk,
+                         const c10::optional<Tensor>& out_) {
   check(codes, torch::kUInt8, "codes");
   check(bounds, torch::kFloat32, "bounds");
   TORCH_CHECK_VALUE(chunk >= 1 && n >= 1, "need n >= 1 and chunk >= 1, got n=", n, ", chunk=", chunk);
@@ -143,7 +154,7 @@ Tensor minmax_unpack_sum(const Tensor& codes, const Tensor& bounds, int64_t n, i
   const int64_t chunks = (n + chunk - 1) / chunk;
   TORCH_CHECK_VALUE(bounds.numel() == 2 * chunks * R, "bounds has ", bounds.numel(), " entries; ", R,
                     " payloads of ", chunks, " chunks need ", 2 * chunks * R);
-  Tensor out = floats(n, bounds);
+  Tensor out = output(out_, n, bounds);
   pybind11::gil_scoped_release nogil;
   hvdc::minmax_unpack_sum(codes.data_ptr<uint8_t>(), bounds.data_ptr<float>(), n, chunk, R,
                           out.data_ptr<float>());
@@ -200,12 +211,13 @@ std::tuple<Tensor, Tensor> topk_abs(const Tensor& x, int64_t k) {
   return {values, indices};
 }
 
-Tensor scatter_add(int64_t n, const Tensor& indices, const Tensor& values) {
+Tensor scatter_add(int64_t n, const Tensor& indices, const Tensor& values,
+                   const c10::optional<Tensor>& out_) {
   check(values, torch::kFloat32, "values");
   TORCH_CHECK_VALUE(n >= 0, "n=", n, " must be >= 0");
   TORCH_CHECK_VALUE(indices.numel() == values.numel(), "indices has ", indices.numel(),
                     " elements, values has ", values.numel());
-  Tensor out = floats(n, values);
+  Tensor out = output(out_, n, values);
   if (indices.scalar_type() == torch::kInt32) {
     check(indices, torch::kInt32, "indices");
     pybind11::gil_scoped_release nogil;
@@ -220,6 +232,30 @@ Tensor scatter_add(int64_t n, const Tensor& indices, const Tensor& values) {
   return out;
 }
 
+void momentum_correction(const Tensor& g, Tensor u, Tensor v, double mu, bool nesterov) {
+  check(g, torch::kFloat32, "g");
+  check(u, torch::kFloat32, "u");
+  check(v, torch::kFloat32, "v");
+  TORCH_CHECK_VALUE(u.numel() == g.numel() && v.numel() == g.numel(), "g, u and v have ", g.numel(),
+                    ", ", u.numel(), " and ", v.numel(), " elements; they must be equal");
+  pybind11::gil_scoped_release nogil;
+  hvdc::momentum_correction(g.data_ptr<float>(), u.data_ptr<float>(), v.data_ptr<float>(), g.numel(),
+                            static_cast<float>(mu), nesterov);
+}
+
+void lowrank_residual(Tensor m, const Tensor& p, const Tensor& q) {
+  check(m, torch::kFloat32, "m");
+  check(p, torch::kFloat32, "p");
+  check(q, torch::kFloat32, "q");
+  TORCH_CHECK_VALUE(m.dim() == 2 && p.dim() == 2 && q.dim() == 2 && p.size(0) == m.size(0) &&
+                        q.size(0) == m.size(1) && p.size(1) == q.size(1) && p.size(1) >= 1,
+                    "lowrank_residual: shapes ", m.sizes(), ", ", p.sizes(), ", ", q.sizes(),
+                    " do not fit m (rows, cols), p (rows, r), q (cols, r)");
+  pybind11::gil_scoped_release nogil;
+  hvdc::lowrank_residual(m.data_ptr<float>(), p.data_ptr<float>(), q.data_ptr<float>(), m.size(0),
+                         m.size(1), p.size(1));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -230,14 +266,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("levels_pack", &levels_pack);
   m.def("ternary_pack", &ternary_pack);
   m.def("natural_pack", &natural_pack);
-  m.def("unpack_sum", &unpack_sum);
-  m.def("sign_vote", &sign_vote);
+  m.def("unpack_sum", &unpack_sum, py::arg("packed"), py::arg("n"), py::arg("bits"), py::arg("tables"),
+        py::arg("out") = py::none());
+  m.def("sign_vote", &sign_vote, py::arg("packed"), py::arg("n"), py::arg("scale"), py::arg("out") = py::none());
   m.def("minmax_pack", &minmax_pack);
-  m.def("minmax_unpack_sum", &minmax_unpack_sum);
+  m.def("minmax_unpack_sum", &minmax_unpack_sum, py::arg("codes"), py::arg("bounds"), py::arg("n"),
+        py::arg("chunk"), py::arg("out") = py::none());
   m.def("max_abs", &max_abs);
   m.def("count_ge", &count_ge);
   m.def("select_ge", &select_ge);
   m.def("sampled_threshold", &sampled_threshold);
   m.def("topk_abs", &topk_abs);
-  m.def("scatter_add", &scatter_add);
+  m.def("scatter_add", &scatter_add, py::arg("n"), py::arg("indices"), py::arg("values"),
+        py::arg("out") = py::none());
+  m.def("momentum_correction", &momentum_correction);
+  m.def("lowrank_residual", &lowrank_residual);
 }

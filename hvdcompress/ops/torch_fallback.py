@@ -113,19 +113,24 @@ def natural_pack(x: Tensor, key: int) -> Tensor:
     return torch.where(mag > 0x7F800000, 0x80, c).to(torch.uint8)
 
 
-def unpack_sum(packed: Tensor, n: int, bits: int, tables: Tensor) -> Tensor:
+def _output(out: Optional[Tensor], n: int, device) -> Tensor:
+    """The caller's buffer zeroed, or a new zero buffer (decoders accumulate into it)."""
+    return torch.zeros(n, dtype=torch.float32, device=device) if out is None else out.zero_()
+
+
+def unpack_sum(packed: Tensor, n: int, bits: int, tables: Tensor, out: Optional[Tensor] = None) -> Tensor:
     per_rank = packed_bytes(n, bits)
-    out = torch.zeros(n, dtype=torch.float32, device=packed.device)
+    out = _output(out, n, packed.device)
     for r, payload in enumerate(packed.split(per_rank)):
         table = tables[r << bits:(r + 1) << bits]
         out += table[_unpack(payload, n, bits)]
     return out
 
 
-def sign_vote(packed: Tensor, n: int, scale: float) -> Tensor:
+def sign_vote(packed: Tensor, n: int, scale: float, out: Optional[Tensor] = None) -> Tensor:
     ranks = packed.numel() // packed_bytes(n, 1)
     tables = torch.tensor([-1.0, 1.0], device=packed.device).repeat(ranks)
-    return torch.sign(unpack_sum(packed, n, 1, tables)) * scale
+    return unpack_sum(packed, n, 1, tables, out).sign_().mul_(scale)
 
 
 def _rows(x: Tensor, chunk: int) -> list:
@@ -150,9 +155,10 @@ def minmax_pack(x: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
     return torch.cat(codes), torch.cat(bounds)
 
 
-def minmax_unpack_sum(codes: Tensor, bounds: Tensor, n: int, chunk: int) -> Tensor:
+def minmax_unpack_sum(codes: Tensor, bounds: Tensor, n: int, chunk: int,
+                      out: Optional[Tensor] = None) -> Tensor:
     chunks = -(-n // chunk)
-    out = torch.zeros(n, dtype=torch.float32, device=codes.device)
+    out = _output(out, n, codes.device)
     for r, payload in enumerate(codes.split(n)):
         pairs = bounds[2 * chunks * r:2 * chunks * (r + 1)].view(chunks, 2)
         decoded, c = [], 0
@@ -206,10 +212,24 @@ def topk_abs(x: Tensor, k: int) -> Tuple[Tensor, Tensor]:
     return x[indices], indices
 
 
-def scatter_add(n: int, indices: Tensor, values: Tensor) -> Tensor:
+def scatter_add(n: int, indices: Tensor, values: Tensor, out: Optional[Tensor] = None) -> Tensor:
     bad = torch.nonzero((indices < 0) | (indices >= n)).view(-1)
     if bad.numel():
         j = int(bad[0])
         raise IndexError(f"scatter_add: index {int(indices[j])} at position {j} is outside [0, {n})")
-    out = torch.zeros(n, dtype=torch.float32, device=values.device)
-    return out.index_add_(0, indices.long(), values)
+    return _output(out, n, values.device).index_add_(0, indices.long(), values)
+
+
+def momentum_correction(g: Tensor, u: Tensor, v: Tensor, mu: float, nesterov: bool) -> None:
+    """In place, in the order of kernels.h (so the results are bit-identical)."""
+    if nesterov:
+        u.add_(g).mul_(mu)
+        v.add_(u).add_(g)
+    else:
+        u.mul_(mu).add_(g)
+        v.add_(u)
+
+
+def lowrank_residual(m: Tensor, p: Tensor, q: Tensor) -> Tensor:
+    e = m.sub_(p @ q.t()).view(-1)
+    return e.masked_fill_(~torch.isfinite(e), 0.0)

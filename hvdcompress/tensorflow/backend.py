@@ -12,7 +12,7 @@ new slot), so checkpoints capture residuals, momenta and velocities.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -127,6 +127,17 @@ class TFOps(Ops):
         return tf.split(x, list(sizes))
 
     # --- state ------------------------------------------------------------------------------
+    def into(self, out: Optional[Tensor], value: Tensor) -> Tensor:
+        if out is None:
+            return value
+        if not isinstance(out, tf.Variable):
+            raise TypeError(f"out must be a tf.Variable (TensorFlow tensors are immutable), got "
+                            f"{type(out).__name__}")
+        if self.numel(out) != self.numel(value):
+            raise ValueError(f"out has {self.numel(out)} elements; the result has {self.numel(value)}")
+        out.assign(tf.reshape(tf.cast(value, out.dtype), tf.shape(out)))
+        return out
+
     def write(self, state: dict, key: str, value: Tensor) -> None:
         old = state.get(key)
         if isinstance(old, tf.Variable) and old.shape == value.shape and old.dtype == value.dtype:
@@ -184,20 +195,22 @@ class TFOps(Ops):
         _check_x(x)
         return kernels.natural_pack(x, int(key))
 
-    def sign_vote(self, packed: Tensor, n: int, scale: float) -> Tensor:
-        return kernels.sign_vote(packed, int(n), float(scale))
+    def sign_vote(self, packed: Tensor, n: int, scale: float, out: Optional[Tensor] = None) -> Tensor:
+        return self.into(out, kernels.sign_vote(packed, int(n), float(scale)))
 
-    def unpack_sum(self, packed: Tensor, n: int, bits: int, tables: Tensor) -> Tensor:
+    def unpack_sum(self, packed: Tensor, n: int, bits: int, tables: Tensor,
+                   out: Optional[Tensor] = None) -> Tensor:
         if bits not in (1, 2, 8):
             raise ValueError(f"unpack_sum: bits={bits} is out of range; allowed: 1, 2, 8")
-        return kernels.unpack_sum(packed, int(n), int(bits), tables)
+        return self.into(out, kernels.unpack_sum(packed, int(n), int(bits), tables))
 
     def minmax_pack(self, x: Tensor, chunk: int) -> tuple:
         _check_x(x)
         return kernels.minmax_pack(x, int(chunk))
 
-    def minmax_unpack_sum(self, codes: Tensor, bounds: Tensor, n: int, chunk: int) -> Tensor:
-        return kernels.minmax_unpack_sum(codes, bounds, int(n), int(chunk))
+    def minmax_unpack_sum(self, codes: Tensor, bounds: Tensor, n: int, chunk: int,
+                          out: Optional[Tensor] = None) -> Tensor:
+        return self.into(out, kernels.minmax_unpack_sum(codes, bounds, int(n), int(chunk)))
 
     def count_ge(self, x: Tensor, threshold: float) -> int:
         _check_x(x)
@@ -218,11 +231,12 @@ class TFOps(Ops):
                              "(the tensor's size)")
         return kernels.topk_abs(x, int(k))
 
-    def sparse_sum(self, n: int, indices: Tensor, values: Tensor) -> Tensor:
+    def sparse_sum(self, n: int, indices: Tensor, values: Tensor,
+                   out: Optional[Tensor] = None) -> Tensor:
         _check_x(values, "values")
         if indices.dtype not in (tf.int32, tf.int64):
             raise TypeError(f"indices must be int32 or int64, got {indices.dtype.name}")
         if self.numel(indices) != self.numel(values):
             raise ValueError(f"sparse_sum: {self.numel(indices)} indices for "
                              f"{self.numel(values)} values")
-        return kernels.sparse_sum(int(n), indices, values)
+        return self.into(out, kernels.sparse_sum(int(n), indices, values))

@@ -59,6 +59,15 @@ def _check_x(x: torch.Tensor, what: str = "x") -> None:
                          f"with strides {x.stride()}")
 
 
+def _checked_out(out: Optional[torch.Tensor], n: int) -> Optional[torch.Tensor]:
+    """A decoder's output buffer: None, or a contiguous 1-D float32 tensor of ``n`` elements."""
+    if out is not None:
+        _check_x(out, "out")
+        if out.numel() != n:
+            raise ValueError(f"out has {out.numel()} elements; the decoded tensor has {n}")
+    return out
+
+
 class TorchOps(Ops):
     """``kernels``: None picks the C++ kernels when available (see :func:`load_kernels`); True
     requires them (ImportError otherwise); False always uses the plain-torch fallback."""
@@ -132,6 +141,22 @@ class TorchOps(Ops):
 
     def split(self, x, sizes): return list(torch.split(x, list(sizes)))
 
+    def into(self, out, value):
+        if out is None:
+            return value
+        if value.numel() != out.numel():
+            raise ValueError(f"out has {out.numel()} elements; the result has {value.numel()}")
+        if out.data_ptr() != value.data_ptr() or out.dtype != value.dtype:
+            out.copy_(value.reshape(out.shape))
+        return out
+
+    def momentum_correction(self, u, v, g, mu, nesterov):
+        if all(t.dtype == torch.float32 and t.is_contiguous() for t in (u, v, g)) and u.dim() == 1:
+            self._impl(g).momentum_correction(g, u, v, float(mu), bool(nesterov))
+        else:
+            torch_fallback.momentum_correction(g, u, v, float(mu), bool(nesterov))
+        return u, v
+
     def accumulate(self, state, key, scale, add, post=1.0):
         buf = state[key]  # in place: one pass over the buffer instead of two temporaries
         if scale != 1.0:
@@ -156,6 +181,15 @@ class TorchOps(Ops):
         return (a.t() if transpose_a else a) @ (b.t() if transpose_b else b)
 
     def orthonormalize(self, m): return torch.linalg.qr(m, mode="reduced").Q
+
+    def lowrank_residual(self, m, p, q):
+        if not all(t.dtype == torch.float32 and t.is_contiguous() and t.dim() == 2 for t in (m, p, q)):
+            return super().lowrank_residual(m, p, q)
+        impl = self._impl(m)
+        if impl is torch_fallback:
+            return torch_fallback.lowrank_residual(m, p, q)
+        impl.lowrank_residual(m, p, q)
+        return m.view(-1)
 
     def outer(self, a, b): return torch.outer(a, b).reshape(-1)
 
@@ -194,18 +228,18 @@ class TorchOps(Ops):
         _check_x(x)
         return self._impl(x).natural_pack(x, int(key))
 
-    def unpack_sum(self, packed, n, bits, tables):
-        return self._impl(packed).unpack_sum(packed, int(n), int(bits), tables)
+    def unpack_sum(self, packed, n, bits, tables, out=None):
+        return self._impl(packed).unpack_sum(packed, int(n), int(bits), tables, _checked_out(out, n))
 
-    def sign_vote(self, packed, n, scale):
-        return self._impl(packed).sign_vote(packed, int(n), float(scale))
+    def sign_vote(self, packed, n, scale, out=None):
+        return self._impl(packed).sign_vote(packed, int(n), float(scale), _checked_out(out, n))
 
     def minmax_pack(self, x, chunk):
         _check_x(x)
         return self._impl(x).minmax_pack(x, int(chunk))
 
-    def minmax_unpack_sum(self, codes, bounds, n, chunk):
-        return self._impl(codes).minmax_unpack_sum(codes, bounds, int(n), int(chunk))
+    def minmax_unpack_sum(self, codes, bounds, n, chunk, out=None):
+        return self._impl(codes).minmax_unpack_sum(codes, bounds, int(n), int(chunk), _checked_out(out, n))
 
     def count_ge(self, x, threshold):
         _check_x(x)
@@ -225,10 +259,10 @@ class TorchOps(Ops):
             raise ValueError(f"topk_abs: k={k} is out of range; allowed: 0..{x.numel()} (the tensor's size)")
         return self._impl(x).topk_abs(x, int(k))
 
-    def sparse_sum(self, n, indices, values):
+    def sparse_sum(self, n, indices, values, out=None):
         _check_x(values, "values")
         if indices.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"indices must be int32 or int64, got {dtype_name(indices.dtype)}")
         if indices.numel() != values.numel():
             raise ValueError(f"sparse_sum: {indices.numel()} indices for {values.numel()} values")
-        return self._impl(values).scatter_add(int(n), indices.contiguous(), values)
+        return self._impl(values).scatter_add(int(n), indices.contiguous(), values, _checked_out(out, n))

@@ -8,7 +8,8 @@ hook compresses it (the compressor may update its per-tensor state: residual, mo
 starts the collective: payloads that can be summed go through Horovod's grouped allreduce,
 per-rank payloads through its grouped allgather. ``synchronize()`` (called by ``step()``) waits,
 decompresses every rank's payload, sums, averages, and writes ``p.grad``; then the wrapped
-optimizer steps.
+optimizer steps. A dense contiguous ``p.grad`` is the decoder's output buffer (``out=``): the
+kernels decode into it and the average is applied in place, with no per-step allocation.
 
 Momentum taken over: compressors with ``takes_over_momentum`` (DGC, the Momentum decorator)
 apply the momentum and weight decay themselves. For a ``torch.optim.SGD`` the wrapper reads each
@@ -286,11 +287,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 continue
             if info.numel == 0:
                 continue
+            # Decode straight into a dense gradient (no allocation), else into a new tensor.
+            out = None if p.grad.is_sparse or not p.grad.is_contiguous() else p.grad.view(-1)
             if packet.summable:
-                total = self._compression.decompress(_OPS, outputs, packet.ctx, info)
+                total = self._compression.decompress(_OPS, outputs, packet.ctx, info, out=out)
             else:
-                total = self._compression.decompress_gathered(_OPS, outputs, packet.ctx, info, world)
+                total = self._compression.decompress_gathered(_OPS, outputs, packet.ctx, info, world,
+                                                              out=out)
             scale = self.gradient_predivide_factor / world if self.op == hvd.Average else 1.0
+            if out is not None:
+                if scale != 1.0:
+                    out.mul_(scale)
+                continue
             grad = total.view(p.shape).to(p.dtype)
             if scale != 1.0:
                 grad = grad * scale

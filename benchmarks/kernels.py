@@ -1,7 +1,8 @@
 """Compression throughput: the C++ kernels against the plain-torch implementation of the same
 algorithms, and a memcpy of the same size as the ceiling, all in one run.
 
-For each size (float32 elements) and compressor: compress and decompress (one rank's payload)
+For each size (float32 elements) and compressor: compress and decompress (one rank's payload,
+decoded into a preallocated output buffer, as the torch optimizer decodes into ``p.grad``)
 throughput in GB/s of input (4·n bytes / time), best of at least ``--repeat`` runs (and of as
 many as fit in half a second) after a warm-up, on
 the kernel path (``TorchOps(kernels=True)``) and on the pure-torch path (``kernels=False``, the
@@ -81,8 +82,9 @@ def time_compressor(make: Callable[[], Compressor], ops: TorchOps, x: torch.Tens
 
     packet = compress()
     t_compress = best_time(compress, repeat)
-    decompress = (lambda: comp.decompress_gathered(ops, packet.tensors, packet.ctx, info, 1)) \
-        if not packet.summable else (lambda: comp.decompress(ops, packet.tensors, packet.ctx, info))
+    out = torch.empty_like(x)
+    decompress = (lambda: comp.decompress_gathered(ops, packet.tensors, packet.ctx, info, 1, out=out)) \
+        if not packet.summable else (lambda: comp.decompress(ops, packet.tensors, packet.ctx, info, out=out))
     return t_compress, best_time(decompress, repeat)
 
 

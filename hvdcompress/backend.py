@@ -166,6 +166,17 @@ class Ops(ABC):
     def outer(self, a: Tensor, b: Tensor) -> Tensor:
         """The flat row-major outer product: ``out[i * len(b) + j] = a[i] * b[j]``."""
 
+    def lowrank_project(self, e: Tensor, g: Tensor, q: Tensor) -> tuple:
+        """PowerSGD's first product: ``(m, m q)`` with ``m = e + g`` (e, g: rows × cols; q:
+        cols × r; float32). A backend may build ``m`` in place in ``e`` in the same pass
+        (kernels.h ``lowrank_project``)."""
+        m = e + g
+        return m, self.matmul(m, q)
+
+    def lowrank_project_back(self, m: Tensor, p: Tensor) -> Tensor:
+        """``mᵀ p`` (m: rows × cols, p: rows × r; float32), as (cols × r)."""
+        return self.matmul(m, p, transpose_a=True)
+
     def lowrank_residual(self, m: Tensor, p: Tensor, q: Tensor) -> Tensor:
         """``m − p qᵀ`` (m: rows × cols, p: rows × r, q: cols × r; float32) with non-finite
         entries set to 0, flattened (row-major): PowerSGD's new residual. A backend may compute

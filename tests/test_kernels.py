@@ -449,3 +449,103 @@ def test_the_path_is_chosen_automatically_and_logged_once(disable, uses, message
 def test_explicit_choice_of_path():
     assert TorchOps(kernels=True).uses_kernels
     assert not TorchOps(kernels=False).uses_kernels
+
+
+# ---- decoding into a caller's buffer ----------------------------------------------------------
+def decoders(n: int) -> dict:
+    """Each decoder as f(out) on a 2-rank payload of n elements."""
+    rng = np.random.default_rng(40)
+    packed1 = t(rng.integers(0, 256, 2 * -(-n // 8)).astype(np.uint8))
+    packed8 = t(rng.integers(0, 256, 2 * n).astype(np.uint8))
+    tables = t(rng.standard_normal(2 * 256).astype(np.float32))
+    bounds = t(np.sort(rng.standard_normal((2 * -(-n // 64), 2)), 1).astype(np.float32).reshape(-1))
+    indices = t(rng.integers(0, n, 500).astype(np.int32))
+    values = t(rng.standard_normal(500).astype(np.float32))
+    return {
+        "unpack_sum": lambda ops, out: ops.unpack_sum(packed8, n, 8, tables, out=out),
+        "sign_vote": lambda ops, out: ops.sign_vote(packed1, n, 2.0, out=out),
+        "minmax_unpack_sum": lambda ops, out: ops.minmax_unpack_sum(packed8, bounds, n, 64, out=out),
+        "sparse_sum": lambda ops, out: ops.sparse_sum(n, indices, values, out=out),
+    }
+
+
+@pytest.mark.parametrize("name", ["unpack_sum", "sign_vote", "minmax_unpack_sum", "sparse_sum"])
+def test_decoders_write_into_the_given_buffer(ops, name):
+    n = 70001
+    decode = decoders(n)[name]
+    want = decode(ops, None)
+    out = torch.full((n,), 7.0)  # stale contents must not leak into the result
+    got = decode(ops, out)
+    assert got.data_ptr() == out.data_ptr()
+    np.testing.assert_array_equal(out.numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("name", ["unpack_sum", "sign_vote", "minmax_unpack_sum", "sparse_sum"])
+def test_decoders_reject_a_wrong_buffer(ops, name):
+    decode = decoders(1000)[name]
+    with pytest.raises(ValueError, match="out has 999 elements"):
+        decode(ops, torch.zeros(999))
+    with pytest.raises(TypeError, match="out must be a float32"):
+        decode(ops, torch.zeros(1000, dtype=torch.float64))
+    with pytest.raises(ValueError, match="contiguous"):
+        decode(ops, torch.zeros(2000)[::2])
+
+
+# ---- DGC momentum correction ------------------------------------------------------------------
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("n", [1, 1000, 300001])
+def test_momentum_correction_matches_numpy_in_place(ops, nesterov, n):
+    g, u, v = data(n, 50, specials=True), data(n, 51), data(n, 52)
+    mu = np.float32(0.9)
+    if nesterov:
+        want_u = (u + g) * mu
+        want_v = (v + want_u) + g
+    else:
+        want_u = u * mu + g
+        want_v = v + want_u
+    tu, tv = t(u), t(v)
+    got_u, got_v = ops.momentum_correction(tu, tv, t(g), 0.9, nesterov)
+    np.testing.assert_array_equal(got_u.numpy(), want_u)
+    np.testing.assert_array_equal(got_v.numpy(), want_v)
+    assert got_u.data_ptr() == tu.data_ptr() and got_v.data_ptr() == tv.data_ptr()
+
+
+# ---- PowerSGD products ------------------------------------------------------------------------
+@pytest.mark.parametrize("rows,cols,r", [(1, 1, 1), (7, 3000, 2), (600, 50, 4), (3, 5000, 9)])
+def test_lowrank_products_match_numpy(ops, rows, cols, r):
+    rng = np.random.default_rng(rows * cols + r)
+    e, g = (rng.standard_normal((rows, cols)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((cols, r)).astype(np.float32)
+    m64 = e.astype(np.float64) + g
+    te = t(e)
+    m, p = ops.lowrank_project(te, t(g), t(q))
+    np.testing.assert_array_equal(m.numpy(), e + g)  # M = e + g, exactly
+    np.testing.assert_allclose(p.numpy(), m64 @ q, rtol=1e-4, atol=1e-4 * np.sqrt(cols))
+    p_hat = np.linalg.qr(rng.standard_normal((rows, r)))[0][:, :r].astype(np.float32)
+    p_hat = np.ascontiguousarray(np.pad(p_hat, ((0, 0), (0, r - p_hat.shape[1]))))
+    back = ops.lowrank_project_back(m, t(p_hat)).numpy()
+    np.testing.assert_allclose(back, m64.T @ p_hat, rtol=1e-4, atol=1e-4 * np.sqrt(rows))
+    m[0, 0] = float("nan")
+    res = ops.lowrank_residual(m, t(p_hat), t(back)).numpy()
+    want = (m64 - p_hat.astype(np.float64) @ back.T.astype(np.float64)).reshape(-1)
+    want[0] = 0.0  # non-finite entries are dropped
+    assert res.shape == (rows * cols,)
+    np.testing.assert_allclose(res, want, rtol=1e-5, atol=1e-5 * r)
+
+
+def test_lowrank_shapes_are_checked():
+    ops = TorchOps(kernels=True)
+    with pytest.raises(ValueError, match="do not fit"):
+        ops.lowrank_residual(torch.zeros(4, 5), torch.zeros(4, 2), torch.zeros(4, 2))
+    with pytest.raises(ValueError, match="do not fit"):
+        ops.lowrank_project_back(torch.zeros(4, 5), torch.zeros(3, 2))
+
+
+@pytest.mark.parametrize("threshold", [0.5, 3.0])
+def test_select_ge_over_several_threads_keeps_the_order(ops, threshold):
+    x = data(1_000_003, 53)
+    x[[7, 500_000, 999_999]] = np.nan
+    selected = ~(np.abs(x) < threshold)
+    values, indices = ops.select_ge(t(x), threshold)
+    np.testing.assert_array_equal(indices.numpy(), np.nonzero(selected)[0])
+    np.testing.assert_array_equal(values.numpy(), x[selected])

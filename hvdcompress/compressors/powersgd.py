@@ -80,14 +80,15 @@ class PowerSGD(OwnResidual, Compressor):
         if shape is None:
             return Packet([x], None, summable=True)
         rows, cols = shape
-        self.residual(state)  # refuses an ErrorFeedback wrapper
-        m = ops.reshape(ops.accumulate(state, RESIDUAL, 1.0, x32), (rows, cols))  # M = e + g
-        p = ops.matmul(m, self._initial_q(ops, state, info, cols, x32))
+        e = ops.reshape(self.residual(state), (rows, cols))
+        q0 = self._initial_q(ops, state, info, cols, x32)
+        m, p = ops.lowrank_project(e, ops.reshape(x32, (rows, cols)), q0)  # M = e + g, P = M Q
+        ops.write(state, RESIDUAL, ops.reshape(m, (info.numel,)))
 
         def second_round(outputs: list) -> Packet:
             check_payload(ops, self.name, "P", outputs[0], "float32", rows * self.rank)
             p_hat = ops.orthonormalize(ops.reshape(outputs[0], (rows, self.rank)))
-            q = ops.matmul(m, p_hat, transpose_a=True)
+            q = ops.lowrank_project_back(m, p_hat)
             ops.write(state, RESIDUAL, ops.lowrank_residual(m, p_hat, q))  # e = M - P̂ Qᵀ
             return Packet([ops.reshape(q, (cols * self.rank,))], _Factors(p_hat, cols, dtype, state),
                           summable=True)

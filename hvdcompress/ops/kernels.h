@@ -114,6 +114,14 @@ void topk_abs(const float* x, int64_t n, int64_t k, float* values, int64_t* indi
 void momentum_correction(const float* g, float* u, float* v, int64_t n, float mu, bool nesterov);
 
 // ---- low rank (PowerSGD) --------------------------------------------------------------------
+// PowerSGD's products, with e, m (rows x cols), p (rows x r) and q (cols x r) row-major:
+// lowrank_project: e = e + g in place (skipped when g is null), then p = e q; each dot product is
+// summed in float32 over blocks of 2048 columns and the blocks in double.
+void lowrank_project(float* e, const float* g, const float* q, int64_t rows, int64_t cols, int64_t r,
+                     float* p);
+// lowrank_project_back: q = m^T p, each entry summed in float32 over the rows in order.
+void lowrank_project_back(const float* m, const float* p, int64_t rows, int64_t cols, int64_t r,
+                          float* q);
 // m (rows x cols, row-major) = m - p q^T in place, with p (rows x r) and q (cols x r) row-major;
 // non-finite results are stored as 0. The product is accumulated in float32 over k = 0..r-1.
 // Allocates q transposed (r * cols floats).

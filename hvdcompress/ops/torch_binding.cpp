@@ -243,14 +243,42 @@ void momentum_correction(const Tensor& g, Tensor u, Tensor v, double mu, bool ne
                             static_cast<float>(mu), nesterov);
 }
 
-void lowrank_residual(Tensor m, const Tensor& p, const Tensor& q) {
+// m (rows, cols), p (rows, r) and q (cols, r): checks dtypes, contiguity and that the shapes fit.
+void check_lowrank(const Tensor& m, const Tensor& p, const Tensor& q, const char* what) {
   check(m, torch::kFloat32, "m");
   check(p, torch::kFloat32, "p");
   check(q, torch::kFloat32, "q");
   TORCH_CHECK_VALUE(m.dim() == 2 && p.dim() == 2 && q.dim() == 2 && p.size(0) == m.size(0) &&
                         q.size(0) == m.size(1) && p.size(1) == q.size(1) && p.size(1) >= 1,
-                    "lowrank_residual: shapes ", m.sizes(), ", ", p.sizes(), ", ", q.sizes(),
+                    what, ": shapes ", m.sizes(), ", ", p.sizes(), ", ", q.sizes(),
                     " do not fit m (rows, cols), p (rows, r), q (cols, r)");
+}
+
+// (m, p): m = e + g in place in e (g may be None), p = m q.
+std::tuple<Tensor, Tensor> lowrank_project(Tensor e, const c10::optional<Tensor>& g, const Tensor& q) {
+  Tensor p = torch::empty({e.size(0), q.size(1)}, q.options());
+  check_lowrank(e, p, q, "lowrank_project");
+  if (g) {
+    check(*g, torch::kFloat32, "g");
+    TORCH_CHECK_VALUE(g->numel() == e.numel(), "g has ", g->numel(), " elements, e has ", e.numel());
+  }
+  pybind11::gil_scoped_release nogil;
+  hvdc::lowrank_project(e.data_ptr<float>(), g ? g->data_ptr<float>() : nullptr, q.data_ptr<float>(),
+                        e.size(0), e.size(1), q.size(1), p.data_ptr<float>());
+  return {e, p};
+}
+
+Tensor lowrank_project_back(const Tensor& m, const Tensor& p) {
+  Tensor q = torch::empty({m.size(1), p.size(1)}, p.options());
+  check_lowrank(m, p, q, "lowrank_project_back");
+  pybind11::gil_scoped_release nogil;
+  hvdc::lowrank_project_back(m.data_ptr<float>(), p.data_ptr<float>(), m.size(0), m.size(1), p.size(1),
+                             q.data_ptr<float>());
+  return q;
+}
+
+void lowrank_residual(Tensor m, const Tensor& p, const Tensor& q) {
+  check_lowrank(m, p, q, "lowrank_residual");
   pybind11::gil_scoped_release nogil;
   hvdc::lowrank_residual(m.data_ptr<float>(), p.data_ptr<float>(), q.data_ptr<float>(), m.size(0),
                          m.size(1), p.size(1));
@@ -280,5 +308,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scatter_add", &scatter_add, py::arg("n"), py::arg("indices"), py::arg("values"),
         py::arg("out") = py::none());
   m.def("momentum_correction", &momentum_correction);
+  m.def("lowrank_project", &lowrank_project);
+  m.def("lowrank_project_back", &lowrank_project_back);
   m.def("lowrank_residual", &lowrank_residual);
 }

@@ -230,6 +230,15 @@ def momentum_correction(g: Tensor, u: Tensor, v: Tensor, mu: float, nesterov: bo
         v.add_(u)
 
 
+def lowrank_project(e: Tensor, g: Tensor, q: Tensor) -> Tuple[Tensor, Tensor]:
+    m = e.add_(g)
+    return m, m @ q
+
+
+def lowrank_project_back(m: Tensor, p: Tensor) -> Tensor:
+    return m.t() @ p
+
+
 def lowrank_residual(m: Tensor, p: Tensor, q: Tensor) -> Tensor:
     e = m.sub_(p @ q.t()).view(-1)
     return e.masked_fill_(~torch.isfinite(e), 0.0)

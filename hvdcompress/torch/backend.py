@@ -182,10 +182,28 @@ class TorchOps(Ops):
 
     def orthonormalize(self, m): return torch.linalg.qr(m, mode="reduced").Q
 
+    # PowerSGD's products: the kernels (or the fallback's in-place torch) for 2-D float32 CPU
+    # matrices; the small factors are made contiguous (QR's Q is column-major).
+    def _lowrank_impl(self, big: Sequence[Any], small: Sequence[Any]) -> Any:
+        ok = all(t.dtype == torch.float32 and t.dim() == 2 for t in (*big, *small)) and \
+            all(t.is_contiguous() for t in big)
+        return self._impl(big[0]) if ok else None
+
+    def lowrank_project(self, e, g, q):
+        q = q.contiguous()
+        impl = self._lowrank_impl((e, g), (q,))
+        return super().lowrank_project(e, g, q) if impl is None else impl.lowrank_project(e, g, q)
+
+    def lowrank_project_back(self, m, p):
+        p = p.contiguous()
+        impl = self._lowrank_impl((m,), (p,))
+        return super().lowrank_project_back(m, p) if impl is None else impl.lowrank_project_back(m, p)
+
     def lowrank_residual(self, m, p, q):
-        if not all(t.dtype == torch.float32 and t.is_contiguous() and t.dim() == 2 for t in (m, p, q)):
+        p, q = p.contiguous(), q.contiguous()
+        impl = self._lowrank_impl((m,), (p, q))
+        if impl is None:
             return super().lowrank_residual(m, p, q)
-        impl = self._impl(m)
         if impl is torch_fallback:
             return torch_fallback.lowrank_residual(m, p, q)
         impl.lowrank_residual(m, p, q)

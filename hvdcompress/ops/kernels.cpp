@@ -13,9 +13,11 @@
 #include <omp.h>
 #endif
 
-// Hot loops that are compute-bound (the hashing ones) are compiled twice on x86-64 Linux with
-// GCC, for AVX2 and for the baseline, and picked at load time (function multi-versioning).
-// Results are identical: no FMA contraction (-ffp-contract=off), integer and exact float ops.
+// Hot block loops (the hashing ones, 2-bit and EF-sign quantisation, PowerSGD's products) are
+// compiled twice on x86-64 Linux with GCC, for AVX2 and for the baseline, and picked at load time
+// (function multi-versioning). Results are identical: no FMA contraction (-ffp-contract=off),
+// elementwise float ops, and sums in fixed lanes. Vectorised sums whose order depends on the
+// vector width (omp simd reduction) stay out of the clones.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define HVDC_ISA_CLONES __attribute__((target_clones("avx2", "default")))
 #else
@@ -194,6 +196,57 @@ HVDC_ISA_CLONES void ternary_block(const float* x, uint32_t m, float inv, uint32
   }
 }
 
+// sign_pack's block: c[j] = 1 iff the sign bit of x[j] is clear; returns sum |x[j]|. Not an
+// ISA clone: the vectorised sum keeps the baseline's order on every machine.
+HVDC_INLINE float sign_block(const float* x, uint32_t m, uint8_t* c) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (uint32_t j = 0; j < m; ++j) {
+    c[j] = static_cast<uint8_t>((~bits_of(x[j])) >> 31);
+    s += std::fabs(x[j]);
+  }
+  return s;
+}
+
+// EF-signSGD's first pass over a block: residual += x; returns sum |residual| (baseline order,
+// as sign_block).
+HVDC_INLINE float ef_add_block(const float* x, float* residual, uint32_t m) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (uint32_t j = 0; j < m; ++j) {
+    const float p = residual[j] + x[j];
+    residual[j] = p;
+    s += std::fabs(p);
+  }
+  return s;
+}
+
+// Its second pass: the sign bits of p = residual, and residual = p - (bit ? scale : -scale).
+HVDC_ISA_CLONES void ef_sign_block(float* residual, uint32_t m, float scale, uint8_t* c) {
+#pragma omp simd
+  for (uint32_t j = 0; j < m; ++j) {
+    const uint32_t bit = (~bits_of(residual[j])) >> 31;
+    residual[j] = finite_or_zero(residual[j] - (bit ? scale : -scale));
+    c[j] = static_cast<uint8_t>(bit);
+  }
+}
+
+// One block of twobit_pack: codes of x[0..m) (+ residual, updated in place when given).
+HVDC_ISA_CLONES void twobit_block(const float* x, float* residual, uint32_t m, float t, uint8_t* c) {
+  if (residual == nullptr) {
+#pragma omp simd
+    for (uint32_t j = 0; j < m; ++j) c[j] = static_cast<uint8_t>(twobit_code(x[j], t));
+    return;
+  }
+#pragma omp simd
+  for (uint32_t j = 0; j < m; ++j) {
+    const float v = x[j] + residual[j];
+    const int pos = v >= t, neg = v <= -t;
+    residual[j] = finite_or_zero(v - t * static_cast<float>(pos - neg));
+    c[j] = static_cast<uint8_t>(3 * pos + 2 * neg + (v != v ? 1 : 0));
+  }
+}
+
 HVDC_ISA_CLONES void natural_block(const float* x, uint32_t m, uint32_t base, uint8_t* out) {
 #pragma omp simd
   for (uint32_t j = 0; j < m; ++j) {
@@ -208,32 +261,38 @@ HVDC_ISA_CLONES void natural_block(const float* x, uint32_t m, uint32_t base, ui
 }
 
 
+// Packs the m codes of c (BITS bits each; c has room for padding up to a whole byte) into
+// ceil(m * BITS / 8) bytes of o, 8 / BITS codes per byte by one multiplication.
+template <int BITS>
+HVDC_INLINE void pack_block(uint8_t* c, int64_t m, uint8_t* __restrict o) {
+  constexpr int per = 8 / BITS;
+  for (int64_t j = m; j < (m + per - 1) / per * per; ++j) c[j] = 0;
+  for (int64_t b = 0; b < (m + per - 1) / per; ++b) {
+    if (BITS == 1) {
+      uint64_t v;
+      std::memcpy(&v, c + 8 * b, 8);
+      o[b] = static_cast<uint8_t>((v * 0x8040201008040201ull) >> 56);
+    } else if (BITS == 2) {
+      uint32_t v;
+      std::memcpy(&v, c + 4 * b, 4);
+      o[b] = static_cast<uint8_t>((static_cast<uint64_t>(v) * 0x40100401ull) >> 24);
+    } else {
+      o[b] = c[b];
+    }
+  }
+}
+
 // Packs BITS-bit codes, block by block: fill(i0, m, c) writes the codes of elements
-// [i0, i0 + m) into the byte array c, then 8 / BITS codes go into each byte by one multiplication.
+// [i0, i0 + m) into the byte array c, then pack_block packs them.
 template <int BITS, class Fill>
 void pack_codes(int64_t n, uint8_t* __restrict out, Fill fill) {
-  constexpr int per = 8 / BITS;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   parallel_for(blocks, kBlock, [&](int64_t k0, int64_t k1) {
     alignas(64) uint8_t c[kBlock];
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t i0 = k * kBlock, m = std::min(kBlock, n - i0);
       fill(i0, static_cast<uint32_t>(m), c);
-      for (int64_t j = m; j < (m + per - 1) / per * per; ++j) c[j] = 0;
-      uint8_t* o = out + i0 / per;
-      for (int64_t b = 0; b < (m + per - 1) / per; ++b) {
-        if (BITS == 1) {
-          uint64_t v;
-          std::memcpy(&v, c + 8 * b, 8);
-          o[b] = static_cast<uint8_t>((v * 0x8040201008040201ull) >> 56);
-        } else if (BITS == 2) {
-          uint32_t v;
-          std::memcpy(&v, c + 4 * b, 4);
-          o[b] = static_cast<uint8_t>((static_cast<uint64_t>(v) * 0x40100401ull) >> 24);
-        } else {
-          o[b] = c[b];
-        }
-      }
+      pack_block<BITS>(c, m, out + i0 / (8 / BITS));
     }
   });
 }
@@ -276,19 +335,6 @@ void unpack_sum_impl(const uint8_t* packed, int64_t n, const float* tables, int6
       finish(o, m);
     }
   });
-}
-
-// Sum of |x[i]| over [b, e): a vectorised float sum per block, blocks added in double.
-inline double abs_sum(const float* x, int64_t b, int64_t e) {
-  double total = 0.0;
-  for (int64_t i = b; i < e; i += kBlock) {
-    const int64_t stop = std::min(e, i + kBlock);
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t j = i; j < stop; ++j) acc += std::fabs(x[j]);
-    total += acc;
-  }
-  return total;
 }
 
 // Selection for the sparsifiers: |x[i]| >= t, or x[i] is NaN.
@@ -407,43 +453,36 @@ uint32_t fmix32(uint32_t h) { return mix32(h); }
 
 // ---- signs ------------------------------------------------------------------------------------
 double sign_pack(const float* x, int64_t n, uint8_t* out) {
-  pack_codes<1>(n, out, per_element([=](int64_t i0, uint32_t j) { return (~bits_of(x[i0 + j])) >> 31; }));
-  return parallel_sum(n, 1, [&](int64_t b, int64_t e) { return abs_sum(x, b, e); });
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  return parallel_sum(blocks, kBlock, [&](int64_t k0, int64_t k1) {  // one read of x
+    alignas(64) uint8_t c[kBlock];
+    double sum = 0.0;
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t i0 = k * kBlock, m = std::min(kBlock, n - i0);
+      sum += sign_block(x + i0, static_cast<uint32_t>(m), c);
+      pack_block<1>(c, m, out + i0 / 8);
+    }
+    return sum;
+  });
 }
 
 float ef_sign_pack(const float* x, float* residual, int64_t n, uint8_t* out) {
   double total = parallel_sum(n, 1, [=](int64_t b, int64_t e) {
     double sum = 0.0;
-    for (int64_t i = b; i < e; i += kBlock) {  // block by block: the sum reads from L1
-      const int64_t stop = std::min(e, i + kBlock);
-      for (int64_t j = i; j < stop; ++j) residual[j] += x[j];
-      sum += abs_sum(residual, i, stop);
-    }
+    for (int64_t i = b; i < e; i += kBlock)
+      sum += ef_add_block(x + i, residual + i, static_cast<uint32_t>(std::min(e, i + kBlock) - i));
     return sum;
   });
   const float scale = n ? static_cast<float>(total / static_cast<double>(n)) : 0.0f;
-  pack_codes<1>(n, out, per_element([=](int64_t i0, uint32_t j) {
-    const int64_t i = i0 + j;
-    const uint32_t bit = (~bits_of(residual[i])) >> 31;
-    residual[i] = finite_or_zero(residual[i] - (bit ? scale : -scale));
-    return bit;
-  }));
+  pack_codes<1>(n, out, [=](int64_t i0, uint32_t m, uint8_t* c) { ef_sign_block(residual + i0, m, scale, c); });
   return scale;
 }
 
 // ---- 2 bits -----------------------------------------------------------------------------------
 void twobit_pack(const float* x, float* residual, int64_t n, float t, uint8_t* out) {
-  if (!residual) {
-    pack_codes<2>(n, out, per_element([=](int64_t i0, uint32_t j) { return twobit_code(x[i0 + j], t); }));
-    return;
-  }
-  pack_codes<2>(n, out, per_element([=](int64_t i0, uint32_t j) {
-    const int64_t i = i0 + j;
-    const float v = x[i] + residual[i];
-    const int pos = v >= t, neg = v <= -t;
-    residual[i] = finite_or_zero(v - t * static_cast<float>(pos - neg));
-    return 3 * pos + 2 * neg + (v != v ? 1 : 0);
-  }));
+  pack_codes<2>(n, out, [=](int64_t i0, uint32_t m, uint8_t* c) {
+    twobit_block(x + i0, residual ? residual + i0 : nullptr, m, t, c);
+  });
 }
 
 // ---- stochastic levels ------------------------------------------------------------------------

@@ -138,6 +138,13 @@ class Ops(ABC):
         self.write(state, key, value)
         return value
 
+    def sub_finite(self, a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
+        """``a − b`` with non-finite entries set to 0 (an error-feedback residual), written into
+        ``out`` when given (``out`` may be ``a`` or ``b``; one fused pass, kernels.h
+        ``sub_finite``)."""
+        e = a - b
+        return self.into(out, self.where(self.isfinite(e), e, self.zeros(self.numel(e), like=e)))
+
     def momentum_correction(self, u: Tensor, v: Tensor, g: Tensor, mu: float,
                             nesterov: bool) -> tuple:
         """DGC's momentum correction, ``(u, v)`` after one step with the local gradient ``g``:

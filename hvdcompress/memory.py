@@ -71,10 +71,11 @@ class ErrorFeedback(Decorator):
             ops.write(state, "residual", ops.zeros(info.numel, like=x))
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
-        p = x + state["residual"]
+        p = x + state["residual"]  # a new tensor: the payload may be p itself
         packet = self.inner.compress(ops, p, state, info)
-        e = p - self.inner.decompress(ops, packet.tensors, packet.ctx, info)
-        ops.write(state, "residual", ops.where(ops.isfinite(e), e, ops.zeros(info.numel, like=e)))
+        residual = state["residual"]  # C(p) is decoded into the residual buffer, then e = p - C(p)
+        decoded = self.inner.decompress(ops, packet.tensors, packet.ctx, info, out=residual)
+        ops.write(state, "residual", ops.sub_finite(p, decoded, out=residual))
         return packet
 
     def config(self) -> dict:

@@ -549,3 +549,19 @@ def test_select_ge_over_several_threads_keeps_the_order(ops, threshold):
     values, indices = ops.select_ge(t(x), threshold)
     np.testing.assert_array_equal(indices.numpy(), np.nonzero(selected)[0])
     np.testing.assert_array_equal(values.numpy(), x[selected])
+
+
+# ---- error feedback ---------------------------------------------------------------------------
+@pytest.mark.parametrize("into", [None, "a", "b", "new"])
+def test_sub_finite_matches_numpy(ops, into):
+    a, b = data(70001, 60, specials=True), data(70001, 61)
+    a[9] = np.nan
+    b[10] = np.inf
+    want = a - b
+    want[~np.isfinite(want)] = 0.0
+    ta, tb = t(a), t(b)
+    out = {"a": ta, "b": tb, "new": torch.full((a.size,), 3.0), None: None}[into]
+    got = ops.sub_finite(ta, tb, out=out)
+    np.testing.assert_array_equal(got.numpy(), want)
+    if out is not None:
+        assert got.data_ptr() == out.data_ptr()

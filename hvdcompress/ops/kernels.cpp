@@ -231,6 +231,11 @@ HVDC_ISA_CLONES void ef_sign_block(float* residual, uint32_t m, float scale, uin
   }
 }
 
+HVDC_ISA_CLONES void sub_finite_block(const float* a, const float* b, int64_t m, float* out) {
+#pragma omp simd
+  for (int64_t j = 0; j < m; ++j) out[j] = finite_or_zero(a[j] - b[j]);
+}
+
 // One block of twobit_pack: codes of x[0..m) (+ residual, updated in place when given).
 HVDC_ISA_CLONES void twobit_block(const float* x, float* residual, uint32_t m, float t, uint8_t* c) {
   if (residual == nullptr) {
@@ -635,6 +640,10 @@ int64_t select_ge(const float* x, int64_t n, float t, int64_t cap, float* values
     if (th == threads - 1) total = w;
   });
   return total;
+}
+
+void sub_finite(const float* a, const float* b, int64_t n, float* out) {
+  parallel_blocks(n, [=](int64_t i0, int64_t m) { sub_finite_block(a + i0, b + i0, m, out + i0); });
 }
 
 void momentum_correction(const float* g, float* u, float* v, int64_t n, float mu, bool nesterov) {

@@ -113,6 +113,11 @@ void topk_abs(const float* x, int64_t n, int64_t k, float* values, int64_t* indi
 // (float32, in this order: identical to the same steps done one array operation at a time).
 void momentum_correction(const float* g, float* u, float* v, int64_t n, float mu, bool nesterov);
 
+// ---- error feedback -------------------------------------------------------------------------
+// out[i] = a[i] - b[i], non-finite results stored as 0 (the residual e = p - C(p)); out may be
+// a or b.
+void sub_finite(const float* a, const float* b, int64_t n, float* out);
+
 // ---- low rank (PowerSGD) --------------------------------------------------------------------
 // PowerSGD's products, with e, m (rows x cols), p (rows x r) and q (cols x r) row-major:
 // lowrank_project: e = e + g in place (skipped when g is null), then p = e q; each dot product is

@@ -232,6 +232,16 @@ Tensor scatter_add(int64_t n, const Tensor& indices, const Tensor& values,
   return out;
 }
 
+Tensor sub_finite(const Tensor& a, const Tensor& b, const c10::optional<Tensor>& out_) {
+  check(a, torch::kFloat32, "a");
+  check(b, torch::kFloat32, "b");
+  TORCH_CHECK_VALUE(a.numel() == b.numel(), "a has ", a.numel(), " elements, b has ", b.numel());
+  Tensor out = output(out_, a.numel(), a);
+  pybind11::gil_scoped_release nogil;
+  hvdc::sub_finite(a.data_ptr<float>(), b.data_ptr<float>(), a.numel(), out.data_ptr<float>());
+  return out;
+}
+
 void momentum_correction(const Tensor& g, Tensor u, Tensor v, double mu, bool nesterov) {
   check(g, torch::kFloat32, "g");
   check(u, torch::kFloat32, "u");
@@ -308,6 +318,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scatter_add", &scatter_add, py::arg("n"), py::arg("indices"), py::arg("values"),
         py::arg("out") = py::none());
   m.def("momentum_correction", &momentum_correction);
+  m.def("sub_finite", &sub_finite, py::arg("a"), py::arg("b"), py::arg("out") = py::none());
   m.def("lowrank_project", &lowrank_project);
   m.def("lowrank_project_back", &lowrank_project_back);
   m.def("lowrank_residual", &lowrank_residual);

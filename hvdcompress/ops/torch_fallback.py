@@ -220,6 +220,11 @@ def scatter_add(n: int, indices: Tensor, values: Tensor, out: Optional[Tensor] =
     return _output(out, n, values.device).index_add_(0, indices.long(), values)
 
 
+def sub_finite(a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    out = torch.sub(a, b) if out is None else torch.sub(a, b, out=out)
+    return out.masked_fill_(~torch.isfinite(out), 0.0)
+
+
 def momentum_correction(g: Tensor, u: Tensor, v: Tensor, mu: float, nesterov: bool) -> None:
     """In place, in the order of kernels.h (so the results are bit-identical)."""
     if nesterov:

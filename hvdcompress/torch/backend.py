@@ -150,6 +150,15 @@ class TorchOps(Ops):
             out.copy_(value.reshape(out.shape))
         return out
 
+    def sub_finite(self, a, b, out=None):
+        flat = [a, b] + ([out] if out is not None else [])
+        if not all(t.dtype == torch.float32 and t.is_contiguous() and t.dim() == 1 for t in flat):
+            return super().sub_finite(a, b, out)
+        if a.numel() != b.numel() or (out is not None and out.numel() != a.numel()):
+            raise ValueError(f"sub_finite: a, b and out have {a.numel()}, {b.numel()} and "
+                             f"{out.numel() if out is not None else a.numel()} elements; they must be equal")
+        return self._impl(a).sub_finite(a, b, out)
+
     def momentum_correction(self, u, v, g, mu, nesterov):
         if all(t.dtype == torch.float32 and t.is_contiguous() for t in (u, v, g)) and u.dim() == 1:
             self._impl(g).momentum_correction(g, u, v, float(mu), bool(nesterov))

@@ -565,3 +565,19 @@ def test_sub_finite_matches_numpy(ops, into):
     np.testing.assert_array_equal(got.numpy(), want)
     if out is not None:
         assert got.data_ptr() == out.data_ptr()
+
+
+def test_fill_at_matches_numpy_and_checks_bounds(ops):
+    x = data(70001, 62)
+    idx = np.unique(np.random.default_rng(63).integers(0, x.size, 900))
+    want = x.copy()
+    want[idx] = 0.0
+    tx = t(x)
+    got = ops.fill_at(tx, t(idx), 0.0)
+    np.testing.assert_array_equal(got.numpy(), want)
+    assert got.data_ptr() == tx.data_ptr()
+    before = tx.clone()
+    with pytest.raises(IndexError, match="70001"):
+        ops.fill_at(tx, t(np.array([5, 70001], np.int64)), 1.0)
+    if ops.uses_kernels:  # the kernel checks every index before writing
+        assert torch.equal(tx, before)

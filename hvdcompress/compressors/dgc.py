@@ -159,7 +159,8 @@ class DGC(SparseCompressor):
         threshold = ops.sampled_threshold(v32, start, stride, resolve_k(density, samples))
         if math.isnan(threshold):  # NaNs fill the sample's top: send the non-finite elements
             threshold = math.inf
-        count = ops.count_ge(v32, threshold)
+        values, indices = ops.select_ge(v32, threshold)  # usually final: one pass, no count
+        selected_at, count = threshold, ops.numel(values)
         for _ in range(self.max_adaptation_iters if sampled else 0):
             if count > k * self.upper and not self.resample:
                 threshold *= self.upper
@@ -168,7 +169,8 @@ class DGC(SparseCompressor):
             else:
                 break
             count = ops.count_ge(v32, threshold)
-        values, indices = ops.select_ge(v32, threshold)
+        if threshold != selected_at:
+            values, indices = ops.select_ge(v32, threshold)
         if sampled and self.resample and count > k * self.upper:
             values, best = ops.topk_abs(values, k)
             indices = ops.gather(indices, best)

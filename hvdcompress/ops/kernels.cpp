@@ -427,8 +427,9 @@ HVDC_ISA_CLONES void residual_block(float* row, const float* p_i, const float* q
   for (int64_t j = 0; j < len; ++j) row[j] = finite_or_zero(row[j] - acc[j]);
 }
 
+// Throws std::out_of_range naming the first index outside [0, n), if there is one.
 template <class Index>
-void scatter_add_impl(const float* values, const Index* indices, int64_t m, int64_t n, float* out) {
+void check_indices(const char* what, const Index* indices, int64_t m, int64_t n) {
   int64_t bad = static_cast<int64_t>(parallel_sum(m, 1, [&](int64_t b, int64_t e) {
     int64_t c = 0;
     for (int64_t j = b; j < e; ++j) c += (indices[j] < 0 || indices[j] >= n) ? 1 : 0;
@@ -437,9 +438,14 @@ void scatter_add_impl(const float* values, const Index* indices, int64_t m, int6
   if (bad) {
     for (int64_t j = 0; j < m; ++j)
       if (indices[j] < 0 || indices[j] >= n)
-        throw std::out_of_range("scatter_add: index " + std::to_string(indices[j]) + " at position " +
+        throw std::out_of_range(std::string(what) + ": index " + std::to_string(indices[j]) + " at position " +
                                 std::to_string(j) + " is outside [0, " + std::to_string(n) + ")");
   }
+}
+
+template <class Index>
+void scatter_add_impl(const float* values, const Index* indices, int64_t m, int64_t n, float* out) {
+  check_indices("scatter_add", indices, m, n);
   parallel_for(n, 1, [&](int64_t b, int64_t e) { std::fill(out + b, out + e, 0.0f); });
   // Each thread owns a range of destinations and applies the entries that fall in it, in order.
   run_slices(n, std::min<int>(threads_for(m * 8), threads_for(n)), [&](int, int, int64_t b, int64_t e) {
@@ -785,6 +791,13 @@ void topk_abs(const float* x, int64_t n, int64_t k, float* values, int64_t* indi
         indices[w++] = i;
       }
     }
+  });
+}
+
+void fill_at(float* x, int64_t n, const int64_t* indices, int64_t m, float value) {
+  check_indices("fill_at", indices, m, n);
+  parallel_for(m, 1, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) x[indices[j]] = value;
   });
 }
 

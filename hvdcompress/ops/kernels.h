@@ -132,6 +132,10 @@ void lowrank_project_back(const float* m, const float* p, int64_t rows, int64_t 
 // Allocates q transposed (r * cols floats).
 void lowrank_residual(float* m, const float* p, const float* q, int64_t rows, int64_t cols, int64_t r);
 
+// x[indices[j]] = value for j = 0..m-1 (e.g. clearing the sent elements of DGC's velocity).
+// Throws std::out_of_range before writing if an index is outside [0, n).
+void fill_at(float* x, int64_t n, const int64_t* indices, int64_t m, float value);
+
 // out[0..n) = 0, then out[indices[j]] += values[j] for j = 0..m-1 in order. Throws
 // std::out_of_range (naming the first bad position) before writing if an index is outside [0, n).
 void scatter_add(const float* values, const int32_t* indices, int64_t m, int64_t n, float* out);

@@ -232,6 +232,15 @@ Tensor scatter_add(int64_t n, const Tensor& indices, const Tensor& values,
   return out;
 }
 
+Tensor fill_at(Tensor x, const Tensor& indices, double value) {
+  check(x, torch::kFloat32, "x");
+  check(indices, torch::kInt64, "indices");
+  pybind11::gil_scoped_release nogil;
+  hvdc::fill_at(x.data_ptr<float>(), x.numel(), indices.data_ptr<int64_t>(), indices.numel(),
+                static_cast<float>(value));
+  return x;
+}
+
 Tensor sub_finite(const Tensor& a, const Tensor& b, const c10::optional<Tensor>& out_) {
   check(a, torch::kFloat32, "a");
   check(b, torch::kFloat32, "b");
@@ -318,6 +327,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scatter_add", &scatter_add, py::arg("n"), py::arg("indices"), py::arg("values"),
         py::arg("out") = py::none());
   m.def("momentum_correction", &momentum_correction);
+  m.def("fill_at", &fill_at);
   m.def("sub_finite", &sub_finite, py::arg("a"), py::arg("b"), py::arg("out") = py::none());
   m.def("lowrank_project", &lowrank_project);
   m.def("lowrank_project_back", &lowrank_project_back);

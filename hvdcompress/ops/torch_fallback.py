@@ -220,6 +220,10 @@ def scatter_add(n: int, indices: Tensor, values: Tensor, out: Optional[Tensor] =
     return _output(out, n, values.device).index_add_(0, indices.long(), values)
 
 
+def fill_at(x: Tensor, indices: Tensor, value: float) -> Tensor:
+    return x.index_fill_(0, indices, value)
+
+
 def sub_finite(a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
     out = torch.sub(a, b) if out is None else torch.sub(a, b, out=out)
     return out.masked_fill_(~torch.isfinite(out), 0.0)

@@ -135,7 +135,10 @@ class TorchOps(Ops):
         return out.index_add_(0, indices, values)
 
     def fill_at(self, x, indices, value):
-        return x.index_fill_(0, indices.long(), value)
+        indices = indices.long()
+        if x.dtype == torch.float32 and x.dim() == 1 and x.is_contiguous():
+            return self._impl(x).fill_at(x, indices.contiguous(), float(value))
+        return x.index_fill_(0, indices, value)
 
     def concat(self, xs: Sequence[Any]): return torch.cat(list(xs))
 

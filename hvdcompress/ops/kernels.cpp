@@ -236,6 +236,18 @@ HVDC_ISA_CLONES void sub_finite_block(const float* a, const float* b, int64_t m,
   for (int64_t j = 0; j < m; ++j) out[j] = finite_or_zero(a[j] - b[j]);
 }
 
+// max over [0, m) of the magnitude keys bits(|x|) & 0x7FFFFFFF, which order like |x| with NaN
+// above +inf. An integer max: exact in any order, so an ISA clone.
+HVDC_ISA_CLONES uint32_t max_magnitude_key(const float* x, int64_t m) {
+  uint32_t best = 0;
+#pragma omp simd reduction(max : best)
+  for (int64_t j = 0; j < m; ++j) {
+    const uint32_t key = bits_of(x[j]) & 0x7FFFFFFFu;
+    best = key > best ? key : best;
+  }
+  return best;
+}
+
 // One block of twobit_pack: codes of x[0..m) (+ residual, updated in place when given).
 HVDC_ISA_CLONES void twobit_block(const float* x, float* residual, uint32_t m, float t, uint8_t* c) {
   if (residual == nullptr) {
@@ -596,27 +608,12 @@ void minmax_unpack_sum(const uint8_t* codes, const float* bounds, int64_t n, int
 
 // ---- reductions --------------------------------------------------------------------------------
 float max_abs(const float* x, int64_t n) {
-  float part[kMaxThreads] = {0.0f};
-  int nan[kMaxThreads] = {0};
+  uint32_t part[kMaxThreads] = {0};
   const int slices = threads_for(n);
-  run_slices(n, slices, [&](int t, int, int64_t b, int64_t e) {
-    float m = 0.0f;
-    int bad = 0;
-#pragma omp simd reduction(max : m) reduction(| : bad)
-    for (int64_t i = b; i < e; ++i) {
-      const float a = std::fabs(x[i]);
-      m = a > m ? a : m;
-      bad |= a != a;
-    }
-    part[t] = m;
-    nan[t] = bad;
-  });
-  float m = 0.0f;
-  for (int t = 0; t < slices; ++t) {
-    if (nan[t]) return std::nanf("");
-    m = std::max(m, part[t]);
-  }
-  return m;
+  run_slices(n, slices, [&](int t, int, int64_t b, int64_t e) { part[t] = max_magnitude_key(x + b, e - b); });
+  uint32_t m = 0;
+  for (int t = 0; t < slices; ++t) m = std::max(m, part[t]);
+  return m > 0x7F800000u ? std::nanf("") : float_of(m);  // keys above +inf's are NaNs
 }
 
 // ---- sparsification ---------------------------------------------------------------------------

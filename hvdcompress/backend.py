@@ -161,8 +161,9 @@ class Ops(ABC):
 
     @abstractmethod
     def matmul(self, a: Tensor, b: Tensor, transpose_a: bool = False,
-               transpose_b: bool = False) -> Tensor:
-        """The matrix product of 2-D tensors ``op(a) @ op(b)``, ``op`` transposing where asked."""
+               transpose_b: bool = False, out: Tensor | None = None) -> Tensor:
+        """The matrix product of 2-D tensors ``op(a) @ op(b)``, ``op`` transposing where asked;
+        written (row-major) into the flat buffer ``out`` when given, and ``out`` returned."""
 
     @abstractmethod
     def orthonormalize(self, m: Tensor) -> Tensor:

@@ -103,5 +103,6 @@ class PowerSGD(OwnResidual, Compressor):
         q = ops.reshape(tensors[0], (ctx.cols, self.rank))
         if self.warm_start:
             ops.write(ctx.state, WARM_Q, tensors[0])
-        dense = ops.reshape(ops.matmul(ctx.p_hat, q, transpose_b=True), (info.numel,))
-        return ops.cast(dense, ctx.dtype) if out is None else ops.into(out, dense)
+        if out is not None:
+            return ops.matmul(ctx.p_hat, q, transpose_b=True, out=out)
+        return ops.cast(ops.reshape(ops.matmul(ctx.p_hat, q, transpose_b=True), (info.numel,)), ctx.dtype)

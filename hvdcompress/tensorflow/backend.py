@@ -150,8 +150,8 @@ class TFOps(Ops):
         return tf.reshape(x, list(shape))
 
     def matmul(self, a: Tensor, b: Tensor, transpose_a: bool = False,
-               transpose_b: bool = False) -> Tensor:
-        return tf.linalg.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+               transpose_b: bool = False, out: Optional[Tensor] = None) -> Tensor:
+        return self.into(out, tf.linalg.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b))
 
     def orthonormalize(self, m: Tensor) -> Tensor:
         return tf.linalg.qr(m, full_matrices=False).q

@@ -189,8 +189,14 @@ class TorchOps(Ops):
     # --- shape and linear algebra -----------------------------------------------------------
     def reshape(self, x, shape): return x.reshape(tuple(shape))
 
-    def matmul(self, a, b, transpose_a=False, transpose_b=False):
-        return (a.t() if transpose_a else a) @ (b.t() if transpose_b else b)
+    def matmul(self, a, b, transpose_a=False, transpose_b=False, out=None):
+        a, b = (a.t() if transpose_a else a), (b.t() if transpose_b else b)
+        if out is None or out.dtype != a.dtype or not out.is_contiguous():
+            return self.into(out, a @ b)
+        if out.numel() != a.shape[0] * b.shape[1]:
+            raise ValueError(f"out has {out.numel()} elements; the product has {a.shape[0] * b.shape[1]}")
+        torch.matmul(a, b, out=out.view(a.shape[0], b.shape[1]))
+        return out
 
     def orthonormalize(self, m): return torch.linalg.qr(m, mode="reduced").Q
 

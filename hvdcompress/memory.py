@@ -6,8 +6,11 @@
 
 Nothing is lost: over any number of steps, what was sent plus the residual equals the sum of the
 gradients, so a biased compressor (top-k, sign) still converges. Costs one buffer of the
-gradient's size and one local decompression per step. Non-finite residual entries are reset to
-0, so a single NaN step does not poison every later one.
+gradient's size and one local decompression per step: D(c) is decoded into the residual buffer
+and ``e = p - D(c)`` formed in one fused pass (``Ops.sub_finite``), so besides p nothing is
+allocated. Non-finite residual entries are reset to 0, so a single NaN step does not poison
+every later one. Compressors with a cheaper fused residual keep their own (EFSignSGD, TwoBit,
+PowerSGD) and refuse this wrapper.
 
 :class:`Momentum` applies (Nesterov) momentum before compression, as BytePS does::
 

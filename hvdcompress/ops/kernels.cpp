@@ -248,6 +248,33 @@ HVDC_ISA_CLONES uint32_t max_magnitude_key(const float* x, int64_t m) {
   return best;
 }
 
+// One chunk of minmax_pack (m elements): bounds[0..1] = min, max, and the m codes. Min, max
+// and the elementwise quantisation are exact in any order, so an ISA clone.
+HVDC_ISA_CLONES void minmax_chunk(const float* v, int64_t m, uint8_t* q, float* bounds) {
+  float mn = v[0], mx = v[0], poison = 0.0f;
+#pragma omp simd reduction(min : mn) reduction(max : mx) reduction(+ : poison)
+  for (int64_t i = 0; i < m; ++i) {
+    mn = v[i] < mn ? v[i] : mn;
+    mx = v[i] > mx ? v[i] : mx;
+    poison += v[i] * 0.0f;  // NaN iff some element is not finite
+  }
+  if (poison != 0.0f) {
+    bounds[0] = bounds[1] = std::nanf("");
+    std::fill(q, q + m, uint8_t{0});
+    return;
+  }
+  bounds[0] = mn;
+  bounds[1] = mx;
+  const float range = mx - mn;
+  const float inv = range > 0.0f ? 255.0f / range : 0.0f;
+#pragma omp simd
+  for (int64_t i = 0; i < m; ++i) {
+    float y = rint_small((v[i] - mn) * inv);
+    y = y < 0.0f ? 0.0f : (y > 255.0f ? 255.0f : y);
+    q[i] = static_cast<uint8_t>(static_cast<int>(y));
+  }
+}
+
 // One block of twobit_pack: codes of x[0..m) (+ residual, updated in place when given).
 HVDC_ISA_CLONES void twobit_block(const float* x, float* residual, uint32_t m, float t, uint8_t* c) {
   if (residual == nullptr) {
@@ -557,33 +584,8 @@ void minmax_pack(const float* x, int64_t n, int64_t chunk, uint8_t* codes, float
   if (chunk < 1) throw std::invalid_argument("minmax_pack: chunk must be >= 1");
   const int64_t chunks = (n + chunk - 1) / chunk;
   parallel_for(chunks, chunk, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const float* v = x + c * chunk;
-      uint8_t* q = codes + c * chunk;
-      const int64_t m = std::min(chunk, n - c * chunk);
-      float mn = v[0], mx = v[0], poison = 0.0f;
-#pragma omp simd reduction(min : mn) reduction(max : mx) reduction(+ : poison)
-      for (int64_t i = 0; i < m; ++i) {
-        mn = v[i] < mn ? v[i] : mn;
-        mx = v[i] > mx ? v[i] : mx;
-        poison += v[i] * 0.0f;  // NaN iff some element is not finite
-      }
-      if (poison != 0.0f) {
-        bounds[2 * c] = bounds[2 * c + 1] = std::nanf("");
-        std::fill(q, q + m, uint8_t{0});
-        continue;
-      }
-      bounds[2 * c] = mn;
-      bounds[2 * c + 1] = mx;
-      const float range = mx - mn;
-      const float inv = range > 0.0f ? 255.0f / range : 0.0f;
-#pragma omp simd
-      for (int64_t i = 0; i < m; ++i) {
-        float y = rint_small((v[i] - mn) * inv);
-        y = y < 0.0f ? 0.0f : (y > 255.0f ? 255.0f : y);
-        q[i] = static_cast<uint8_t>(static_cast<int>(y));
-      }
-    }
+    for (int64_t c = c0; c < c1; ++c)
+      minmax_chunk(x + c * chunk, std::min(chunk, n - c * chunk), codes + c * chunk, bounds + 2 * c);
   });
 }
 

@@ -1,8 +1,12 @@
 """Train an MLP on scikit-learn's digits with Horovod and hvdcompress.
 
     horovodrun -np 2 -H localhost:2 --gloo python examples/pytorch_train.py --compression dgc
+    horovodrun -np 2 -H localhost:2 --gloo python examples/pytorch_train.py \
+        --params compressor=onebit,ef=vanilla,momentum=plain
 
-The data ships inside scikit-learn (no download). Each rank trains on its own shard; rank 0
+``--params`` takes any compressor of the registry with its options, BytePS style (key=value,
+comma-separated; see ``hvdcompress.available()`` and ``hvdcompress.from_params``), e.g.
+``compressor=powersgd,rank=4`` or ``compressor=int8,chunk=1024``. The data ships inside scikit-learn (no download). Each rank trains on its own shard; rank 0
 prints a progress bar and, at the end, one ``RESULT {json}`` line with test accuracy, mean step
 time and the gradient bytes of one step after warm-up (dense vs sent by this rank).
 """
@@ -52,6 +56,8 @@ def build_model(hidden: int) -> torch.nn.Module:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--compression", choices=sorted(COMPRESSIONS), default="dgc")
+    parser.add_argument("--params", default=None,
+                        help="key=value,... for hvdcompress.from_params (overrides --compression)")
     parser.add_argument("--sparsity", type=float, default=0.999)
     parser.add_argument("--warmup-epochs", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=20)
@@ -67,7 +73,14 @@ def main() -> None:
     x_tr, y_tr, x_te, y_te = load_data(hvd.rank(), hvd.size())
     model = build_model(args.hidden)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    compression = COMPRESSIONS[args.compression](args)
+    if args.params:
+        pairs = [kv.split("=", 1) for kv in args.params.split(",")]
+        if any(len(kv) != 2 for kv in pairs):
+            parser.error(f"--params {args.params!r}: expected key=value pairs separated by commas")
+        compression = hvdcompress.from_params(dict(pairs))
+        args.compression = compression.name
+    else:
+        compression = COMPRESSIONS[args.compression](args)
     opt = hvc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                    named_parameters=model.named_parameters(),
                                    compression=compression)

@@ -1,0 +1,25 @@
+"""The PyTorch example as a user runs it, under horovodrun, with compressors chosen by
+``--params`` (the registry's key=value strings)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import run_horovod
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "pytorch_train.py"
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("params", ["compressor=powersgd,rank=4",
+                                    "compressor=onebit,ef=vanilla,momentum=plain"])
+def test_example_trains_with_any_registered_compressor(params):
+    results = run_horovod(str(EXAMPLE), np=2, args=["--params", params, "--epochs", "3",
+                                                    "--hidden", "256"])
+    assert len(results) == 2
+    first, second = results
+    assert first["param_checksum"] == second["param_checksum"]  # ranks stay in sync
+    assert first["compression"] == params.split(",")[0].split("=")[1]
+    assert first["sent_bytes"] * 10 < first["dense_bytes"]
+    assert first["accuracy"] > 0.8, first  # dense reaches 0.90 in the same 3 epochs

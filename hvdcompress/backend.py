@@ -265,6 +265,11 @@ class Ops(ABC):
         r at offset r * 2^bits) and sum: ``out[i] = sum_r tables[r][code_r(i)]``."""
 
     @abstractmethod
+    def bf16_sum(self, bits: Tensor, n: int, out: Tensor | None = None) -> Tensor:
+        """Decode and sum R payloads of ``n`` bfloat16 values given as int16 bit patterns (back
+        to back): ``out[i] = sum_r float32(bits_r[i])``, in rank order from +0.0."""
+
+    @abstractmethod
     def sign_vote(self, packed: Tensor, n: int, scale: float, out: Tensor | None = None) -> Tensor:
         """Majority vote of R :meth:`sign_pack` payloads (back to back): float32
         ``scale * sign(sum_r (bit ? 1 : -1))``, 0 where the ranks tie."""

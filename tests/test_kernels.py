@@ -581,3 +581,24 @@ def test_fill_at_matches_numpy_and_checks_bounds(ops):
         ops.fill_at(tx, t(np.array([5, 70001], np.int64)), 1.0)
     if ops.uses_kernels:  # the kernel checks every index before writing
         assert torch.equal(tx, before)
+
+
+@pytest.mark.parametrize("n,ranks", [(1, 1), (13, 2), (70001, 3)])
+def test_bf16_sum_matches_numpy(ops, n, ranks):
+    rng = np.random.default_rng(70 + n)
+    bits = rng.integers(-2 ** 15, 2 ** 15, ranks * n).astype(np.int16)
+    bits[0] = np.int16(-32768)  # -0.0
+    values = (bits.astype(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    want = np.zeros(n, np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):  # random patterns include inf and NaN
+        for r in range(ranks):
+            want = want + values[r * n:(r + 1) * n]
+    got = ops.bf16_sum(t(bits), n).numpy()
+    np.testing.assert_array_equal(got, want)  # NaN where a payload holds a NaN pattern, on both
+
+
+def test_bf16_sum_rejects_bad_payloads(ops):
+    with pytest.raises(TypeError, match="int16"):
+        ops.bf16_sum(torch.zeros(10, dtype=torch.int32), 5)
+    with pytest.raises(ValueError, match="not a positive multiple of n=4"):
+        ops.bf16_sum(torch.zeros(10, dtype=torch.int16), 4)

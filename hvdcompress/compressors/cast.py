@@ -6,14 +6,16 @@ overflow; bf16 keeps float32's range with only 7 mantissa bits. Mild: for fast l
 intra-node level. A gradient already in the target dtype is sent as it is.
 
 Horovod's collectives have no bfloat16 type, so bf16 payloads travel as their int16 bits through
-allgather and are summed after decoding (in the gradient's dtype): for 2 ranks the bytes equal
-an fp16 allreduce's; beyond that they grow with the number of ranks.
+allgather and are decoded and summed in float32 in one pass (``Ops.bf16_sum``), then cast to the
+gradient's dtype: for 2 ranks the bytes equal an fp16 allreduce's; beyond that they grow with
+the number of ranks.
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..compressor import Compressor, Packet, TensorInfo, check_float_tensor
+from ..compressor import Compressor, Packet, TensorInfo, check_float_tensor, float32_buffer
+from .quant import check_payload
 from ..backend import Ops, Tensor
 
 
@@ -33,8 +35,7 @@ class Cast(Compressor):
 
     def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
                    out: Optional[Tensor] = None) -> Tensor:
-        wire = tensors[0] if self.carrier is None else ops.bitcast(tensors[0], self.wire_dtype)
-        return ops.cast(wire, ctx) if out is None else ops.into(out, wire)  # one casting copy
+        return ops.cast(tensors[0], ctx) if out is None else ops.into(out, tensors[0])  # one casting copy
 
 
 class FP16(Cast):
@@ -50,3 +51,15 @@ class BF16(Cast):
     name = "bf16"
     wire_dtype = "bfloat16"
     carrier = "int16"
+
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
+        return self.decompress_gathered(ops, tensors, ctx, info, 1, out)
+
+    def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                            world: int, out: Optional[Tensor] = None) -> Tensor:
+        if len(tensors) != 1:
+            raise ValueError(f"bf16: expected 1 payload tensor (the bits), got {len(tensors)}")
+        check_payload(ops, self.name, "bits", tensors[0], self.carrier, world * info.numel)
+        total = ops.bf16_sum(tensors[0], info.numel, out=float32_buffer(ops, out))
+        return ops.into(out, ops.cast(total, ctx))

@@ -275,6 +275,17 @@ HVDC_ISA_CLONES void minmax_chunk(const float* v, int64_t m, uint8_t* q, float* 
   }
 }
 
+// o[j] (+)= the float32 value of the bfloat16 bit pattern b[j]; exact, so an ISA clone.
+HVDC_ISA_CLONES void bf16_block(const uint16_t* b, int64_t m, bool first, float* o) {
+  if (first) {
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) o[j] = 0.0f + float_of(static_cast<uint32_t>(b[j]) << 16);
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) o[j] += float_of(static_cast<uint32_t>(b[j]) << 16);
+  }
+}
+
 // One block of twobit_pack: codes of x[0..m) (+ residual, updated in place when given).
 HVDC_ISA_CLONES void twobit_block(const float* x, float* residual, uint32_t m, float t, uint8_t* c) {
   if (residual == nullptr) {
@@ -567,6 +578,13 @@ void unpack_sum(const uint8_t* packed, int64_t n, int bits, const float* tables,
     case 8: return unpack_sum_impl<8>(packed, n, tables, R, out, keep);
     default: throw std::invalid_argument("unpack_sum: bits=" + std::to_string(bits) + "; allowed: 1, 2, 8");
   }
+}
+
+void bf16_sum(const uint16_t* bits, int64_t n, int64_t R, float* out) {
+  parallel_blocks(n, [=](int64_t i0, int64_t m) {
+    for (int64_t r = 0; r < R; ++r) bf16_block(bits + r * n + i0, m, r == 0, out + i0);
+    if (R == 0) std::fill(out + i0, out + i0 + m, 0.0f);
+  });
 }
 
 void sign_vote(const uint8_t* packed, int64_t n, int64_t R, float scale, float* out) {

@@ -75,6 +75,10 @@ void natural_pack(const float* x, int64_t n, uint32_t key, uint8_t* out);
 void unpack_sum(const uint8_t* packed, int64_t n, int bits, const float* tables, int64_t R,
                 float* out);
 
+// Sum of R payloads of n bfloat16 values given as their 16-bit patterns (back to back):
+// out[i] = sum_r float(bits_r[i] << 16), in float32, in rank order from +0.0.
+void bf16_sum(const uint16_t* bits, int64_t n, int64_t R, float* out);
+
 // Majority vote of R 1-bit payloads: out[i] = scale * sign(sum_r (bit_r(i) ? 1 : -1)), 0 on a tie.
 void sign_vote(const uint8_t* packed, int64_t n, int64_t R, float scale, float* out);
 

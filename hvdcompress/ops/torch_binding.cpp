@@ -125,6 +125,16 @@ Tensor unpack_sum(const Tensor& packed, int64_t n, int64_t bits, const Tensor& t
   return out;
 }
 
+Tensor bf16_sum(const Tensor& bits, int64_t n, const c10::optional<Tensor>& out_) {
+  check(bits, torch::kInt16, "bits");
+  TORCH_CHECK_VALUE(n >= 1, "n=", n, " must be >= 1");
+  const int64_t R = payloads(bits, n, "bits");
+  Tensor out = output(out_, n, bits);
+  pybind11::gil_scoped_release nogil;
+  hvdc::bf16_sum(reinterpret_cast<const uint16_t*>(bits.data_ptr<int16_t>()), n, R, out.data_ptr<float>());
+  return out;
+}
+
 Tensor sign_vote(const Tensor& packed, int64_t n, double scale, const c10::optional<Tensor>& out_) {
   check(packed, torch::kUInt8, "packed");
   TORCH_CHECK_VALUE(n >= 1, "n=", n, " must be >= 1");
@@ -315,6 +325,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("natural_pack", &natural_pack);
   m.def("unpack_sum", &unpack_sum, py::arg("packed"), py::arg("n"), py::arg("bits"), py::arg("tables"),
         py::arg("out") = py::none());
+  m.def("bf16_sum", &bf16_sum, py::arg("bits"), py::arg("n"), py::arg("out") = py::none());
   m.def("sign_vote", &sign_vote, py::arg("packed"), py::arg("n"), py::arg("scale"), py::arg("out") = py::none());
   m.def("minmax_pack", &minmax_pack);
   m.def("minmax_unpack_sum", &minmax_unpack_sum, py::arg("codes"), py::arg("bounds"), py::arg("n"),

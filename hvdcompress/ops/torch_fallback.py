@@ -127,6 +127,13 @@ def unpack_sum(packed: Tensor, n: int, bits: int, tables: Tensor, out: Optional[
     return out
 
 
+def bf16_sum(bits: Tensor, n: int, out: Optional[Tensor] = None) -> Tensor:
+    out = _output(out, n, bits.device)
+    for payload in bits.split(n):
+        out += payload.view(torch.bfloat16).float()
+    return out
+
+
 def sign_vote(packed: Tensor, n: int, scale: float, out: Optional[Tensor] = None) -> Tensor:
     ranks = packed.numel() // packed_bytes(n, 1)
     tables = torch.tensor([-1.0, 1.0], device=packed.device).repeat(ranks)

@@ -195,6 +195,18 @@ class TFOps(Ops):
         _check_x(x)
         return kernels.natural_pack(x, int(key))
 
+    def bf16_sum(self, bits: Tensor, n: int, out: Optional[Tensor] = None) -> Tensor:
+        if bits.dtype != tf.int16:
+            raise TypeError(f"bits must be an int16 tensor, got {bits.dtype.name}")
+        if n < 1 or self.numel(bits) == 0 or self.numel(bits) % n:
+            raise ValueError(f"bf16_sum: bits has {self.numel(bits)} elements, not a positive "
+                             f"multiple of n={n}")
+        values = tf.reshape(tf.cast(tf.bitcast(bits, tf.bfloat16), tf.float32), [-1, n])
+        total = tf.zeros([n], tf.float32)
+        for r in range(self.numel(bits) // n):  # rank order, as the kernel
+            total = total + values[r]
+        return self.into(out, total)
+
     def sign_vote(self, packed: Tensor, n: int, scale: float, out: Optional[Tensor] = None) -> Tensor:
         return self.into(out, kernels.sign_vote(packed, int(n), float(scale)))
 

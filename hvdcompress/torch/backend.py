@@ -267,6 +267,14 @@ class TorchOps(Ops):
     def unpack_sum(self, packed, n, bits, tables, out=None):
         return self._impl(packed).unpack_sum(packed, int(n), int(bits), tables, _checked_out(out, n))
 
+    def bf16_sum(self, bits, n, out=None):
+        if bits.dtype != torch.int16:
+            raise TypeError(f"bits must be an int16 tensor, got {dtype_name(bits.dtype)}")
+        if n < 1 or bits.numel() == 0 or bits.numel() % n:
+            raise ValueError(f"bf16_sum: bits has {bits.numel()} elements, not a positive multiple "
+                             f"of n={n}")
+        return self._impl(bits).bf16_sum(bits.contiguous(), int(n), _checked_out(out, n))
+
     def sign_vote(self, packed, n, scale, out=None):
         return self._impl(packed).sign_vote(packed, int(n), float(scale), _checked_out(out, n))
 

@@ -302,16 +302,18 @@ HVDC_ISA_CLONES void twobit_block(const float* x, float* residual, uint32_t m, f
   }
 }
 
+// Compares are on int32 (every operand is below 2^31): AVX2 has no unsigned 32-bit compare.
 HVDC_ISA_CLONES void natural_block(const float* x, uint32_t m, uint32_t base, uint8_t* out) {
 #pragma omp simd
   for (uint32_t j = 0; j < m; ++j) {
-    const uint32_t u = bits_of(x[j]), a = u & 0x7FFFFFFFu;
-    const int32_t up = uniform24(base, j) < 2 * (a & 0x7FFFFFu) ? 1 : 0;
-    const int32_t e8 = static_cast<int32_t>(a >> 23) + up;
+    const uint32_t u = bits_of(x[j]);
+    const int32_t a = static_cast<int32_t>(u & 0x7FFFFFFFu);
+    const int32_t up = static_cast<int32_t>(uniform24(base, j)) < 2 * (a & 0x7FFFFF) ? 1 : 0;
+    const int32_t e8 = (a >> 23) + up;
     int32_t c = e8 < 27 ? 0 : (e8 > 152 ? 127 : e8 - 26);
     c = (a >> 23) == 0 ? 0 : c;
     c |= static_cast<int32_t>(u >> 31) << 7;
-    out[j] = static_cast<uint8_t>(a > 0x7F800000u ? 0x80 : c);
+    out[j] = static_cast<uint8_t>(a > 0x7F800000 ? 0x80 : c);
   }
 }
 
@@ -350,15 +352,6 @@ void pack_codes(int64_t n, uint8_t* __restrict out, Fill fill) {
       pack_block<BITS>(c, m, out + i0 / (8 / BITS));
     }
   });
-}
-
-// A pack_codes fill from a per-element code(i0, j) of element i0 + j.
-template <class Code>
-auto per_element(Code code) {
-  return [=](int64_t i0, uint32_t m, uint8_t* c) {
-#pragma omp simd
-    for (uint32_t j = 0; j < m; ++j) c[j] = static_cast<uint8_t>(code(i0, j));
-  };
 }
 
 // Decodes and sums R payloads block by block, then applies finish(block, m) to each summed block

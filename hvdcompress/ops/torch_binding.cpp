@@ -306,11 +306,15 @@ Tensor lowrank_project_back(const Tensor& m, const Tensor& p) {
   return q;
 }
 
-void lowrank_residual(Tensor m, const Tensor& p, const Tensor& q) {
+// m - p q^T in place in m (non-finite entries 0), returned flat.
+Tensor lowrank_residual(Tensor m, const Tensor& p, const Tensor& q) {
   check_lowrank(m, p, q, "lowrank_residual");
-  pybind11::gil_scoped_release nogil;
-  hvdc::lowrank_residual(m.data_ptr<float>(), p.data_ptr<float>(), q.data_ptr<float>(), m.size(0),
-                         m.size(1), p.size(1));
+  {
+    pybind11::gil_scoped_release nogil;
+    hvdc::lowrank_residual(m.data_ptr<float>(), p.data_ptr<float>(), q.data_ptr<float>(), m.size(0),
+                           m.size(1), p.size(1));
+  }
+  return m.view({-1});
 }
 
 }  // namespace

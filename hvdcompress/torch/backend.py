@@ -220,12 +220,7 @@ class TorchOps(Ops):
     def lowrank_residual(self, m, p, q):
         p, q = p.contiguous(), q.contiguous()
         impl = self._lowrank_impl((m,), (p, q))
-        if impl is None:
-            return super().lowrank_residual(m, p, q)
-        if impl is torch_fallback:
-            return torch_fallback.lowrank_residual(m, p, q)
-        impl.lowrank_residual(m, p, q)
-        return m.view(-1)
+        return super().lowrank_residual(m, p, q) if impl is None else impl.lowrank_residual(m, p, q)
 
     def outer(self, a, b): return torch.outer(a, b).reshape(-1)
 

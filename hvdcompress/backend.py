@@ -190,8 +190,7 @@ class Ops(ABC):
         entries set to 0, flattened (row-major): PowerSGD's new residual. A backend may compute
         it in place in ``m`` (one fused pass, kernels.h ``lowrank_residual``)."""
         n = self.numel(m)
-        e = self.reshape(m - self.matmul(p, q, transpose_b=True), (n,))
-        return self.where(self.isfinite(e), e, self.zeros(n, like=e))
+        return self.sub_finite(self.reshape(m, (n,)), self.reshape(self.matmul(p, q, transpose_b=True), (n,)))
 
     @abstractmethod
     def max_abs(self, x: Tensor) -> Tensor:

@@ -67,9 +67,13 @@ def payload_bytes(ops: Ops, tensors: list) -> int:
     return sum(ops.numel(t) * ops.element_size(t) for t in tensors)
 
 
-def float32_buffer(ops: Ops, out: Optional[Tensor]) -> Optional[Tensor]:
-    """``out`` when a float32 decoder can write into it directly, else None."""
-    return out if out is not None and ops.dtype(out) == "float32" else None
+def decode_into(ops: Ops, out: Optional[Tensor], dtype: str,
+                decode: Callable[[Optional[Tensor]], Tensor]) -> Tensor:
+    """Run a float32 decoder ``decode(buffer)`` so that its result ends up in ``out`` (or in a
+    new tensor when ``out`` is None) in ``dtype``: a float32 ``out`` is handed to the decoder to
+    write into directly; any other is filled from the decoded float32 tensor."""
+    direct = out if out is not None and ops.dtype(out) == "float32" else None
+    return ops.into(out, ops.cast(decode(direct), dtype))
 
 
 def check_float_tensor(ops: Ops, x: Tensor, info: TensorInfo) -> None:

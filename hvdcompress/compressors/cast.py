@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..compressor import Compressor, Packet, TensorInfo, check_float_tensor, float32_buffer
+from ..compressor import Compressor, Packet, TensorInfo, check_float_tensor, decode_into
 from .quant import check_payload
 from ..backend import Ops, Tensor
 
@@ -61,5 +61,4 @@ class BF16(Cast):
         if len(tensors) != 1:
             raise ValueError(f"bf16: expected 1 payload tensor (the bits), got {len(tensors)}")
         check_payload(ops, self.name, "bits", tensors[0], self.carrier, world * info.numel)
-        total = ops.bf16_sum(tensors[0], info.numel, out=float32_buffer(ops, out))
-        return ops.into(out, ops.cast(total, ctx))
+        return decode_into(ops, out, ctx, lambda buf: ops.bf16_sum(tensors[0], info.numel, out=buf))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..backend import Ops, Tensor
-from ..compressor import Compressor, Packet, TensorInfo, float32_buffer
+from ..compressor import Compressor, Packet, TensorInfo, decode_into
 from ..validation import check_int
 from .quant import as_float32, check_payload
 
@@ -42,5 +42,5 @@ class Int8(Compressor):
         chunks = -(-info.numel // self.chunk)
         check_payload(ops, self.name, "codes", codes, "uint8", world * info.numel)
         check_payload(ops, self.name, "bounds", bounds, "float32", world * 2 * chunks)
-        total = ops.minmax_unpack_sum(codes, bounds, info.numel, self.chunk, out=float32_buffer(ops, out))
-        return ops.into(out, ops.cast(total, ctx))
+        return decode_into(ops, out, ctx,
+                           lambda buf: ops.minmax_unpack_sum(codes, bounds, info.numel, self.chunk, out=buf))

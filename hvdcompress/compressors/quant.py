@@ -15,7 +15,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from ..backend import Ops, Tensor
-from ..compressor import Compressor, Packet, TensorInfo, check_float_tensor, float32_buffer
+from ..compressor import Compressor, Packet, TensorInfo, check_float_tensor, decode_into
 from ..ops.layout import packed_bytes
 
 RESIDUAL = "quant_residual"
@@ -93,7 +93,9 @@ class TableQuantizer(Compressor):
 
     def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
                             world: int, out: Optional[Tensor] = None) -> Tensor:
-        return ops.into(out, ops.cast(self.decode_sum(ops, tensors, info, world, out), ctx))
+        codes, scales = self.checked(ops, tensors, info, world)
+        tables = ops.outer(scales, ops.from_numpy(self.unit_table(), like=scales))
+        return decode_into(ops, out, ctx, lambda buf: ops.unpack_sum(codes, info.numel, self.bits, tables, out=buf))
 
     def checked(self, ops: Ops, tensors: list, info: TensorInfo, world: int) -> list:
         """``[codes, scales]`` of ``world`` payloads, their lengths checked."""
@@ -105,10 +107,3 @@ class TableQuantizer(Compressor):
         check_payload(ops, self.name, "scales", scales, "float32", world)
         return tensors
 
-    def decode_sum(self, ops: Ops, tensors: list, info: TensorInfo, world: int,
-                   out: Optional[Tensor] = None) -> Tensor:
-        """float32 sum of the ``world`` payloads in ``tensors``, lengths checked first; written
-        into ``out`` when that is a float32 buffer."""
-        codes, scales = self.checked(ops, tensors, info, world)
-        tables = ops.outer(scales, ops.from_numpy(self.unit_table(), like=scales))
-        return ops.unpack_sum(codes, info.numel, self.bits, tables, out=float32_buffer(ops, out))

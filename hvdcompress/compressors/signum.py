@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..backend import Ops, Tensor
-from ..compressor import TensorInfo, float32_buffer
+from ..compressor import TensorInfo, decode_into
 from .onebit import OneBit
 
 
@@ -27,5 +27,4 @@ class Signum(OneBit):
     def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
                             world: int, out: Optional[Tensor] = None) -> Tensor:
         codes, _ = self.checked(ops, tensors, info, world)
-        vote = ops.sign_vote(codes, info.numel, float(world), out=float32_buffer(ops, out))
-        return ops.into(out, ops.cast(vote, ctx))
+        return decode_into(ops, out, ctx, lambda buf: ops.sign_vote(codes, info.numel, float(world), out=buf))

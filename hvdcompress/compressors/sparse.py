@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..compressor import Compressor, Packet, TensorInfo, float32_buffer
+from ..compressor import Compressor, Packet, TensorInfo, decode_into
 from ..backend import Ops, Tensor
 
 INT32_LIMIT = 2 ** 31
@@ -29,7 +29,7 @@ class SparseCompressor(Compressor):
                    out: Optional[Tensor] = None) -> Tensor:
         values, indices = tensors
         if ops.dtype(values) == "float32":  # the kernel: bounds-checked, no index cast
-            return ops.into(out, ops.sparse_sum(info.numel, indices, values, out=float32_buffer(ops, out)))
+            return decode_into(ops, out, "float32", lambda buf: ops.sparse_sum(info.numel, indices, values, out=buf))
         return ops.into(out, ops.scatter_add(info.numel, ops.cast(indices, "int64"), values))
 
     def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,

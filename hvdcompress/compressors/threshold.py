@@ -12,7 +12,7 @@ import math
 from typing import Any, Optional
 
 from ..backend import Ops, Tensor
-from ..compressor import Packet, TensorInfo, float32_buffer
+from ..compressor import Packet, TensorInfo, decode_into
 from ..validation import check_range
 from .quant import as_float32, check_payload
 from .sparse import SparseCompressor
@@ -40,5 +40,5 @@ class Threshold(SparseCompressor):
             raise ValueError(f"threshold: expected 2 payload tensors (values, indices), got {len(tensors)}")
         values, indices = tensors
         check_payload(ops, self.name, "indices", indices, ops.dtype(indices), ops.numel(values))
-        total = ops.sparse_sum(info.numel, indices, ops.cast(values, "float32"), out=float32_buffer(ops, out))
-        return ops.into(out, ops.cast(total, ctx))
+        values = ops.cast(values, "float32")
+        return decode_into(ops, out, ctx, lambda buf: ops.sparse_sum(info.numel, indices, values, out=buf))

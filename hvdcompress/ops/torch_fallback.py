@@ -256,5 +256,5 @@ def lowrank_project_back(m: Tensor, p: Tensor) -> Tensor:
 
 
 def lowrank_residual(m: Tensor, p: Tensor, q: Tensor) -> Tensor:
-    e = m.sub_(p @ q.t()).view(-1)
-    return e.masked_fill_(~torch.isfinite(e), 0.0)
+    flat = m.view(-1)
+    return sub_finite(flat, (p @ q.t()).view(-1), out=flat)

@@ -83,17 +83,33 @@ def time_compressor(make: Callable[[], Compressor], ops: TorchOps, x: torch.Tens
 
     packet = compress()
     t_compress = best_time(compress, repeat)
-    out = torch.empty_like(x)
+    out = torch.empty_like(x) if isinstance(x, torch.Tensor) else None  # TF decoders allocate
     decompress = (lambda: comp.decompress_gathered(ops, packet.tensors, packet.ctx, info, 1, out=out)) \
         if not packet.summable else (lambda: comp.decompress(ops, packet.tensors, packet.ctx, info, out=out))
     return t_compress, best_time(decompress, repeat)
 
 
-def run(sizes: list, names: list, repeat: int, skip_fallback_above: Optional[int]) -> dict:
+def tensorflow_ops(threads: Optional[int]):
+    """TFOps (the TensorFlow path, timed eagerly as TFOps runs inside tf.py_function), limited to
+    ``threads`` threads; None when TensorFlow is not installed."""
+    try:
+        import tensorflow as tf
+        from hvdcompress.tensorflow.backend import TFOps
+    except ImportError:
+        return None
+    if threads:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    return TFOps()
+
+
+def run(sizes: list, names: list, repeat: int, skip_fallback_above: Optional[int],
+        tf_ops=None) -> dict:
     kernels, fallback = TorchOps(kernels=True), TorchOps(kernels=False)
     rows = []
     for n in sizes:
         x = torch.randn(n, generator=torch.Generator().manual_seed(0))
+        x_tf = tf_ops.from_numpy(x.numpy(), None) if tf_ops is not None else None
         dst = torch.empty_like(x)
         gbs = lambda t: 4 * n / t / 1e9  # noqa: E731
         t_copy = best_time(lambda: dst.copy_(x), repeat)
@@ -110,6 +126,11 @@ def run(sizes: list, names: list, repeat: int, skip_fallback_above: Optional[int
                 ct, dt = time_compressor(COMPRESSORS[name], fallback, x, repeat)
                 row.update(compress_torch_gbs=gbs(ct), decompress_torch_gbs=gbs(dt),
                            compress_speedup=ct / ck, decompress_speedup=dt / dk)
+            if tf_ops is not None:  # TensorFlow: compress + decompress ms, next to torch's kernels
+                ct, dt = time_compressor(COMPRESSORS[name], tf_ops, x_tf, repeat)
+                row.update(torch_ms=1e3 * (ck + dk), tf_ms=1e3 * (ct + dt), tf_vs_torch=(ct + dt) / (ck + dk))
+                print(f"{'':>11} {name:<10} | compress+decompress ms: torch kernels {1e3 * (ck + dk):8.2f} "
+                      f"TF {1e3 * (ct + dt):8.2f}  TF/torch {(ct + dt) / (ck + dk):5.2f}", flush=True)
             rows.append(row)
             print(format_row(row), flush=True)
     return {"machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -137,13 +158,17 @@ def main() -> None:
                              "loaded shared machine 1 avoids timing the scheduler")
     parser.add_argument("--skip-torch-above", default=None,
                         help="do not time the pure-torch path above this size (it is slow)")
+    parser.add_argument("--tf", action="store_true",
+                        help="also time the TensorFlow path (TFOps): compress + decompress ms per "
+                             "compressor next to the torch kernels'")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "kernels.json"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)  # also the OpenMP threads the kernels use
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     skip = parse_size(args.skip_torch_above) if args.skip_torch_above else None
-    results = run(sizes, args.compressors.split(","), args.repeat, skip)
+    results = run(sizes, args.compressors.split(","), args.repeat, skip,
+                  tensorflow_ops(args.threads) if args.tf else None)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))

@@ -14,19 +14,59 @@ Values may be strings (as from a command line or a config file) or typed. Keys:
   and ``momentum_mu`` their ``momentum``.
 * ``seed``: the seed of compressors that draw random numbers; checked and unused by the others.
 
-Errors are ``ValueError`` naming the key, the value and what is allowed.
+BytePS's keys are read as the same keys, so a BytePS config works unchanged:
+
+* its prefixed spelling (:data:`BYTEPS_KEYS`): ``byteps_compressor_type`` (compressor),
+  ``byteps_compressor_k`` (k), ``byteps_error_feedback_type`` or ``byteps_ef_type`` (ef),
+  ``byteps_momentum_type`` (momentum), ``byteps_momentum_mu``, ``byteps_seed``,
+  ``byteps_compressor_onebit_scaling`` (scaling);
+* its generic ``k`` and ``scaling`` where a compressor names them otherwise
+  (:data:`BYTEPS_PARAMS`): ``k`` is the ``levels`` of dithering and qsgd, ``scaling`` the
+  ``scale`` of onebit (whose default here is True; BytePS's is false).
+
+Two keys that give the same value (``k`` and ``levels``, ``compressor`` and
+``byteps_compressor_type``) are an error naming both.
+
+Sparsity warm-up of the compressors that take a ``warmup`` schedule (DGC, CSC), from strings
+(:data:`WARMUP_KEYS`; one of the three forms; ``s`` is the compressor's target sparsity):
+
+* ``warmup_epochs=N`` (``warmup_steps=N``): the DGC paper's exponential ramp over ``N`` epochs
+  (steps) below the target, then the target: density ``(1 - s) ** ((t + 1) / (N + 1))`` at
+  ``t < N``, which is :class:`~hvdcompress.schedule.ExponentialWarmup` ``(N + 1)``; for
+  ``s = 0.999`` and ``N = 4``: 74.9%, 93.7%, 98.4%, 99.6%, then 99.9%. ``N = 0``: no warm-up.
+* ``warmup_sparsities="0.75,0.9375,0.984375,0.996"`` with ``warmup_unit`` ``"epoch"`` (default)
+  or ``"step"``: one entry per unit, then the target
+  (:class:`~hvdcompress.schedule.ListWarmup` with ``to_target=True``). With Paddle's
+  ``rampup_begin_step=B`` and ``rampup_step=L`` (steps): dense before step ``B``, the list
+  walked evenly over ``L`` steps, then the target.
+
+Errors are ``ValueError`` naming the key (as given), the value and what is allowed.
 """
 from __future__ import annotations
 
 import inspect
 import typing
-from typing import Any, Dict, Mapping, Type
+from typing import Any, Dict, Mapping, Optional, Type
 
 from .compressor import Compressor
 from .memory import ErrorFeedback, Momentum
+from .schedule import ExponentialWarmup, ListWarmup, Schedule
+from .validation import check_choice, check_int
 
 _REGISTRY: Dict[str, Type[Compressor]] = {}
 DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "seed")
+#: BytePS's prefixed spelling of the keys (its tensor attributes) -> this registry's key.
+BYTEPS_KEYS: Dict[str, str] = {
+    "byteps_compressor_type": "compressor", "byteps_compressor_k": "k",
+    "byteps_error_feedback_type": "ef", "byteps_ef_type": "ef",
+    "byteps_momentum_type": "momentum", "byteps_momentum_mu": "momentum_mu",
+    "byteps_seed": "seed", "byteps_compressor_onebit_scaling": "scaling"}
+#: BytePS's generic keys that a compressor names otherwise: {compressor: {BytePS key: parameter}}.
+BYTEPS_PARAMS: Dict[str, Dict[str, str]] = {
+    "dithering": {"k": "levels"}, "qsgd": {"k": "levels"}, "onebit": {"scaling": "scale"}}
+WARMUP_FORMS = ("warmup_epochs", "warmup_steps", "warmup_sparsities")
+WARMUP_KEYS = WARMUP_FORMS + ("warmup_unit", "rampup_begin_step", "rampup_step")
+_RAMP_UNITS = {"warmup_epochs": "epoch", "warmup_steps": "step"}
 
 
 def register(cls: Type[Compressor]) -> Type[Compressor]:
@@ -69,52 +109,157 @@ def _signature(cls: Type[Compressor]) -> Dict[str, inspect.Parameter]:
             if k != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
+def _rename(params: Dict[str, Any], spelled: Dict[str, str], aliases: Mapping[str, str],
+            owner: str) -> None:
+    """Rename, in place, the keys of ``params`` that ``aliases`` maps (alias -> key);
+    ``spelled`` follows every key to the spelling the caller gave."""
+    for alias, key in aliases.items():
+        if alias not in params:
+            continue
+        if key in params:
+            raise ValueError(f"from_params: keys {spelled[key]!r} and {spelled[alias]!r} both "
+                             f"give {owner}{key}; give only one of them")
+        params[key] = params.pop(alias)
+        spelled[key] = spelled.pop(alias)
+
+
+def _count(key: str, value: Any, low: int) -> int:
+    return check_int("from_params", key, _convert(key, value, int), low)
+
+
+def _sparsities(value: Any) -> list:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    try:
+        return [float(s) for s in value.split(",")]
+    except (AttributeError, ValueError):
+        raise ValueError(f"from_params: warmup_sparsities={value!r} cannot be read as numbers; "
+                         "allowed: comma-separated numbers, e.g. '0.75,0.9375,0.984375,0.996'") from None
+
+
+def _warmup(given: Dict[str, Any]) -> Optional[Schedule]:
+    """The schedule that the warm-up keys ``given`` describe (see the module doc)."""
+    forms = [k for k in WARMUP_FORMS if k in given]
+    if len(forms) > 1:
+        raise ValueError(f"from_params: keys {forms[0]!r} and {forms[1]!r} both give the "
+                         "warm-up; give only one of them")
+    if not forms or forms[0] in _RAMP_UNITS:
+        extra = next((k for k in given if k not in WARMUP_FORMS), None)
+        if extra is not None:
+            raise ValueError(f"from_params: {extra}={given[extra]!r} goes with "
+                             f"warmup_sparsities, which is not given")
+        length = _count(forms[0], given[forms[0]], 0)
+        return ExponentialWarmup(length + 1, unit=_RAMP_UNITS[forms[0]]) if length else None
+    text = given["warmup_sparsities"]
+    sparsities = _sparsities(text)
+    rampup = [k for k in ("rampup_begin_step", "rampup_step") if k in given]
+    unit = check_choice("from_params", "warmup_unit",
+                        given.get("warmup_unit", "step" if rampup else "epoch"), ("epoch", "step"))
+    if rampup and unit != "step":
+        raise ValueError(f"from_params: warmup_unit={unit!r} with {rampup[0]}, which counts "
+                         "steps; allowed: 'step'")
+    begin = _count("rampup_begin_step", given.get("rampup_begin_step", 0), 0)
+    length = _count("rampup_step", given.get("rampup_step", len(sparsities)), 1)
+    try:
+        return ListWarmup(sparsities, begin=begin, length=length, unit=unit, to_target=True)
+    except ValueError as error:
+        raise ValueError(f"from_params: warmup_sparsities={text!r}: {error}") from None
+
+
 def from_params(params: Mapping[str, Any]) -> Compressor:
     """Build a compressor (with its memory decorators) from ``params``; see the module doc."""
-    params = dict(params)
-    name = params.pop("compressor", None)
+    given = dict(params)
+    spelled = {k: k for k in given}
+    _rename(given, spelled, BYTEPS_KEYS, "")
+    name = given.pop("compressor", None)
     if name is None:
         raise ValueError(f"from_params: key 'compressor' is missing; allowed: {', '.join(available())}")
     if name not in _REGISTRY:
-        raise ValueError(f"from_params: compressor={name!r} is unknown; allowed: {', '.join(available())}")
+        raise ValueError(f"from_params: {spelled['compressor']}={name!r} is unknown; allowed: "
+                         f"{', '.join(available())}")
     cls = _REGISTRY[name]
-    ef = params.pop("ef", "none")
-    momentum = params.pop("momentum", "none")
-    mu = params.pop("momentum_mu", None)
+    _rename(given, spelled, BYTEPS_PARAMS.get(name, {}), f"{name}'s ")
+    ef = given.pop("ef", "none")
+    momentum = given.pop("momentum", "none")
+    mu = given.pop("momentum_mu", None)
     if ef not in ("none", "vanilla"):
-        raise ValueError(f"from_params: ef={ef!r} is unknown; allowed: 'none', 'vanilla'")
+        raise ValueError(f"from_params: {spelled['ef']}={ef!r} is unknown; allowed: 'none', 'vanilla'")
     if momentum not in ("none", "plain", "nesterov"):
-        raise ValueError(f"from_params: momentum={momentum!r} is unknown; allowed: 'none', 'plain', 'nesterov'")
-    mu = None if mu is None else _convert("momentum_mu", mu, float)
-    if "seed" in params and "seed" not in _signature(cls):
-        _convert("seed", params.pop("seed"), int)  # deterministic compressors draw nothing
-
+        raise ValueError(f"from_params: {spelled['momentum']}={momentum!r} is unknown; allowed: "
+                         "'none', 'plain', 'nesterov'")
+    if mu is not None and momentum == "none":
+        raise ValueError(f"from_params: {spelled['momentum_mu']}={mu!r} without momentum; "
+                         "allowed: with momentum 'plain' or 'nesterov'")
+    mu = None if mu is None else _convert(spelled["momentum_mu"], mu, float)
     sig = _signature(cls)
+    if "seed" in given and "seed" not in sig:
+        _convert(spelled["seed"], given.pop("seed"), int)  # deterministic compressors draw nothing
+
+    warmup_keys = WARMUP_KEYS if "warmup" in sig else ()
+    warmup = {k: given.pop(k) for k in warmup_keys if k in given}
+    if warmup:
+        if "warmup" in given:
+            raise ValueError(f"from_params: keys 'warmup' and {next(iter(warmup))!r} both give "
+                             "the warm-up; give only one of them")
+        given["warmup"] = _warmup(warmup)
+    elif isinstance(given.get("warmup"), str) and given["warmup"].strip().lower() != "none":
+        raise ValueError(f"from_params: warmup={given['warmup']!r} is a string; allowed: a "
+                         "Schedule, or warmup_epochs=N, warmup_steps=N or "
+                         "warmup_sparsities=s0,s1,... (with warmup_unit, rampup_begin_step, "
+                         "rampup_step)")
     hints = typing.get_type_hints(cls.__init__)
     if cls.takes_over_momentum and "nesterov" in sig:
         if momentum != "none":
-            params["nesterov"] = momentum == "nesterov"
-            params["momentum"] = mu
+            given["nesterov"] = momentum == "nesterov"
+            given["momentum"] = mu
             momentum = "none"
         if ef != "none":
-            raise ValueError(f"from_params: ef={ef!r} with compressor={name!r}: {name} keeps its "
-                             "own residual; allowed: 'none'")
+            raise ValueError(f"from_params: {spelled['ef']}={ef!r} with compressor={name!r}: "
+                             f"{name} keeps its own residual; allowed: 'none'")
     kwargs = {}
-    for key, value in params.items():
+    for key, value in given.items():
         if key not in sig:
-            allowed = ", ".join(["compressor", *sig, *DECORATOR_KEYS])
-            raise ValueError(f"from_params: key {key!r} (value {value!r}) is not a parameter of "
-                             f"{name}; allowed keys: {allowed}")
-        kwargs[key] = _convert(key, value, hints.get(key, str))
+            allowed = ", ".join(["compressor", *sig, *DECORATOR_KEYS, *warmup_keys,
+                                 *BYTEPS_PARAMS.get(name, {})])
+            raise ValueError(f"from_params: key {spelled[key]!r} (value {value!r}) is not a "
+                             f"parameter of {name}; allowed keys: {allowed}")
+        kwargs[key] = _convert(spelled.get(key, key), value, hints.get(key, str))
     missing = [k for k, p in sig.items() if p.default is inspect.Parameter.empty and k not in kwargs]
     if missing:
         raise ValueError(f"from_params: {name} needs {', '.join(missing)}, which is missing")
-    compressor: Compressor = cls(**kwargs)
+    renamed = [f"{spelled[k]!r} as {k!r}" for k in kwargs if spelled.get(k, k) != k]
+    try:
+        compressor: Compressor = cls(**kwargs)
+    except ValueError as error:
+        if not renamed:
+            raise
+        raise ValueError(f"{error} (from_params read {', '.join(renamed)})") from None
     if ef == "vanilla":
         compressor = ErrorFeedback(compressor)
     if momentum != "none":
         compressor = Momentum(compressor, mu=mu, nesterov=momentum == "nesterov")
     return compressor
+
+
+def parse_params(text: str) -> Dict[str, str]:
+    """A command-line flag ``"key=value,key=value"`` as a dict for :func:`from_params`. A piece
+    without ``=`` continues the value before it, so lists pass whole:
+    ``"compressor=dgc,warmup_sparsities=0.75,0.9375,warmup_unit=step"``."""
+    params: Dict[str, str] = {}
+    key = None
+    for piece in text.split(","):
+        if "=" in piece:
+            key, value = (s.strip() for s in piece.split("=", 1))
+            if not key or key in params:
+                raise ValueError(f"parse_params: {text!r}: key {key!r} is empty or given twice; "
+                                 "allowed: key=value pairs separated by commas")
+            params[key] = value
+        elif key is None:
+            raise ValueError(f"parse_params: {text!r} starts with {piece!r}; allowed: key=value "
+                             "pairs separated by commas")
+        else:
+            params[key] += "," + piece.strip()
+    return params
 
 
 def as_compressor(compression: Any) -> Compressor:

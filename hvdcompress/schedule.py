@@ -5,11 +5,14 @@ fast. A warm-up starts dense and tightens to the target:
 
 * :class:`ExponentialWarmup`: the density (1 - sparsity) shrinks geometrically,
   ``density_t = target_density ** ((t + 1) / length)`` for ``t < length``, then the target.
-  For target 0.999 over 5 units: 75%, 93.7%, 98.4%, 99.6%, 99.9% sparsity.
+  For target 0.999 over 5 units: 75%, 93.7%, 98.4%, 99.6%, 99.9%: the DGC paper's four warm-up
+  epochs (its reference code's ``warmup_epochs=4``; ``from_params``'s ``warmup_epochs=4``).
 * :class:`ListWarmup`: an explicit list, Paddle style: dense before ``begin``; from ``begin``
-  the list is walked evenly over ``length`` units; after that its last value.
+  the list is walked evenly over ``length`` units; after that its last value (Paddle), or the
+  target with ``to_target=True`` (the DGC reference code's list of warm-up ratios).
 
-``t`` counts epochs or optimizer steps, as the owner decides (``unit``).
+``t`` counts epochs or optimizer steps, as the owner decides (``unit``). From strings
+(``warmup_epochs``, ``warmup_steps``, ``warmup_sparsities``...) see :mod:`hvdcompress.registry`.
 """
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ class Schedule:
 
 
 class ExponentialWarmup(Schedule):
-    """Geometric ramp of the density to the target over ``length`` units."""
+    """Geometric ramp of the density to the target over ``length`` units: the last of them
+    (``t = length - 1``) is at the target, so ``length - 1`` units are below it."""
 
     def __init__(self, length: int, unit: str = "epoch"):
         super().__init__(unit)
@@ -45,28 +49,38 @@ class ExponentialWarmup(Schedule):
 
 
 class ListWarmup(Schedule):
-    """Paddle's ``sparsity`` list with ``rampup_begin_step`` and ``rampup_step``."""
+    """Paddle's ``sparsity`` list with ``rampup_begin_step`` (``begin``) and ``rampup_step``
+    (``length``): at ``begin <= t < begin + length`` the entry ``⌊(t - begin)·n / length⌋`` of
+    the ``n`` sparsities, which may not decrease; 0 before; after, the last entry, or the
+    target with ``to_target=True``. With ``begin=0``, ``length=n`` and ``to_target=True`` each
+    entry lasts one unit and the target follows, as in the DGC reference code."""
 
     def __init__(self, sparsities: Sequence[float], begin: int = 0, length: int = 1,
-                 unit: str = "step"):
+                 unit: str = "step", to_target: bool = False):
         super().__init__(unit)
         if not sparsities:
             raise ValueError("ListWarmup: sparsities=[] is empty; allowed: a non-empty list of "
                              "numbers in [0, 1)")
         self.sparsities = [check_range("ListWarmup", "sparsities", s, 0.0, 1.0, high_open=True)
                            for s in sparsities]
+        for before, after in zip(self.sparsities, self.sparsities[1:]):
+            if after < before:
+                raise ValueError(f"ListWarmup: sparsities={self.sparsities} decreases ({after} "
+                                 f"after {before}); allowed: a non-decreasing list")
         self.begin = check_int("ListWarmup", "begin", begin, 0)
         self.length = check_int("ListWarmup", "length", length, 1)
+        self.to_target = bool(to_target)
 
     def sparsity(self, t: int, target: float) -> float:
         if t < self.begin:
             return 0.0
-        i = (t - self.begin) * len(self.sparsities) // self.length
-        return self.sparsities[min(i, len(self.sparsities) - 1)]
+        if t >= self.begin + self.length:
+            return target if self.to_target else self.sparsities[-1]
+        return self.sparsities[(t - self.begin) * len(self.sparsities) // self.length]
 
     def __repr__(self) -> str:
         return (f"ListWarmup({self.sparsities}, begin={self.begin}, length={self.length}, "
-                f"unit={self.unit!r})")
+                f"unit={self.unit!r}, to_target={self.to_target})")
 
 
 class SparsityScheduler:

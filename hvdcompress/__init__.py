@@ -9,6 +9,7 @@ Compressors live in the framework-agnostic core and are handed to a framework wr
 """
 from .compressor import Compressor, Packet, TensorInfo, payload_bytes
 from .compressors.cast import BF16, FP16
+from .compressors.csc import CSC
 from .compressors.dgc import DGC
 from .compressors.dithering import Dithering
 from .compressors.efsignsgd import EFSignSGD
@@ -29,12 +30,12 @@ from .registry import available, from_params, register
 from .schedule import ExponentialWarmup, ListWarmup, SparsityScheduler
 
 for _cls in (NoCompression, FP16, BF16, TopK, RandomK, DGC, OneBit, EFSignSGD, Signum, Threshold,
-             TwoBit, Int8, Dithering, QSGD, TernGrad, Natural, PowerSGD):
+             TwoBit, Int8, Dithering, QSGD, TernGrad, Natural, PowerSGD, CSC):
     register(_cls)
 
 __all__ = [
     "Compressor", "Packet", "TensorInfo", "payload_bytes", "NoCompression", "FP16", "BF16",
-    "TopK", "RandomK", "DGC", "ErrorFeedback", "Momentum", "available", "from_params",
+    "TopK", "RandomK", "DGC", "CSC", "ErrorFeedback", "Momentum", "available", "from_params",
     "register", "ExponentialWarmup", "ListWarmup", "SparsityScheduler",
 ]
 __version__ = "0.1.0"

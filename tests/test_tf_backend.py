@@ -47,6 +47,9 @@ SPECS = [
     {"compressor": "dgc", "sparsity": "0.99", "min_numel": "0", "fp16_values": "true",
      "resample": "false", "clip_norm": "1.0"},
     {"compressor": "dgc", "sparsity": "0.99"},  # below min_numel: dense
+    {"compressor": "csc", "ratio": "0.1", "chunk": "64", "min_numel": "0"},
+    {"compressor": "csc", "ratio": "0.05", "chunk": "100", "min_numel": "0", "momentum": "nesterov"},
+    {"compressor": "csc"},  # below min_numel: dense
     {"compressor": "threshold", "threshold": "0.1"},
     {"compressor": "onebit"},
     {"compressor": "efsignsgd"},

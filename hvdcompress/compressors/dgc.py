@@ -27,12 +27,15 @@ current sparsity is 0, are sent dense (``u`` plus any velocity) through allreduc
 Sparsity warm-up: ``warmup`` is an :class:`~hvdcompress.schedule.ExponentialWarmup` or
 :class:`~hvdcompress.schedule.ListWarmup`, counted in epochs (:meth:`set_epoch`) or optimizer
 steps (:meth:`on_step`).
+
+Everything but the selection lives in :class:`MomentumCorrection`, which CSC
+(:mod:`hvdcompress.compressors.csc`) shares.
 """
 from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from ..compressor import Packet, TensorInfo, check_float_tensor
 from ..backend import Ops, Tensor
@@ -42,54 +45,49 @@ from .sparse import SparseCompressor
 from .topk import resolve_k
 
 
-class DGC(SparseCompressor):
-    """Deep Gradient Compression. ``sparsity`` is the fraction of elements *not* sent."""
+class MomentumCorrection(SparseCompressor):
+    """DGC's machinery around the selection, shared by DGC and CSC: weight-decay correction,
+    local clipping, momentum correction with the velocity as residual, factor masking, sparsity
+    warm-up, small tensors and zero sparsity dense (the module doc gives the maths). Subclasses
+    give :attr:`target_sparsity` and choose what to send from the velocity ``v``."""
 
-    name = "dgc"
     takes_over_momentum = True
 
-    def __init__(self, sparsity: float = 0.999, momentum: Optional[float] = None,
-                 nesterov: Optional[bool] = None, masking: bool = True,
-                 clip_norm: Optional[float] = None, weight_decay: Optional[float] = None,
-                 min_numel: int = 16384, sample_ratio: float = 0.01, upper: float = 1.3,
-                 lower: float = 0.8, max_adaptation_iters: int = 10, resample: bool = True,
-                 fp16_values: bool = False, warmup: Optional[Schedule] = None, seed: int = 0):
-        own = "DGC"
-        self.sparsity = check_range(own, "sparsity", sparsity, 0.0, 1.0, high_open=True)
-        self.momentum = None if momentum is None else check_range(own, "momentum", momentum, 0.0, 1.0, high_open=True)
+    def __init__(self, owner: str, momentum: Optional[float], nesterov: Optional[bool],
+                 masking: bool, clip_norm: Optional[float], weight_decay: Optional[float],
+                 min_numel: int, warmup: Optional[Schedule]):
+        self.momentum = None if momentum is None else check_range(owner, "momentum", momentum, 0.0, 1.0, high_open=True)
         self.nesterov = nesterov
         self.masking = bool(masking)
-        self.clip_norm = None if clip_norm is None else check_range(own, "clip_norm", clip_norm, 0.0, math.inf, low_open=True)
-        self.weight_decay = None if weight_decay is None else check_range(own, "weight_decay", weight_decay, 0.0, math.inf)
-        self.min_numel = check_int(own, "min_numel", min_numel, 0)
-        self.sample_ratio = check_range(own, "sample_ratio", sample_ratio, 0.0, 1.0, low_open=True)
-        self.upper = check_range(own, "upper", upper, 1.0, math.inf, low_open=True)
-        self.lower = check_range(own, "lower", lower, 0.0, 1.0, low_open=True, high_open=True)
-        self.max_adaptation_iters = check_int(own, "max_adaptation_iters", max_adaptation_iters, 0)
-        self.resample = bool(resample)
-        self.fp16_values = bool(fp16_values)
+        self.clip_norm = None if clip_norm is None else check_range(owner, "clip_norm", clip_norm, 0.0, math.inf, low_open=True)
+        self.weight_decay = None if weight_decay is None else check_range(owner, "weight_decay", weight_decay, 0.0, math.inf)
+        self.min_numel = check_int(owner, "min_numel", min_numel, 0)
         if warmup is not None and not isinstance(warmup, Schedule):
-            raise ValueError(f"DGC: warmup={warmup!r} is not a schedule; allowed: None, "
+            raise ValueError(f"{owner}: warmup={warmup!r} is not a schedule; allowed: None, "
                              "ExponentialWarmup(...) or ListWarmup(...)")
         self.warmup = warmup
-        self.seed = check_int(own, "seed", seed, 0)
         self._step = 0
         self._epoch = 0
 
     # ---- schedule ------------------------------------------------------------------------------
     @property
+    def target_sparsity(self) -> float:
+        """The sparsity after warm-up (the fraction of elements not sent)."""
+        raise NotImplementedError
+
+    @property
     def current_sparsity(self) -> float:
         """The sparsity in force now, after warm-up."""
         if self.warmup is None:
-            return self.sparsity
+            return self.target_sparsity
         t = self._epoch if self.warmup.unit == "epoch" else self._step
-        return self.warmup.sparsity(t, self.sparsity)
+        return self.warmup.sparsity(t, self.target_sparsity)
 
     def on_step(self) -> None:
         self._step += 1
 
     def set_epoch(self, epoch: int) -> None:
-        self._epoch = check_int("DGC.set_epoch", "epoch", epoch, 0)
+        self._epoch = check_int(f"{type(self).__name__}.set_epoch", "epoch", epoch, 0)
 
     def state_dict(self) -> dict:
         return {"step": self._step, "epoch": self._epoch}
@@ -97,13 +95,16 @@ class DGC(SparseCompressor):
     def load_state_dict(self, state: dict) -> None:
         self._step, self._epoch = int(state["step"]), int(state["epoch"])
 
-    # ---- algorithm -----------------------------------------------------------------------------
+    # ---- the shared steps ----------------------------------------------------------------------
     def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
         for key in ("momentum", "velocity"):
             if key not in state:
                 ops.write(state, key, ops.zeros(info.numel, like=x))
 
-    def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
+    def correct(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Union[Packet, tuple]:
+        """Weight decay, clipping and momentum correction of the gradient ``x``: a dense packet
+        (small tensor or sparsity 0; the velocity is flushed), else ``(u, v)``, the momentum and
+        velocity, stored in ``state`` (they may be its buffers)."""
         check_float_tensor(ops, x, info)
         g = x
         wd = info.weight_decay if self.weight_decay is None else self.weight_decay
@@ -114,8 +115,7 @@ class DGC(SparseCompressor):
             g = g * min(1.0, limit / (ops.scalar(ops.norm(g)) + 1e-6))
         mu = info.momentum if self.momentum is None else self.momentum
         nesterov = info.nesterov if self.nesterov is None else self.nesterov
-        sparsity = self.current_sparsity
-        if info.numel < self.min_numel or sparsity == 0.0:  # dense: a new tensor for the collective
+        if info.numel < self.min_numel or self.current_sparsity == 0.0:  # dense: a new tensor for the collective
             if nesterov:
                 u = ops.accumulate(state, "momentum", 1.0, g, post=mu)
             else:
@@ -126,10 +126,49 @@ class DGC(SparseCompressor):
         u, v = ops.momentum_correction(state["momentum"], state["velocity"], g, mu, nesterov)
         ops.write(state, "momentum", u)
         ops.write(state, "velocity", v)
-        values, indices = self.select(ops, v, 1.0 - sparsity, info)
+        return u, v
+
+    def release(self, ops: Ops, state: dict, u: Tensor, v: Tensor, indices: Tensor) -> None:
+        """The elements at ``indices`` were sent: clear them from the velocity and, with
+        masking, from the momentum."""
         ops.write(state, "velocity", ops.fill_at(v, indices, 0.0))
         if self.masking:
             ops.write(state, "momentum", ops.fill_at(u, indices, 0.0))
+
+
+class DGC(MomentumCorrection):
+    """Deep Gradient Compression. ``sparsity`` is the fraction of elements *not* sent."""
+
+    name = "dgc"
+
+    def __init__(self, sparsity: float = 0.999, momentum: Optional[float] = None,
+                 nesterov: Optional[bool] = None, masking: bool = True,
+                 clip_norm: Optional[float] = None, weight_decay: Optional[float] = None,
+                 min_numel: int = 16384, sample_ratio: float = 0.01, upper: float = 1.3,
+                 lower: float = 0.8, max_adaptation_iters: int = 10, resample: bool = True,
+                 fp16_values: bool = False, warmup: Optional[Schedule] = None, seed: int = 0):
+        own = "DGC"
+        self.sparsity = check_range(own, "sparsity", sparsity, 0.0, 1.0, high_open=True)
+        super().__init__(own, momentum, nesterov, masking, clip_norm, weight_decay, min_numel, warmup)
+        self.sample_ratio = check_range(own, "sample_ratio", sample_ratio, 0.0, 1.0, low_open=True)
+        self.upper = check_range(own, "upper", upper, 1.0, math.inf, low_open=True)
+        self.lower = check_range(own, "lower", lower, 0.0, 1.0, low_open=True, high_open=True)
+        self.max_adaptation_iters = check_int(own, "max_adaptation_iters", max_adaptation_iters, 0)
+        self.resample = bool(resample)
+        self.fp16_values = bool(fp16_values)
+        self.seed = check_int(own, "seed", seed, 0)
+
+    @property
+    def target_sparsity(self) -> float:
+        return self.sparsity
+
+    def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
+        corrected = self.correct(ops, x, state, info)
+        if isinstance(corrected, Packet):
+            return corrected
+        u, v = corrected
+        values, indices = self.select(ops, v, 1.0 - self.current_sparsity, info)
+        self.release(ops, state, u, v, indices)
         if self.fp16_values:
             values = ops.cast(values, "float16")
         packet = self.packet(ops, values, indices, info)

@@ -16,12 +16,10 @@ accuracy per epoch), and prints final test accuracy against Horovod dense.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from e2e import CodecTimer, make_optimizer, runnable, shared_parser
+from hvdcompress.launch import LaunchError, run_script, write_result
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -87,7 +85,7 @@ def train(method: str, args, data) -> dict:
 
 
 def worker(args) -> None:
-    """In each Horovod rank: train every method, rank 0 prints one RESULT line per method."""
+    """In each Horovod rank: train every method; rank 0 reports one record per method."""
     import horovod.torch as hvd
     import torch
     torch.set_num_threads(1)
@@ -96,22 +94,18 @@ def worker(args) -> None:
     for method in args.methods:
         res = train(method, args, data)
         if hvd.rank() == 0:
-            print("RESULT " + json.dumps(res), flush=True)
+            write_result(0, res)
 
 
 def run_np(np_: int, methods: list, args) -> list:
-    """One horovodrun with ``np_`` ranks on localhost; the RESULT rows of rank 0."""
-    horovodrun = Path(sys.executable).parent / "horovodrun"
-    cmd = [str(horovodrun), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable,
-           str(Path(__file__).resolve()), "--worker", "--methods", ",".join(methods),
-           "--epochs", str(args.epochs), "--batch", str(args.batch), "--lr", str(args.lr),
-           "--momentum", str(args.momentum), "--seed", str(args.seed)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-    out = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        raise SystemExit(f"convergence: horovodrun -np {np_} failed ({proc.returncode}):\n{out[-5000:]}")
-    return [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
+    """One horovodrun with ``np_`` ranks on localhost; rank 0's records, one per method."""
+    flags = ["--worker", "--methods", ",".join(methods), "--epochs", str(args.epochs),
+             "--batch", str(args.batch), "--lr", str(args.lr), "--momentum", str(args.momentum),
+             "--seed", str(args.seed)]
+    try:
+        return run_script(Path(__file__).resolve(), np=np_, args=flags, timeout=args.timeout).results[0]
+    except LaunchError as e:
+        raise SystemExit(f"convergence: {e}") from None
 
 
 def print_table(results: dict) -> None:

@@ -255,9 +255,10 @@ def run_method(method: str, args) -> dict:
 
 
 def worker(args) -> None:
-    """Entry point in each rank: run every method, print one RESULT line per method."""
+    """Entry point in each rank: run every method, report one record per method."""
     import horovod.torch as hvd
     import torch
+    from hvdcompress.launch import write_result
     torch.set_num_threads(args.threads)
     hvd.init()
     if "ddp-powersgd" in args.methods:
@@ -265,7 +266,7 @@ def worker(args) -> None:
         dist.init_process_group("gloo", init_method="env://")
     for method in args.methods:
         res = run_method(method, args)
-        print("RESULT " + json.dumps({"rank": hvd.rank(), **res}), flush=True)
+        write_result(hvd.rank(), res)
 
 
 # ---- driver ---------------------------------------------------------------------------------------
@@ -363,9 +364,7 @@ def run_sweep(args) -> dict:
                 if not res.ok:
                     print(f"e2e: {key} failed (rank {res.failed_rank}):\n{res.outputs[res.failed_rank][-4000:]}")
                     continue
-                per_rank = [[json.loads(line[7:]) for line in o.splitlines() if line.startswith("RESULT ")]
-                            for o in res.outputs]
-                rows = [aggregate(list(ranks)) for ranks in zip(*per_rank)]
+                rows = [aggregate(list(ranks)) for ranks in zip(*res.results)]
                 add_ratios(rows, res.rate_bps)
                 print_table(key, rows)
                 results[key] = {"model": model, "np": np_, "rate": rate, "rate_bps": res.rate_bps,

@@ -6,29 +6,30 @@ step once warm-up is over. Extra arguments go to the training script (e.g. ``--e
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
+from hvdcompress.launch import LaunchError, run_script
+
 HERE = Path(__file__).parent
 RUNS = ["dense", "dgc"]
+TIMEOUT_S = 1800.0  # a run takes about a minute on 2 cores; a hang ends with the ranks' stderr
 
 
 def run(compression: str, extra: list) -> dict:
-    horovodrun = Path(sys.executable).parent / "horovodrun"
-    cmd = [str(horovodrun), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-           str(HERE / "pytorch_train.py"), "--compression", compression, *extra]
-    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env)
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines()
-               if "RESULT " in line]
-    if proc.returncode != 0 or len(results) != 2:
-        sys.exit(f"demo: '{' '.join(cmd)}' failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
+    """One training run of 2 ranks (progress shown live); rank 0's summary."""
+    try:
+        launch = run_script(HERE / "pytorch_train.py", np=2, timeout=TIMEOUT_S, echo=True,
+                            args=["--compression", compression, *extra],
+                            env={"TF_CPP_MIN_LOG_LEVEL": "3"})
+    except LaunchError as e:
+        sys.exit(f"demo: the {compression} run failed: {e}")
+    results = launch.records
+    if len(results) != 2:
+        sys.exit(f"demo: the {compression} run reported {len(results)} results, expected one per rank")
     if results[0]["param_checksum"] != results[1]["param_checksum"]:
         sys.exit(f"demo: ranks ended with different parameters in the {compression} run")
-    return min(results, key=lambda r: r["rank"])
+    return results[0]
 
 
 def main() -> None:

@@ -7,13 +7,14 @@
 ``--params`` takes any compressor of the registry with its options, BytePS style (key=value,
 comma-separated; see ``hvdcompress.available()`` and ``hvdcompress.from_params``), e.g.
 ``compressor=powersgd,rank=4`` or ``compressor=int8,chunk=1024``. The data ships inside scikit-learn (no download). Each rank trains on its own shard; rank 0
-prints a progress bar and, at the end, one ``RESULT {json}`` line with test accuracy, mean step
-time and the gradient bytes of one step after warm-up (dense vs sent by this rank).
+prints a progress bar; at the end every rank reports test accuracy, mean step time and the
+gradient bytes of one step after warm-up (dense vs sent by this rank) with
+``hvdcompress.launch.write_result``: a ``RESULT {json}`` line on stdout when run by hand as above,
+a record in its rank's file under ``hvdcompress.launch.run_script`` (``examples/demo.py``).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import horovod.torch as hvd
@@ -26,6 +27,7 @@ from tqdm import tqdm
 
 import hvdcompress
 import hvdcompress.torch as hvc
+from hvdcompress.launch import write_result
 
 COMPRESSIONS = {
     "dense": lambda a: None,
@@ -111,7 +113,7 @@ def main() -> None:
                "step_ms": 1000 * float(np.mean(step_times[steps_per_epoch:])),
                "dense_bytes": opt.last_step_bytes.dense, "sent_bytes": opt.last_step_bytes.sent,
                "param_checksum": float(params.double().sum())}
-    print("RESULT " + json.dumps(summary), flush=True)
+    write_result(hvd.rank(), summary)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,13 @@ Multi-process tests run a script from tests/hvd/ under real Horovod processes::
 
     out = run_horovod("torch_identical_params.py", np=2, args=["--steps", "5"])
 
-The script prints ``RESULT <json>`` lines; ``run_horovod`` returns them parsed, one list per rank
-order of appearance, and fails the test with the full output when horovodrun fails.
+The script reports with ``common.result(rank, **values)``, which appends one JSON record to its
+rank's own file (:mod:`hvdcompress.launch`); ``run_horovod`` returns every record, ordered by rank
+then by the order each rank wrote them, and fails the test with each rank's stderr tail when
+horovodrun fails or runs past ``timeout``.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,12 @@ import pytest
 
 HERE = Path(__file__).parent
 HVD_SCRIPTS = HERE / "hvd"
+sys.path.insert(0, str(HERE.parent))
+
+from hvdcompress.launch import LaunchError, run_script  # noqa: E402
+
+# Repository root on the ranks' path; TensorFlow's C++ INFO/WARNING lines out of the stderr tails.
+RANK_ENV = {"PYTHONPATH": str(HERE.parent), "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def pytest_configure(config):
@@ -26,32 +31,26 @@ def pytest_configure(config):
 
 
 def run_horovod(script: str, np: int = 2, args=(), timeout: int = 300, env=None) -> list:
-    """Run tests/hvd/<script> under ``horovodrun -np N --gloo``; return its RESULT payloads."""
-    horovodrun = Path(sys.executable).parent / "horovodrun"
-    cmd = [str(horovodrun), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
-           sys.executable, str(HVD_SCRIPTS / script), *map(str, args)]
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                    TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(HERE.parent))
-    full_env.update(env or {})
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
-    output = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        pytest.fail(f"horovodrun {script} failed ({proc.returncode}):\n{output[-6000:]}")
-    results = []
-    for line in output.splitlines():
-        marker = line.find("RESULT ")
-        if marker >= 0:
-            results.append(json.loads(line[marker + len("RESULT "):]))
-    assert results, f"{script} printed no RESULT line:\n{output[-4000:]}"
-    return results
+    """Run tests/hvd/<script> (or a path) under ``horovodrun -np N --gloo``; return its records
+    (each a dict with ``rank``)."""
+    try:
+        launch = run_script(HVD_SCRIPTS / script, np=np, args=args, timeout=timeout,
+                            env={**RANK_ENV, **(env or {})})
+    except LaunchError as e:
+        pytest.fail(str(e), pytrace=False)
+    records = launch.records
+    assert records, f"{script} reported no result:\n{launch.log[-4000:]}"
+    return records
 
 
-def run_horovod_failing(script: str, np: int = 2, args=(), timeout: int = 120) -> str:
-    """Run a script that is expected to fail; return its output (the test asserts on it)."""
-    horovodrun = Path(sys.executable).parent / "horovodrun"
-    cmd = [str(horovodrun), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
-           sys.executable, str(HVD_SCRIPTS / script), *map(str, args)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parent), TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    assert proc.returncode != 0, "expected the run to fail"
-    return proc.stdout + proc.stderr
+def run_horovod_failing(script: str, np: int = 2, args=(), timeout: int = 120, env=None) -> str:
+    """Run a script that is expected to fail; return every rank's output (the test asserts on
+    it). A time-out is not the expected failure: it fails the test."""
+    try:
+        run_script(HVD_SCRIPTS / script, np=np, args=args, timeout=timeout,
+                   env={**RANK_ENV, **(env or {})})
+    except LaunchError as e:
+        if e.timed_out:
+            pytest.fail(str(e), pytrace=False)
+        return e.combined_output
+    pytest.fail(f"expected horovodrun {script} to fail, but it exited with 0")

@@ -39,8 +39,7 @@ def test_launcher_runs_measures_and_cleans_up(tmp_path):
     assert proc.returncode == 0, f"launcher failed ({proc.returncode}):\n{output[-6000:]}"
 
     launch = json.loads(report.read_text())
-    results = [json.loads(line.split("RESULT ", 1)[1]) for out in launch["outputs"]
-               for line in out.splitlines() if "RESULT " in line]
+    results = [r for per_rank in launch["results"] for r in per_rank]
     assert sorted(r["rank"] for r in results) == [0, 1], output[-4000:]
     assert results[0]["checksum"] == pytest.approx(results[1]["checksum"]), "ranks diverged"
     for r in results:

@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -32,6 +33,8 @@ from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
 from horovod.runner.http.http_server import RendezvousServer
 
+from hvdcompress.launch import RESULTS_ENV, read_results
+
 from .links import CLEANUP_SIGNALS, RANK_IFACE, Network
 
 TORCH_DIST_PORT = 29500
@@ -40,10 +43,12 @@ KILL_GRACE_S = 5.0
 
 @dataclass
 class LaunchResult:
-    """What a launch produced: exit codes, each rank's output, the bytes that crossed each link."""
+    """What a launch produced: exit codes, each rank's output and the records it wrote with
+    :func:`hvdcompress.launch.write_result` (``results[r]``), the bytes that crossed each link."""
 
     returncodes: list
     outputs: list
+    results: list
     link_bytes: list
     seconds: float
     rate_bps: int
@@ -125,7 +130,16 @@ def run_ranks(net: Network, command: Sequence[str], env: Optional[dict] = None,
     """Run ``command`` once per rank inside ``net``'s namespaces; return when all have exited.
 
     When a rank fails or ``timeout`` passes, the others are killed; the result says which rank.
+    Each rank's :func:`hvdcompress.launch.write_result` records go to a fresh directory named
+    by :data:`hvdcompress.launch.RESULTS_ENV` (the namespaces share the file system).
     """
+    with tempfile.TemporaryDirectory(prefix="hvdc-results-") as results_dir:
+        return _run_ranks(net, command, {**(env or os.environ), RESULTS_ENV: results_dir},
+                          timeout, echo, results_dir)
+
+
+def _run_ranks(net: Network, command: Sequence[str], env: dict, timeout: Optional[float],
+               echo: bool, results_dir: str) -> LaunchResult:
     rendezvous = RendezvousServer()
     port = rendezvous.start()
     slots = get_host_assignments(parse_hosts(",".join(f"{l.hostname}:1" for l in net.links)),
@@ -139,7 +153,7 @@ def run_ranks(net: Network, command: Sequence[str], env: Optional[dict] = None,
     try:
         for link, slot in zip(net.links, slots):
             p = subprocess.Popen(["ip", "netns", "exec", link.netns, *command],
-                                 env=rank_env(net, slot, port, env or os.environ),
+                                 env=rank_env(net, slot, port, env),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  start_new_session=True)
             procs.append(p)
@@ -155,7 +169,8 @@ def run_ranks(net: Network, command: Sequence[str], env: Optional[dict] = None,
         t.join(timeout=2)
     after = net.counters()
     link_bytes = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before)]
-    return LaunchResult([p.returncode for p in procs], ["".join(o) for o in outputs], link_bytes,
+    return LaunchResult([p.returncode for p in procs], ["".join(o) for o in outputs],
+                        read_results(results_dir, net.ranks), link_bytes,
                         time.monotonic() - start, net.rate_bps, net.delay_ms, failed)
 
 

@@ -1,7 +1,8 @@
 """Smoke worker for the netem launcher: a tiny model, a few Horovod allreduce steps.
 
-Prints one RESULT line per rank with the bytes its allreduces carried by Horovod's accounting of
-a ring allreduce (2 (p-1)/p of the payload) and the bytes its ``eth0`` counters saw meanwhile.
+Reports one record per rank (``common.result``) with the bytes its allreduces carried by
+Horovod's accounting of a ring allreduce (2 (p-1)/p of the payload) and the bytes its ``eth0``
+counters saw meanwhile.
 """
 import argparse
 from pathlib import Path

@@ -1,0 +1,275 @@
+"""Run a Python script under ``horovodrun --gloo`` and collect what each rank reports, via files.
+
+Launcher side (tests, ``examples/demo.py``, the benchmarks)::
+
+    from hvdcompress.launch import run_script
+    out = run_script("train.py", np=2, args=["--epochs", "3"], timeout=300)
+    out.results[0]       # rank 0's records, in the order it wrote them
+    out.outputs[1].stderr
+
+Rank side (the script)::
+
+    from hvdcompress.launch import result
+    result(accuracy=0.91, step_ms=12.5)   # one JSON record, appended to <dir>/rank<R>.jsonl
+
+Why files: horovodrun multiplexes every rank's stdout into one stream and forwards it in chunks
+of at most 1000 bytes, so under load a long ``RESULT {json}`` line of one rank can arrive cut
+by another rank's output. Here every rank appends its records to its own file in a fresh
+directory (the launcher passes it in :data:`RESULTS_ENV`), and horovodrun's
+``--output-filename`` keeps each rank's stdout and stderr apart, so a failure or a time-out
+shows the tail of each rank's stderr. A launch either returns every rank's records or raises
+:class:`LaunchError`; it never waits longer than its ``timeout``.
+
+No torch or TensorFlow import here: the launcher side runs in drivers that do not load a
+framework.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+RESULTS_ENV = "HVDCOMPRESS_RESULTS_DIR"
+"""Environment variable naming the directory each rank writes ``rank<R>.jsonl`` into."""
+
+TAIL_CHARS = 3000
+"""How much of each rank's stderr a :class:`LaunchError` shows."""
+
+LOG_TAIL_CHARS = 1000
+"""How much of horovodrun's own output it shows: the end says which rank failed first, or why
+horovodrun could not start."""
+
+TERMINATE_GRACE_S = 15.0
+"""After a time-out: how long horovodrun gets to stop its ranks (it gives each 5 s) before
+it and any rank still alive are killed."""
+
+
+# ---- rank side ------------------------------------------------------------------------------------
+def write_result(rank: int, values: Mapping[str, Any]) -> None:
+    """Append one record ``{"rank": rank, **values}`` for the launcher of this process.
+
+    Under :func:`run_script` (:data:`RESULTS_ENV` set) the record is one JSON line appended to
+    ``<dir>/rank<rank>.jsonl`` with a single unbuffered ``write``: each rank owns its file, so
+    records are never interleaved, whatever their size. Without a launcher (a script run by
+    hand) the record is printed as ``RESULT {json}`` on stdout for a person to read.
+    """
+    if not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"rank must be a non-negative int, got {rank!r}")
+    line = json.dumps({"rank": rank, **values}) + "\n"
+    directory = os.environ.get(RESULTS_ENV)
+    if not directory:
+        print("RESULT " + line, end="", flush=True)
+        return
+    data = line.encode()
+    fd = os.open(os.path.join(directory, f"rank{rank}.jsonl"),
+                 os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        while data:  # a regular file takes it in one write; loop only on a short write
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
+
+
+def result(**values: Any) -> None:
+    """:func:`write_result` for this process's Horovod rank (``HOROVOD_RANK``, set by horovodrun;
+    0 when the script runs alone, without a launcher)."""
+    rank = os.environ.get("HOROVOD_RANK")
+    if rank is None and os.environ.get(RESULTS_ENV):
+        raise RuntimeError(f"{RESULTS_ENV} is set but HOROVOD_RANK is not: start this script "
+                           "with horovodrun (hvdcompress.launch.run_script), or pass the rank "
+                           "to write_result")
+    write_result(int(rank or 0), values)
+
+
+# ---- launcher side --------------------------------------------------------------------------------
+@dataclass
+class RankOutput:
+    """What one rank printed."""
+
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class Launch:
+    """A finished launch: ``results[r]`` holds rank r's records in the order it wrote them."""
+
+    results: list
+    outputs: list
+    log: str
+    seconds: float
+
+    @property
+    def records(self) -> list:
+        """Every record, ordered by rank, then by the order each rank wrote them."""
+        return [rec for per_rank in self.results for rec in per_rank]
+
+
+class LaunchError(RuntimeError):
+    """horovodrun exited non-zero or ran past its time-out. The message holds the tail of each
+    rank's stderr; ``outputs`` and ``log`` (horovodrun's own output) hold everything."""
+
+    def __init__(self, message: str, returncode: Optional[int], timed_out: bool,
+                 outputs: list, log: str):
+        super().__init__(message)
+        self.returncode = returncode
+        self.timed_out = timed_out
+        self.outputs = outputs
+        self.log = log
+
+    @property
+    def combined_output(self) -> str:
+        """Every rank's stdout then stderr, rank by rank, then horovodrun's own output."""
+        parts = [f"{o.stdout}{o.stderr}" for o in self.outputs]
+        return "".join(parts) + self.log
+
+
+def horovodrun_path() -> Path:
+    """The ``horovodrun`` installed next to the running Python (the same environment)."""
+    return Path(sys.executable).parent / "horovodrun"
+
+
+def read_results(directory: Path, np: int) -> list:
+    """Every rank's records from ``<directory>/rank<R>.jsonl`` (``[]`` for a rank that wrote none)."""
+    per_rank = []
+    for rank in range(np):
+        path = Path(directory) / f"rank{rank}.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        records = []
+        for i, line in enumerate(lines):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} line {i + 1} is not one JSON record ({e}): "
+                                 f"{line[:200]!r}") from None
+        per_rank.append(records)
+    return per_rank
+
+
+def _rank_outputs(output_dir: Path, np: int) -> list:
+    """Each rank's stdout and stderr from horovodrun's ``--output-filename`` directory, whose
+    per-rank folders are ``rank.<R>`` with R zero-padded to the width of ``np - 1``, without the
+    ``[R]<stream>:`` horovodrun puts before every line (and after every ``\r``)."""
+    found = {int(d.name.split(".", 1)[1]): d for d in output_dir.glob("rank.*") if d.is_dir()}
+
+    def text(rank: int, stream: str) -> str:
+        path = found[rank] / stream if rank in found else None
+        raw = path.read_text(errors="replace") if path and path.exists() else ""
+        return re.sub(rf"(?m)(?:^|(?<=\r))\[{rank}\]<{stream}>:", "", raw)
+    return [RankOutput(text(r, "stdout"), text(r, "stderr")) for r in range(np)]
+
+
+def _tails(outputs: list, log: str) -> str:
+    """The end of each rank's stderr, and of horovodrun's own output."""
+    parts = []
+    for rank, out in enumerate(outputs):
+        tail = out.stderr[-TAIL_CHARS:] or "(empty)\n"
+        parts.append(f"--- rank {rank} stderr (last {TAIL_CHARS} chars) ---\n{tail}")
+    parts.append(f"--- horovodrun's own output (last {LOG_TAIL_CHARS} chars) ---\n"
+                 f"{log[-LOG_TAIL_CHARS:] or '(empty)'}")
+    return "\n".join(parts)
+
+
+def _environ_has(pid: str, entry: bytes) -> bool:
+    try:
+        return entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone, or not ours
+        return False
+
+
+def _kill_strays(results_dir: Path) -> None:
+    """Kill any rank of this launch still alive: horovodrun's middlemen put each rank in its own
+    session, so they are found by the unique results directory in their environment."""
+    if not Path("/proc").is_dir():
+        return
+    entry = f"{RESULTS_ENV}={results_dir}".encode()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+        if _environ_has(pid, entry):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _stop(proc: subprocess.Popen, results_dir: Path) -> None:
+    """SIGTERM to horovodrun (it then stops its ranks), SIGKILL to whatever is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(TERMINATE_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        proc.wait()
+    _kill_strays(results_dir)
+
+
+def run_script(script: str | os.PathLike, np: int = 2, args: Sequence[Any] = (),
+               timeout: float = 300.0, env: Optional[Mapping[str, str]] = None,
+               echo: bool = False) -> Launch:
+    """Run ``python script *args`` as ``np`` (>= 2) Horovod ranks: ``horovodrun -np np -H
+    localhost:np --gloo`` with the horovodrun and Python of this environment; return every
+    rank's records.
+
+    The ranks get this process's environment, ``OMP_NUM_THREADS=1``, ``PYTHONUNBUFFERED=1``,
+    then ``env`` (which wins), and :data:`RESULTS_ENV` naming a fresh directory (removed
+    afterwards). ``echo`` shows horovodrun's live output on this process's stdout/stderr (the
+    demo's progress bars); otherwise it is kept in ``Launch.log``. Raises :class:`LaunchError`
+    when horovodrun exits non-zero, or after ``timeout`` seconds (the ranks are then killed),
+    with the tail of each rank's stderr in the message.
+    """
+    if not isinstance(np, int) or np < 2:
+        # horovodrun 0.28.1 --output-filename fails for one process (log10(0) padding the rank)
+        raise ValueError(f"np must be an int >= 2 (number of ranks), got {np!r}; run a single "
+                         "process without horovodrun")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    horovodrun = horovodrun_path()
+    if not horovodrun.exists():
+        raise FileNotFoundError(f"no horovodrun next to {sys.executable} (is Horovod installed "
+                                "in this environment?)")
+    work = Path(tempfile.mkdtemp(prefix="hvdcompress-launch-"))
+    try:
+        results_dir, output_dir = work / "results", work / "output"
+        results_dir.mkdir()
+        cmd = [str(horovodrun), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
+               "--output-filename", str(output_dir), sys.executable, str(script), *map(str, args)]
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                    **(env or {}), RESULTS_ENV: str(results_dir)}
+        log_path = work / "horovodrun.log"
+        start = time.monotonic()
+        with open(log_path, "w") as log_file:
+            streams = {} if echo else {"stdout": log_file, "stderr": subprocess.STDOUT}
+            proc = subprocess.Popen(cmd, env=full_env, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, **streams)
+            try:
+                proc.wait(timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:  # also on KeyboardInterrupt: leave no rank behind
+                if proc.poll() is None:
+                    _stop(proc, results_dir)
+        seconds = time.monotonic() - start
+        log = log_path.read_text(errors="replace")
+        outputs = _rank_outputs(output_dir, np)
+        what = f"horovodrun -np {np} {script}"
+        if timed_out:
+            raise LaunchError(f"{what} timed out after {timeout:g} s (a rank hung or was too "
+                              f"slow); all ranks were killed.\n{_tails(outputs, log)}",
+                              None, True, outputs, log)
+        if proc.returncode != 0:
+            raise LaunchError(f"{what} failed (exit code {proc.returncode}).\n"
+                              f"{_tails(outputs, log)}", proc.returncode, False, outputs, log)
+        return Launch(read_results(results_dir, np), outputs, log, seconds)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

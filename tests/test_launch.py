@@ -1,0 +1,153 @@
+"""hvdcompress.launch: per-rank result files, stderr tails on failure, bounded waits.
+
+The horovodrun tests run tiny framework-free scripts (no hvd.init: horovodrun only starts them
+with HOROVOD_RANK set), so they take seconds, not the minutes a torch import costs here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import textwrap
+import time
+
+import pytest
+
+from conftest import run_horovod
+from hvdcompress.launch import (RESULTS_ENV, TERMINATE_GRACE_S, LaunchError, read_results, result,
+                                run_script, write_result)
+
+RECORD_CHARS = 50_000
+
+
+def script(tmp_path, body: str) -> str:
+    path = tmp_path / "probe.py"
+    path.write_text("import os, sys, time\nfrom hvdcompress.launch import result\n"
+                    "rank = int(os.environ['HOROVOD_RANK'])\n" + textwrap.dedent(body))
+    return str(path)
+
+
+def payload(rank: int, i: int) -> str:
+    """A record body the test can rebuild: pseudo-random letters, different per rank and record."""
+    rng = random.Random(1000 * rank + i)
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(RECORD_CHARS))
+
+
+# ---- rank side, in this process --------------------------------------------------------------------
+def test_write_result_appends_one_json_line_per_call(tmp_path, monkeypatch):
+    monkeypatch.setenv(RESULTS_ENV, str(tmp_path))
+    write_result(1, {"a": 1})
+    write_result(1, {"b": [1.5, "x" * 100_000]})
+    lines = (tmp_path / "rank1.jsonl").read_text().splitlines()
+    assert [json.loads(l) for l in lines] == [{"rank": 1, "a": 1}, {"rank": 1, "b": [1.5, "x" * 100_000]}]
+    assert read_results(tmp_path, 3) == [[], [json.loads(l) for l in lines], []]
+
+
+def test_result_takes_the_rank_from_horovodrun(tmp_path, monkeypatch):
+    monkeypatch.setenv(RESULTS_ENV, str(tmp_path))
+    monkeypatch.setenv("HOROVOD_RANK", "2")
+    result(x=3)
+    assert read_results(tmp_path, 3)[2] == [{"rank": 2, "x": 3}]
+    monkeypatch.delenv("HOROVOD_RANK")
+    with pytest.raises(RuntimeError, match="HOROVOD_RANK is not"):
+        result(x=4)
+
+
+def test_without_a_launcher_the_record_is_printed(monkeypatch, capsys):
+    monkeypatch.delenv(RESULTS_ENV, raising=False)
+    monkeypatch.delenv("HOROVOD_RANK", raising=False)
+    result(acc=0.5)
+    assert capsys.readouterr().out == 'RESULT {"rank": 0, "acc": 0.5}\n'
+
+
+def test_a_cut_record_is_reported_with_its_file_and_line(tmp_path):
+    (tmp_path / "rank0.jsonl").write_text('{"rank": 0}\n{"rank": 0, "x": [1, 2\n')
+    with pytest.raises(ValueError, match=r"rank0.jsonl line 2 is not one JSON record"):
+        read_results(tmp_path, 1)
+
+
+@pytest.mark.parametrize("kwargs, message", [({"np": 1}, "np must be an int >= 2"),
+                                             ({"timeout": 0}, "timeout must be > 0")])
+def test_bad_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        run_script("x.py", **kwargs)
+
+
+# ---- under horovodrun ------------------------------------------------------------------------------
+@pytest.mark.horovod
+def test_large_records_come_back_intact_while_ranks_flood_stdout(tmp_path):
+    # Each rank writes 3 records of 50 kB while both flood the shared stdout with long lines:
+    # the stream horovodrun multiplexes would cut and interleave them, the files do not.
+    path = script(tmp_path, f"""
+        import random
+        def payload(i):
+            rng = random.Random(1000 * rank + i)
+            return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range({RECORD_CHARS}))
+        for i in range(3):
+            print(str(rank) * 30_000, flush=True)
+            result(i=i, text=payload(i))
+    """)
+    launch = run_script(path, np=2, timeout=120)
+    for rank in (0, 1):
+        assert [r["i"] for r in launch.results[rank]] == [0, 1, 2]
+        for r in launch.results[rank]:
+            assert r == {"rank": rank, "i": r["i"], "text": payload(rank, r["i"])}
+        assert str(rank) * 30_000 in launch.outputs[rank].stdout  # stdout kept apart per rank
+    # the tests' wrapper: one flat list, by rank then by record order
+    flat = run_horovod(path, np=2, timeout=120)
+    assert [(r["rank"], r["i"]) for r in flat] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+
+
+@pytest.mark.horovod
+def test_a_failing_rank_shows_its_stderr_tail(tmp_path):
+    path = script(tmp_path, """
+        if rank == 1:
+            print("noise\\n" * 5000 + "rank 1 gives up: marker-7f3a", file=sys.stderr, flush=True)
+            sys.exit(3)
+        time.sleep(600)  # horovodrun stops rank 0 when rank 1 fails, long before the timeout
+    """)
+    with pytest.raises(LaunchError) as info:
+        run_script(path, np=2, timeout=120)
+    err = info.value
+    assert not err.timed_out and err.returncode != 0
+    message = str(err)
+    rank1 = message.index("--- rank 1 stderr")
+    assert "marker-7f3a" in message[rank1:]
+    assert "failed (exit code" in message
+    assert len(message) < 4 * 3000 + 1000  # tails, not whole outputs
+    assert "marker-7f3a" in err.outputs[1].stderr and "marker-7f3a" not in err.outputs[0].stderr
+
+
+@pytest.mark.horovod
+def test_a_hang_ends_at_the_timeout_with_a_clear_message(tmp_path):
+    path = script(tmp_path, """
+        print(f"pid {os.getpid()}: rank {rank} about to hang", file=sys.stderr, flush=True)
+        time.sleep(600)
+    """)
+    timeout = 40  # horovodrun alone (it imports TensorFlow) can take 10-20 s to start the ranks here
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        run_script(path, np=2, timeout=timeout)
+    elapsed = time.monotonic() - start
+    err = info.value
+    assert err.timed_out and err.returncode is None
+    assert elapsed < timeout + TERMINATE_GRACE_S + 10, elapsed
+    message = str(err)
+    assert f"timed out after {timeout} s" in message
+    for rank in (0, 1):
+        assert f"rank {rank} about to hang" in message[message.index(f"--- rank {rank} stderr"):]
+    pids = [int(re.search(r"pid (\d+): rank", o.stderr).group(1)) for o in err.outputs]
+    deadline = time.monotonic() + 5  # SIGKILL was sent; give the kernel a moment to deliver it
+    while any(map(running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(running, pids)), "the hung ranks were left running"
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -17,21 +17,20 @@ import tensorflow as tf
 
 import hvdcompress
 import hvdcompress.tensorflow.keras as hvck
-from tensorflow2_train import build_model, compare, load_data
+from tensorflow2_train import build_model, compare, dgc_params, load_data
 
 
 def train(args: argparse.Namespace, use_dgc: bool) -> dict:
     x_tr, y_tr, x_te, y_te = load_data(hvd.rank(), hvd.size())
     model = build_model(args.hidden, args.seed)
-    compression = hvdcompress.DGC(args.sparsity) if use_dgc else None
+    compression = hvdcompress.from_params(dgc_params(args)) if use_dgc else None
     opt = hvck.DistributedOptimizer(tf.keras.optimizers.SGD(args.lr, momentum=0.9),
                                     compression=compression)
     model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], jit_compile=False)
     callbacks = [hvck.callbacks.BroadcastGlobalVariablesCallback(0)]
     if use_dgc:
-        callbacks.append(hvck.callbacks.SparsityWarmupCallback(
-            opt, hvdcompress.ExponentialWarmup(args.warmup_epochs)))
+        callbacks.append(hvck.callbacks.SparsityWarmupCallback(opt))  # the DGC's own warm-up
     history = model.fit(x_tr, y_tr, batch_size=args.batch_size, epochs=args.epochs,
                         callbacks=callbacks, verbose=2 if hvd.rank() == 0 else 0)
     _, test_accuracy = model.evaluate(x_te, y_te, verbose=0)

@@ -24,6 +24,7 @@ from sklearn.model_selection import train_test_split
 
 import hvdcompress
 import hvdcompress.tensorflow as hvc
+from hvdcompress.registry import parse_params
 
 
 def load_data(rank: int, size: int) -> tuple:
@@ -49,13 +50,21 @@ def accuracy(model: tf.keras.Model, x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(np.argmax(model(x, training=False).numpy(), 1) == y))
 
 
+def dgc_params(args: argparse.Namespace) -> dict:
+    """The DGC run's dict for hvdcompress.from_params: ``--params`` if given, else DGC with
+    ``--sparsity`` and ``--warmup-epochs`` (the DGC paper's ramp over that many epochs)."""
+    if args.params:
+        return parse_params(args.params)
+    return {"compressor": "dgc", "sparsity": args.sparsity, "warmup_epochs": args.warmup_epochs}
+
+
 def train(args: argparse.Namespace, use_dgc: bool) -> dict:
     x_tr, y_tr, x_te, y_te = load_data(hvd.rank(), hvd.size())
     model = build_model(args.hidden, args.seed)
     hvc.broadcast_variables(model.variables, root_rank=0)
     if use_dgc:
-        compression = hvdcompress.DGC(args.sparsity, momentum=0.9,
-                                      warmup=hvdcompress.ExponentialWarmup(args.warmup_epochs))
+        compression = hvdcompress.from_params({"momentum": "plain", "momentum_mu": 0.9,
+                                               **dgc_params(args)})
         opt = tf.keras.optimizers.SGD(args.lr)
     else:
         compression, opt = None, tf.keras.optimizers.SGD(args.lr, momentum=0.9)
@@ -100,6 +109,10 @@ def compare(train: Callable[[argparse.Namespace, bool], dict], description: str)
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--sparsity", type=float, default=0.999)
     parser.add_argument("--warmup-epochs", type=int, default=4)
+    parser.add_argument("--params", default=None,
+                        help="key=value,... for hvdcompress.from_params: the DGC run's compressor "
+                             "(overrides --sparsity and --warmup-epochs), e.g. compressor=dgc,"
+                             "sparsity=0.99,warmup_sparsities=0.75,0.9375,0.984375")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.05)
@@ -113,8 +126,8 @@ def compare(train: Callable[[argparse.Namespace, bool], dict], description: str)
             print("RESULT " + json.dumps(r), flush=True)
         dense, dgc = results
         print(f"test accuracy: dense {dense['accuracy']:.4f}, DGC {dgc['accuracy']:.4f} "
-              f"(sparsity {args.sparsity}; bytes per step {dgc['sent_bytes']} vs "
-              f"{dgc['dense_bytes']} dense)", flush=True)
+              f"({args.params or f'sparsity {args.sparsity}'}; bytes per step "
+              f"{dgc['sent_bytes']} vs {dgc['dense_bytes']} dense)", flush=True)
 
 
 if __name__ == "__main__":

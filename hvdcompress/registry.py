@@ -134,7 +134,8 @@ def _sparsities(value: Any) -> list:
         return [float(s) for s in value.split(",")]
     except (AttributeError, ValueError):
         raise ValueError(f"from_params: warmup_sparsities={value!r} cannot be read as numbers; "
-                         "allowed: comma-separated numbers, e.g. '0.75,0.9375,0.984375,0.996'") from None
+                         "allowed: comma-separated numbers, e.g. '0.75,0.9375,0.984375,0.996'"
+                         ) from None
 
 
 def _warmup(given: Dict[str, Any]) -> Optional[Schedule]:

@@ -179,6 +179,10 @@ def test_typed_warmup_still_passes_and_strings_elsewhere_are_refused():
     assert hc.from_params({"compressor": "dgc", "warmup": "none"}).warmup is None
     with pytest.raises(ValueError, match="key 'warmup_epochs' .* not a parameter of topk"):
         hc.from_params({"compressor": "topk", "warmup_epochs": "4"})
+    typed = hc.from_params({"compressor": "dgc", "warmup_sparsities": (0.5, 0.9)})
+    assert typed.warmup.sparsities == [0.5, 0.9] and typed.warmup.unit == "epoch"
+    with pytest.raises(ValueError, match="warmup_sparsities=0.9 cannot be read as numbers"):
+        hc.from_params({"compressor": "dgc", "warmup_sparsities": 0.9})
 
 
 @pytest.mark.parametrize("warmup,message", [

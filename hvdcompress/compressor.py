@@ -92,10 +92,19 @@ class Compressor(ABC):
       takes_over_momentum: the compressor applies momentum (and weight decay) itself, so the
         framework wrapper moves the optimizer's momentum / nesterov / weight_decay of the
         tensors it compresses into :class:`TensorInfo` and sets them to 0 in the optimizer.
+      keeps_residual: the compressor keeps what it did not send (error feedback) for later steps.
     """
 
     name: str = "abstract"
     takes_over_momentum: bool = False
+    keeps_residual: bool = False
+
+    @property
+    def carries_state(self) -> bool:
+        """Whether what is exchanged is more than this step's gradient: the compressor applies
+        the momentum itself or carries an error-feedback residual into later steps. Changing
+        ``p.grad`` after the exchange (clipping it) is then a different algorithm."""
+        return self.takes_over_momentum or self.keeps_residual
 
     # ---- per-tensor state ---------------------------------------------------------------------
     def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
@@ -131,6 +140,10 @@ class Compressor(ABC):
             dense = self.decompress(ops, [p[r] for p in pieces], ctx, info)
             total = dense if total is None else total + dense
         return ops.into(out, total)
+
+    def unwrap(self) -> "Compressor":
+        """The algorithm under any decorators (error feedback, momentum): itself here."""
+        return self
 
     # ---- compressor-wide state (schedules) -------------------------------------------------------
     def on_step(self) -> None:

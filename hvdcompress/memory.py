@@ -41,6 +41,13 @@ class Decorator(Compressor):
     def name(self) -> str:  # type: ignore[override]
         return self.inner.name
 
+    def unwrap(self) -> Compressor:
+        return self.inner.unwrap()
+
+    @property
+    def keeps_residual(self) -> bool:  # type: ignore[override]
+        return self.inner.keeps_residual
+
     def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
         self.inner.init_state(ops, x, state, info)
 
@@ -67,6 +74,8 @@ class Decorator(Compressor):
 
 class ErrorFeedback(Decorator):
     """Residual error feedback around ``inner``. State: ``residual``."""
+
+    keeps_residual = True
 
     def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
         super().init_state(ops, x, state, info)

@@ -27,6 +27,9 @@ def tape() -> tf.GradientTape:
     ({"groups": "all"}, r"groups='all': allowed: None, a positive integer, or a list of lists"),
     ({"sparse_as_dense": "yes"}, r"sparse_as_dense='yes': allowed: True or False"),
     ({"device_dense": 0}, r"device_dense=0: allowed: a device string"),
+    ({"clip_grad_norm": -1.0}, r"clip_grad_norm=-1.0: allowed: None or a finite number > 0"),
+    ({"clip_grad_norm": 1.0, "compression": hvdcompress.DGC(0.99, clip_norm=2.0)},
+     r"clip_grad_norm=1.0 and the compressor's clip_norm=2.0 both clip"),
 ])
 def test_tape_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -90,3 +93,22 @@ def test_warmup_callback_installs_the_schedule_and_logs_sparsity():
         callback.on_epoch_end(epoch, logs)
         assert logs["sparsity"] == pytest.approx(1 - 0.001 ** ((epoch + 1) / 3) if epoch < 3 else 0.999)
     assert dgc.state_dict()["epoch"] == 3
+
+
+@pytest.mark.parametrize("clip", [{"clipnorm": 1.0}, {"global_clipnorm": 1.0}, {"clipvalue": 0.5}])
+def test_keras_clipping_with_a_stateful_compressor_warns(clip):
+    """Keras clips after the exchange: with DGC (momentum) or error feedback that clips the
+    exchanged update, so the wrapper warns and names clip_grad_norm."""
+    for compression in (hvdcompress.DGC(0.99), hvdcompress.ErrorFeedback(hvdcompress.TopK(5))):
+        with pytest.warns(UserWarning, match=r"pass clip_grad_norm=\.\.\. to"):
+            hvck.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, **clip), compression=compression)
+
+
+def test_keras_clipping_without_state_or_with_clip_grad_norm_does_not_warn():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hvck.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, clipnorm=1.0),
+                                  compression=hvdcompress.FP16())
+        hvck.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=hvdcompress.DGC(0.99),
+                                  clip_grad_norm=1.0)

@@ -168,3 +168,39 @@ def test_tf_function_step_does_not_retrace_on_sparsity_or_lr_change():
             assert 0.8 * k * 8 <= sent <= k * 8, (s, sent)  # the new sparsity is in force
         assert r["weights"][2] != r["weights"][1] and r["weights"][3] == r["weights"][2]  # lr=0
         assert r["step"] == 4
+
+
+def test_tape_clip_grad_norm_and_process_set_exclusion():
+    """clip_grad_norm clips each rank's gradients together to c / sqrt(N) before compression
+    (numpy reference below); a rank outside the process set keeps its own gradients."""
+    def vec(rank, seed, n):
+        return np.random.default_rng(seed + rank).standard_normal(n).astype(np.float32).astype(np.float64)
+
+    cases = {}
+    for r in run_horovod("tf_clip_psets.py", np=2):
+        cases.setdefault(r["case"], {})[r["rank"]] = r
+
+    def clipped(rank):
+        a, b = vec(rank, 1000, 60), vec(rank, 1000, 40)
+        norm = np.sqrt(np.sum(a * a) + np.sum(b * b))
+        limit = 1.5 / np.sqrt(2)
+        assert norm > 2 * limit  # the clip is active
+        return a * limit / norm, b * limit / norm
+
+    def topk(x, k=10):
+        out = np.zeros_like(x)
+        idx = np.argsort(-np.abs(x), kind="stable")[:k]
+        out[idx] = x[idx]
+        return out
+
+    local = [clipped(r) for r in range(2)]
+    expected = {"tf_clip_none": [np.mean([g[i] for g in local], axis=0) for i in range(2)],
+                "tf_clip_topk_ef": [np.mean([topk(g[i]) for g in local], axis=0) for i in range(2)]}
+    for case, (a, b) in expected.items():
+        for r in range(2):
+            np.testing.assert_allclose(cases[case][r]["a"], a, rtol=2e-5, atol=1e-6)
+            np.testing.assert_allclose(cases[case][r]["b"], b, rtol=2e-5, atol=1e-6)
+    # rank 1 is outside {0}: its own gradient; rank 0 alone in {0}: its own as well
+    for r in range(2):
+        np.testing.assert_array_equal(cases["tf_outside_set"][r]["a"], vec(r, 1000, 60).astype(np.float32))
+        assert cases["tf_after"][r]["total"] == 1.0

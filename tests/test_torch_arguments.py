@@ -29,6 +29,11 @@ def model():
     ({"backward_passes_per_step": 0}, ValueError, "backward_passes_per_step=0: allowed: an integer >= 1"),
     ({"groups": "x"}, ValueError, "groups='x': allowed"),
     ({"compression": {"compressor": "topk", "k": "-1"}}, ValueError, "k=-1 is out of range"),
+    ({"clip_grad_norm": 0.0}, ValueError, "clip_grad_norm=0.0: allowed: None or a finite number > 0"),
+    ({"clip_grad_norm": float("inf")}, ValueError, "clip_grad_norm=inf: allowed"),
+    ({"clip_grad_norm": "1"}, ValueError, "clip_grad_norm='1': allowed"),
+    ({"clip_grad_norm": 1.0, "compression": hc.DGC(0.99, clip_norm=2.0)}, ValueError,
+     "clip_grad_norm=1.0 and the compressor's clip_norm=2.0 both clip"),
 ])
 def test_bad_arguments(model, kwargs, error, message):
     with pytest.raises(error, match=message):

@@ -57,6 +57,8 @@ class OwnResidual:
     updated inside its kernel. Wrapping it in ErrorFeedback would count the error twice, so that
     is refused with a clear error."""
 
+    keeps_residual = True
+
     def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
         if RESIDUAL not in state:
             ops.write(state, RESIDUAL, ops.zeros(info.numel, like=x, dtype="float32"))

@@ -33,6 +33,10 @@ class TwoBit(OwnResidual, TableQuantizer):
                                      low_open=True, high_open=True)
         self.residual_inside = bool(residual)
 
+    @property
+    def keeps_residual(self) -> bool:  # type: ignore[override]
+        return self.residual_inside
+
     def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
         if self.residual_inside:
             super().init_state(ops, x, state, info)

@@ -38,6 +38,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..accounting import ByteCount
+from ..clipping import check_clip_grad_norm, local_clip_limit
 from ..compressor import Compressor, Packet, TensorInfo, payload_bytes
 from .backend import TFOps
 from .state import compression_state
@@ -56,6 +57,7 @@ class ExchangeOptions:
     gradient_predivide_factor: float = 1.0
     groups: Any = None
     process_set: Any = hvd.global_process_set
+    clip_grad_norm: Any = None
 
     def __post_init__(self) -> None:
         for key in ("device_dense", "device_sparse"):
@@ -125,6 +127,7 @@ class GradientExchange:
                  momentum: float = 0.0, nesterov: bool = False):
         self.compressor = compressor
         self.options = options
+        check_clip_grad_norm(options.clip_grad_norm, compressor)
         self.momentum = momentum
         self.nesterov = nesterov
         self.state = compression_state(compressor)
@@ -134,9 +137,14 @@ class GradientExchange:
     # ---- entry point --------------------------------------------------------------------------
     @tf.autograph.experimental.do_not_convert  # plain Python on Python values: nothing to convert
     def __call__(self, grads: Sequence[Any], sources: Sequence[Any]) -> list:
-        """The averaged (or summed) gradients, in the structure of ``grads`` (None kept)."""
+        """The averaged (or summed) gradients, in the structure of ``grads`` (None kept).
+
+        On a rank outside the process set: its own gradients, untouched, with no collective
+        (as Horovod does)."""
+        if not self.options.process_set.included():
+            return list(grads)
         names = source_names(sources)
-        out = list(grads)
+        out = self._clip(grads)
         dense = []
         for i, g in enumerate(grads):
             if isinstance(g, tf.IndexedSlices):
@@ -164,6 +172,19 @@ class GradientExchange:
         return out
 
     # ---- pieces ---------------------------------------------------------------------------------
+    def _clip(self, grads: Sequence[Any]) -> list:
+        """This rank's gradients clipped together to ``clip_grad_norm / sqrt(N)`` (see
+        :mod:`hvdcompress.clipping`), before compression; unchanged without ``clip_grad_norm``."""
+        out = list(grads)
+        if self.options.clip_grad_norm is None:
+            return out
+        present = [i for i, g in enumerate(grads) if g is not None]
+        limit = local_clip_limit(self.options.clip_grad_norm, self.options.process_set.size())
+        clipped, _ = tf.clip_by_global_norm([grads[i] for i in present], limit)
+        for i, g in zip(present, clipped):
+            out[i] = g
+        return out
+
     def _info(self, name: str, source: Any, grad: Any) -> TensorInfo:
         static = tf.TensorShape(source.shape)  # Keras 3 variables give a tuple
         shape = tf.TensorShape(static if static.is_fully_defined() else grad.shape)

@@ -43,9 +43,11 @@ import numpy as np
 import torch
 
 from ..accounting import ByteCount
+from ..clipping import check_clip_grad_norm
 from ..compressor import Compressor, Packet, TensorInfo, payload_bytes
 from ..registry import as_compressor
 from .backend import TorchOps
+from .clipping import clip_local_gradients
 
 _OPS = TorchOps()
 _TAKEN_OVER = ("momentum", "nesterov", "weight_decay")
@@ -80,20 +82,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
-                 sparse_as_dense=False, process_set=hvd.global_process_set, defaults=None):
+                 sparse_as_dense=False, process_set=hvd.global_process_set, defaults=None,
+                 clip_grad_norm=None):
         try:
             super(self.__class__, self).__init__(params, **(defaults or {}))
         except TypeError:
             super(self.__class__, self).__init__(params)
         self._compression = compression
-        self._names = self._check_names(named_parameters)
+        self._parameter_names = self._check_names(named_parameters)
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
-        self._tensor_state = {name: {} for name in self._names.values()}
-        self._delay = {p: backward_passes_per_step for p in self._names}
+        self.clip_grad_norm = clip_grad_norm
+        self._awaiting_clip = []   # parameters whose gradient is complete, held for the clip
+        self._synced_versions = {}  # p -> p.grad._version when synchronize() wrote it
+        self._warned_modified = False
+        self._tensor_state = {name: {} for name in self._parameter_names.values()}
+        self._delay = {p: backward_passes_per_step for p in self._parameter_names}
         self._requires_update = set()
         self._prepared = {}        # group id -> [(p, packet, info)] compressed, not yet launched
         self._inflight = []        # [(entries, handles)] launched groups
@@ -107,8 +114,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._check_momentum()
         self._group_of = self._make_groups(groups)
         self._param_group = {p: g for g in self.param_groups for p in g["params"]}
-        self._check_ranks_agree()
-        if self._included():
+        if self._included():  # a rank outside the process set does no collective (as Horovod)
+            self._check_ranks_agree()
             self._register_hooks()
 
     # ---- the process set, asked through horovod.torch where it is the global one --------------
@@ -127,8 +134,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _check_names(self, named_parameters) -> dict:
         params = [p for g in self.param_groups for p in g["params"]]
         if named_parameters is None:
-            named = [(f"allreduce.noname.{i}.{j}", p) for i, g in enumerate(self.param_groups)
-                     for j, p in enumerate(g["params"])]
+            named = [(f"allreduce.noname.{i}", p) for i, p in enumerate(params)]
         else:
             named = list(named_parameters)
         if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
@@ -162,7 +168,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_groups(self, groups) -> dict:
         """Parameter -> group id; a group's payloads are launched together."""
-        ordered = sorted(self._names, key=lambda p: self._names[p])
+        ordered = sorted(self._parameter_names, key=lambda p: self._parameter_names[p])
         if groups is None:
             return {p: i for i, p in enumerate(ordered)}
         if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0:
@@ -172,20 +178,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             group_of = {}
             for gid, members in enumerate(groups):
                 for p in members:
-                    if not isinstance(p, torch.Tensor) or p not in self._names:
+                    if not isinstance(p, torch.Tensor) or p not in self._parameter_names:
                         raise ValueError("groups must be a list of lists of this optimizer's parameters")
                     if p in group_of:
-                        raise ValueError(f"parameter '{self._names[p]}' appears in more than one group")
+                        raise ValueError(f"parameter '{self._parameter_names[p]}' appears in more than one group")
                     group_of[p] = gid
             for p in ordered:
-                group_of.setdefault(p, f"single.{self._names[p]}")
+                group_of.setdefault(p, f"single.{self._parameter_names[p]}")
             return group_of
         raise ValueError(f"groups={groups!r}: allowed: None, a positive integer, or a list of lists of parameters")
 
     def _check_ranks_agree(self) -> None:
         """Fail on every rank, with the difference, if ranks disagree on what they will send."""
-        mine = {"params": [(self._names[p], tuple(p.shape), str(p.dtype))
-                           for p in sorted(self._names, key=lambda p: self._names[p])],
+        mine = {"params": [(self._parameter_names[p], tuple(p.shape), str(p.dtype))
+                           for p in sorted(self._parameter_names, key=lambda p: self._parameter_names[p])],
                 "compression": repr(self._compression),
                 "backward_passes_per_step": self.backward_passes_per_step,
                 "op": int(self.op)}
@@ -204,7 +210,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # ---- hooks and communication -----------------------------------------------------------------
     def _register_hooks(self) -> None:
         self._group_size = {}
-        for p in self._names:
+        for p in self._parameter_names:
             if p.requires_grad:
                 self._requires_update.add(p)
                 gid = self._group_of[p]
@@ -217,10 +223,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "before step() or synchronize(); increase backward_passes_per_step")
         self._delay[p] -= 1
         if self._delay[p] == 0:
+            self._ready(p)
+
+    def _ready(self, p: torch.Tensor) -> None:
+        """``p``'s gradient is complete for this step: compress it now, or, with
+        ``clip_grad_norm``, once every gradient is complete (the clip needs their global norm)."""
+        if self.clip_grad_norm is None:
             self._prepare(p)
+            return
+        self._awaiting_clip.append(p)
+        if len(self._awaiting_clip) == len(self._requires_update):
+            params, self._awaiting_clip = self._awaiting_clip, []
+            for q in params:
+                if q.grad is None:
+                    q.grad = torch.zeros_like(q)
+            clip_local_gradients([q.grad for q in params], self.clip_grad_norm, self._world())
+            for q in sorted(params, key=lambda q: self._parameter_names[q]):
+                self._prepare(q)
 
     def _info(self, p: torch.Tensor) -> TensorInfo:
-        info = TensorInfo(name=self._names[p], numel=p.numel(), world=self._world(), rank=self._rank(),
+        info = TensorInfo(name=self._parameter_names[p], numel=p.numel(), world=self._world(), rank=self._rank(),
                           shape=tuple(p.shape), param=p.detach().view(-1))
         if self._compression.takes_over_momentum and isinstance(self, torch.optim.SGD):
             group = self._param_group[p]
@@ -236,9 +258,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         grad = p.grad
         if grad.is_sparse and not self.sparse_as_dense:
             if self._compression.takes_over_momentum:
-                raise ValueError(f"parameter '{self._names[p]}' has a sparse gradient, which "
+                raise ValueError(f"parameter '{self._parameter_names[p]}' has a sparse gradient, which "
                                  f"{self._compression.name} cannot compress; use sparse_as_dense=True")
-            self._sparse[p] = hvd.sparse_allreduce_async(grad, name=f"hvdc.sparse.{self._names[p]}",
+            self._sparse[p] = hvd.sparse_allreduce_async(grad, name=f"hvdc.sparse.{self._parameter_names[p]}",
                                                          op=self.op, process_set=self.process_set)
             return
         if grad.is_sparse:
@@ -315,9 +337,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._included():
             self._synchronized = True
             return
-        for p in sorted(self._requires_update - self._handled(), key=lambda q: self._names[q]):
+        for p in sorted(self._requires_update - self._handled(), key=lambda q: self._parameter_names[q]):
             self._delay[p] = 0
-            self._prepare(p)
+            self._ready(p)
         for gid in sorted(self._prepared, key=str):  # groups whose members did not all report
             self._launch(self._prepared.pop(gid), round_=0)
         while self._inflight:
@@ -330,6 +352,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.last_step_bytes = self._step_bytes
         self.total_bytes.merge(self._step_bytes)
         self._step_bytes = ByteCount(steps=1)
+        self._synced_versions = {p: p.grad._version for p in self._requires_update
+                                 if p.grad is not None and not p.grad.is_sparse}
         self._synchronized = True
 
     def _handled(self) -> set:
@@ -353,10 +377,36 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
                               "optimizer.synchronize(); this synchronizes twice")
             self.synchronize()
+        else:
+            self._check_unmodified()
         self._synchronized = False
         result = self._wrapped_step(closure)
         self._compression.on_step()
         return result
+
+    def _check_unmodified(self) -> None:
+        """Warn once when gradients were changed between ``synchronize()`` and ``step()`` (e.g.
+        Horovod's clipping pattern) while the compressor owns the momentum or keeps a residual:
+        ``p.grad`` is then the exchanged update, not the gradient, so the change is a different
+        algorithm from the one the user meant."""
+        if self._warned_modified or not self._compression.carries_state:
+            return
+        changed = [self._parameter_names[p] for p, v in self._synced_versions.items()
+                   if p.grad is not None and not p.grad.is_sparse and p.grad._version != v]
+        if changed:
+            self._warned_modified = True
+            warnings.warn(
+                f"gradients of {len(changed)} parameter(s) (e.g. '{changed[0]}') were modified "
+                f"between optimizer.synchronize() and optimizer.step(); with "
+                f"{self._compression.name}, which {self._state_kind()}, p.grad there is the "
+                "exchanged update, not the gradient, so clipping it is a different algorithm. "
+                "To clip gradients, pass clip_grad_norm=... to hvdcompress.torch."
+                "DistributedOptimizer (it clips each rank's local gradients before compression).",
+                stacklevel=3)
+
+    def _state_kind(self) -> str:
+        return ("applies the momentum itself" if self._compression.takes_over_momentum
+                else "keeps an error-feedback residual")
 
     def _wrapped_step(self, closure):
         """The wrapped optimizer's own step, with the settings the compressor took over at 0."""
@@ -369,7 +419,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _suspend_taken_over(self) -> list:
         """Zero the optimizer settings the compressor applied itself; return them to restore."""
-        if not self._compression.takes_over_momentum or not isinstance(self, torch.optim.SGD):
+        if not (self._compression.takes_over_momentum and isinstance(self, torch.optim.SGD)
+                and self._included()):
             return []
         saved = []
         for group in self.param_groups:
@@ -379,7 +430,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return saved
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._prepared or self._inflight or self._sparse:
+        if self._prepared or self._inflight or self._sparse or self._awaiting_clip:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(); this would race with "
                                  "the gradients' communication")
@@ -409,6 +460,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         own = state_dict.pop("hvdcompress", None)
         super(self.__class__, self).load_state_dict(state_dict)
         self._prepared.clear()
+        self._awaiting_clip.clear()
         self._inflight.clear()
         self._sparse.clear()
         self._synchronized = False
@@ -420,7 +472,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if unknown:
             raise ValueError(f"load_state_dict: compressor state for unknown parameters {unknown[:5]}")
         self._compression.load_state_dict(own["compressor"])
-        by_name = {n: p for p, n in self._names.items()}
+        by_name = {n: p for p, n in self._parameter_names.items()}
         for name, saved in own["tensors"].items():
             device = by_name[name].device
             self._tensor_state[name] = {k: v.clone().to(device) if torch.is_tensor(v) else v
@@ -433,7 +485,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          backward_passes_per_step: int = 1, op=hvd.Average,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups=None, sparse_as_dense: bool = False,
-                         process_set=hvd.global_process_set) -> torch.optim.Optimizer:
+                         process_set=hvd.global_process_set,
+                         clip_grad_norm: Optional[float] = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are compressed, exchanged and averaged over ranks.
 
     Arguments are those of ``horovod.torch.DistributedOptimizer``; ``compression`` takes an
@@ -442,6 +495,21 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     ``skip_synchronize()``, ``last_step_bytes`` / ``total_bytes`` (:class:`ByteCount`: dense vs
     sent bytes of this rank) and a ``state_dict()`` that includes the compressor's state.
     ``op`` is ``hvd.Average`` or ``hvd.Sum`` (Adasum does not combine with compression).
+    ``_parameter_names`` maps each parameter to its name, as on Horovod's optimizer
+    (``allreduce.noname.{i}`` without ``named_parameters``).
+
+    ``clip_grad_norm=c``: the way to clip gradients with compression. Each rank clips its own
+    local gradients (all of this optimizer's, after ``backward_passes_per_step`` accumulations)
+    by their global L2 norm to ``c / sqrt(N)`` (N ranks in the process set), before error
+    feedback, momentum correction and compression: the local gradient clipping of the DGC
+    paper (Lin et al. 2018, sec. 3.3). Compression then waits until the last gradient of the
+    step is ready, so it no longer overlaps the backward pass. Clipping ``p.grad`` between
+    ``synchronize()`` and ``step()`` (Horovod's pattern) is right for stateless compressors,
+    but with one that owns the momentum or keeps a residual it clips the exchanged update:
+    that case warns once.
+
+    A rank outside ``process_set`` builds the optimizer, does no collective for it, and its
+    ``step()`` applies its own local gradients with the wrapped optimizer, as Horovod's does.
     """
     compressor = as_compressor(compression)
     if op not in (hvd.Average, hvd.Sum):
@@ -457,11 +525,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if num_groups:
         warnings.warn("num_groups is deprecated, use groups", DeprecationWarning)
         groups = groups if groups is not None else num_groups
+    clip_grad_norm = check_clip_grad_norm(clip_grad_norm, compressor)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compressor, backward_passes_per_step,
                   op, gradient_predivide_factor, groups, sparse_as_dense, process_set,
-                  dict(optimizer.defaults))
+                  dict(optimizer.defaults), clip_grad_norm)
     wrapped.state.update(optimizer.state)
     return wrapped
 
@@ -483,7 +552,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         hvd.broadcast_optimizer_state(optimizer, root_rank)
     finally:
         optimizer._plain_step = False
-        for p in optimizer._names:
+        for p in optimizer._parameter_names:
             p.grad = None
     state = hvd.broadcast_object(optimizer._compression.state_dict(), root_rank,
                                  name="hvdc.compressor_state", process_set=process_set)

@@ -65,6 +65,18 @@ def _take_over_momentum(compressor: Compressor, optimizer: Any, config: dict) ->
     return float(momentum), nesterov
 
 
+def _warn_keras_clipping(compressor: Compressor, config: dict) -> None:
+    """Keras clips inside ``apply_gradients``, after the exchange: with a compressor that
+    carries state that clips the exchanged update, not the gradient. Warn, naming the fix."""
+    used = [k for k in ("clipnorm", "global_clipnorm", "clipvalue") if config.get(k) is not None]
+    if used and compressor.carries_state:
+        warnings.warn(f"the wrapped optimizer has {used[0]}={config[used[0]]!r}: Keras clips after "
+                      f"the exchange, and with {compressor.name}, which applies the momentum or "
+                      "keeps a residual, that clips the exchanged update, not the gradient (a "
+                      "different algorithm). To clip gradients, pass clip_grad_norm=... to "
+                      "hvdcompress.tensorflow.keras.DistributedOptimizer instead.", stacklevel=3)
+
+
 class GradientAccumulator(tf.Module):
     """Local sums of gradients over ``passes`` backward passes (Horovod's aggregation helper)."""
 
@@ -129,13 +141,19 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                          op=hvd.Average, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
-                         groups=None, process_set=hvd.global_process_set) -> Any:
+                         groups=None, process_set=hvd.global_process_set,
+                         clip_grad_norm: float = None) -> Any:
     """Wrap a Keras ``optimizer`` so that gradients are compressed, exchanged and averaged.
 
     Arguments are those of ``horovod.tensorflow.keras.DistributedOptimizer``; ``compression``
     takes an hvdcompress compressor (default: none) or a dict for
     :func:`hvdcompress.from_params`. Returns a new optimizer of the same class and config
     (momentum moved into the compressor where it takes it over, see the module doc).
+
+    ``clip_grad_norm=c``: each rank clips its local gradients together to ``c / sqrt(N)`` before
+    compression (see :mod:`hvdcompress.clipping`); the way to clip with compression. Keras's own
+    ``clipnorm`` / ``global_clipnorm`` / ``clipvalue`` act on the exchanged update, which, with a
+    compressor that applies the momentum or keeps a residual, is not the gradient: that warns.
     """
     if not isinstance(optimizer, _keras_classes("Optimizer")):
         raise TypeError(f"optimizer={optimizer!r}: allowed: a Keras optimizer "
@@ -148,9 +166,10 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
         warnings.warn("num_groups is deprecated, use groups", DeprecationWarning)
         groups = groups if groups is not None else num_groups
     options = ExchangeOptions(device_dense, device_sparse, sparse_as_dense, op,
-                              gradient_predivide_factor, groups, process_set)
+                              gradient_predivide_factor, groups, process_set, clip_grad_norm)
     compressor = as_compressor(compression)
     config = optimizer.get_config()
+    _warn_keras_clipping(compressor, config)
     if name is not None:
         config["name"] = name
     momentum, nesterov = _take_over_momentum(compressor, optimizer, config)

@@ -6,9 +6,8 @@ round-1 payloads (chosen chunks' values) are summed by hand, and each rank decom
 """
 from __future__ import annotations
 
+import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -240,36 +239,52 @@ def test_registered_and_built_from_strings():
         hc.from_params({"compressor": "csc", "chunk": "big"})
 
 
+# ---- real Horovod, 2 ranks ------------------------------------------------------------------------
+TOY = {"n": 1000, "bias": 10, "chunk": 64, "ratio": 0.25, "min_numel": 100, "warmup": 2,
+       "steps": 4, "lr": 0.25, "mu": 0.9}  # 16 chunks (the last of 40 elements): 8 sent, then 4
+
+
+def np_toy_training(cfg: dict, world: int) -> tuple:
+    """tests/hvd/{torch,tf}_csc.py in numpy: final (w, b) and bytes each rank sends per step.
+    ``lr`` is a power of 2 and ``world`` 2, so every product and sum is exact in any order."""
+    n, bias, chunk, mu, lr = cfg["n"], cfg["bias"], cfg["chunk"], cfg["mu"], np.float32(cfg["lr"])
+    w, b = np.zeros(n, np.float32), np.zeros(bias, np.float32)
+    us = vs = [np.zeros(n, np.float32)] * world
+    ub = [np.zeros(bias, np.float32)] * world
+    sent = []
+    for step in range(cfg["steps"]):
+        c = [np.random.default_rng(100 + 10 * step + r).standard_normal(n).astype(np.float32)
+             for r in range(world)]
+        d = [np.random.default_rng(500 + 10 * step + r).standard_normal(bias).astype(np.float32)
+             for r in range(world)]
+        ratio = cfg["ratio"] ** (min(step + 1, cfg["warmup"]) / cfg["warmup"])
+        _, dense, us, vs, chosen = np_csc_step(c, us, vs, ratio, chunk, mu, cfg["nesterov"], True)
+        if cfg["nesterov"]:  # the bias goes dense: u, plus g with Nesterov; the velocity is empty
+            ub = [(u + g) * np.float32(mu) for u, g in zip(ub, d)]
+            payload = [u + g for u, g in zip(ub, d)]
+        else:
+            ub = payload = [u * np.float32(mu) + g for u, g in zip(ub, d)]
+        w = w - lr * (dense * np.float32(1 / world))
+        b = b - lr * (rank_sum(payload) * np.float32(1 / world))
+        values = sum(min(chunk, n - i * chunk) for i in chosen)
+        sent.append(4 * (-(-n // chunk) + values + bias))
+    return w, b, sent
+
+
 @pytest.mark.horovod
-def test_horovod_ranks_end_identical_and_equal_to_numpy():
+@pytest.mark.parametrize("script,nesterov", [("torch_csc.py", False), ("torch_csc.py", True),
+                                             ("tf_csc.py", True)])
+def test_horovod_ranks_end_identical_and_equal_to_numpy(script, nesterov):
     from conftest import run_horovod
 
-    sys.path.insert(0, str(Path(__file__).parent / "hvd"))
-    import torch_csc as script
-
-    results = sorted(run_horovod("torch_csc.py", np=2), key=lambda r: r["rank"])
+    cfg = dict(TOY, nesterov=nesterov)
+    results = sorted(run_horovod(script, np=2, args=[json.dumps(cfg)]), key=lambda r: r["rank"])
     assert [r["rank"] for r in results] == [0, 1]
-    world, lr, mu = 2, np.float32(script.LR), script.MU
-    w, b = np.zeros(script.N, np.float32), np.zeros(script.BIAS, np.float32)
-    us = vs = [np.zeros(script.N, np.float32)] * world
-    ub = [np.zeros(script.BIAS, np.float32)] * world
-    sent = []
-    for step in range(script.STEPS):
-        c = [np.random.default_rng(100 + 10 * step + r).standard_normal(script.N).astype(np.float32)
-             for r in range(world)]
-        d = [np.random.default_rng(500 + 10 * step + r).standard_normal(script.BIAS).astype(np.float32)
-             for r in range(world)]
-        ratio = script.RATIO ** ((step + 1) / script.WARMUP) if step < script.WARMUP else script.RATIO
-        _, dense, us, vs, chosen = np_csc_step(c, us, vs, ratio, script.CHUNK, mu, False, True)
-        ub = [u * np.float32(mu) + g for u, g in zip(ub, d)]  # dense path: u, the velocity empty
-        w = w - lr * (dense * np.float32(1 / world))
-        b = b - lr * (rank_sum(ub) * np.float32(1 / world))
-        nchunks = -(-script.N // script.CHUNK)
-        values = sum(min(script.CHUNK, script.N - c_ * script.CHUNK) for c_ in chosen)
-        sent.append(4 * (nchunks + values + script.BIAS))
-    assert sent[0] > sent[-1]  # the warm-up sent 8 chunks, then 4
+    w, b, sent = np_toy_training(cfg, world=2)
+    assert sent[0] > sent[1] == sent[-1]  # the warm-up sent 8 chunks, then 4
     for r in results:
-        assert r["momentum_kept"] == mu  # the user's SGD setting survives the take-over
-        assert r["sent"] == sent
+        if script == "torch_csc.py":
+            assert r["momentum_kept"] == cfg["mu"]  # the user's SGD setting survives the take-over
+            assert r["sent"] == sent
         np.testing.assert_array_equal(np.array(r["w"], np.float32), w)
         np.testing.assert_array_equal(np.array(r["b"], np.float32), b)

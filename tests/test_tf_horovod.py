@@ -173,15 +173,16 @@ def test_tf_function_step_does_not_retrace_on_sparsity_or_lr_change():
 def test_tape_clip_grad_norm_and_process_set_exclusion():
     """clip_grad_norm clips each rank's gradients together to c / sqrt(N) before compression
     (numpy reference below); a rank outside the process set keeps its own gradients."""
-    def vec(rank, seed, n):
-        return np.random.default_rng(seed + rank).standard_normal(n).astype(np.float32).astype(np.float64)
+    def vectors(rank):  # as tf_clip_psets.py draws them: a (60) then b (40) from one stream
+        rng = np.random.default_rng(1000 + rank)
+        return [rng.standard_normal(n).astype(np.float32).astype(np.float64) for n in (60, 40)]
 
     cases = {}
     for r in run_horovod("tf_clip_psets.py", np=2):
         cases.setdefault(r["case"], {})[r["rank"]] = r
 
     def clipped(rank):
-        a, b = vec(rank, 1000, 60), vec(rank, 1000, 40)
+        a, b = vectors(rank)
         norm = np.sqrt(np.sum(a * a) + np.sum(b * b))
         limit = 1.5 / np.sqrt(2)
         assert norm > 2 * limit  # the clip is active
@@ -202,5 +203,5 @@ def test_tape_clip_grad_norm_and_process_set_exclusion():
             np.testing.assert_allclose(cases[case][r]["b"], b, rtol=2e-5, atol=1e-6)
     # rank 1 is outside {0}: its own gradient; rank 0 alone in {0}: its own as well
     for r in range(2):
-        np.testing.assert_array_equal(cases["tf_outside_set"][r]["a"], vec(r, 1000, 60).astype(np.float32))
+        np.testing.assert_array_equal(cases["tf_outside_set"][r]["a"], vectors(r)[0].astype(np.float32))
         assert cases["tf_after"][r]["total"] == 1.0

@@ -1,14 +1,15 @@
-"""Build hook: compiles the optional torch extension hvdcompress.ops._torch_kernels.
+"""Build hook: compiles the optional C++ kernel library hvdcompress/ops/_kernels*.so.
 
-Metadata lives in pyproject.toml. The extension is built when torch is importable at build time
-(``pip install --no-build-isolation -e .`` builds it in place); if torch is missing or the compiler
-fails, the install still succeeds and hvdcompress uses its pure-framework fallback, logging so.
-Set HVDCOMPRESS_BUILD_KERNELS=0 to skip the build.
+Metadata lives in pyproject.toml. The library (kernels.cpp + capi.cpp) is plain C++ with OpenMP and
+a C ABI, loaded with ctypes by hvdcompress.ops.native for PyTorch and TensorFlow alike: building it
+needs a C++ compiler and no framework (``pip install --no-build-isolation -e .`` builds it in
+place). If the compiler fails, the install still succeeds and hvdcompress uses its plain-torch
+fallback, logging so. Set HVDCOMPRESS_BUILD_KERNELS=0 to skip the build.
 """
 import os
 import sys
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 OPS = os.path.join("hvdcompress", "ops")
@@ -36,26 +37,18 @@ class OptionalBuildExt(build_ext):
               "the pure-framework fallback will be used", file=sys.stderr)
 
 
-def torch_extension():
-    """(extensions, cmdclass) for the torch kernels, or nothing when they cannot be built."""
+def kernel_library():
+    """(extensions, cmdclass) for the kernel library, or nothing when HVDCOMPRESS_BUILD_KERNELS=0.
+    It is built as an extension module only to get setuptools' compiler, flags and install
+    location; Python never imports it (ctypes loads it)."""
     if os.environ.get("HVDCOMPRESS_BUILD_KERNELS", "1") == "0":
         return [], {}
-    try:
-        from torch.utils.cpp_extension import BuildExtension, CppExtension
-    except ImportError:
-        print("hvdcompress: torch is not importable at build time; skipping the C++ kernels",
-              file=sys.stderr)
-        return [], {}
-
-    class Build(OptionalBuildExt, BuildExtension):
-        pass
-
-    ext = CppExtension(
-        "hvdcompress.ops._torch_kernels",
-        [os.path.join(OPS, "kernels.cpp"), os.path.join(OPS, "torch_binding.cpp")],
-        extra_compile_args=CXX_FLAGS, extra_link_args=["-fopenmp"])
-    return [ext], {"build_ext": Build.with_options(use_ninja=False)}
+    ext = Extension(
+        "hvdcompress.ops._kernels",
+        [os.path.join(OPS, "kernels.cpp"), os.path.join(OPS, "capi.cpp")],
+        language="c++", extra_compile_args=["-std=c++17"] + CXX_FLAGS, extra_link_args=["-fopenmp"])
+    return [ext], {"build_ext": OptionalBuildExt}
 
 
-extensions, cmdclass = torch_extension()
+extensions, cmdclass = kernel_library()
 setup(ext_modules=extensions, cmdclass=cmdclass)

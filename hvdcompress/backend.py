@@ -75,9 +75,10 @@ class Ops(ABC):
     @abstractmethod
     def ge(self, x: Tensor, threshold: Tensor) -> Tensor: ...
 
-    @abstractmethod
     def norm(self, x: Tensor) -> Tensor:
-        """The L2 norm as a 0-d tensor, accumulated in float32 or wider."""
+        """The L2 norm as a 0-d float32 tensor (kernels.h ``l2_norm``: squares summed in
+        float64), of ``x`` cast to float32 if it is not."""
+        return self._impl(x).l2_norm(self._as_float32(x))
 
     @abstractmethod
     def min(self, x: Tensor) -> Tensor: ...
@@ -140,19 +141,27 @@ class Ops(ABC):
 
     def sub_finite(self, a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
         """``a − b`` with non-finite entries set to 0 (an error-feedback residual), written into
-        ``out`` when given (``out`` may be ``a`` or ``b``; one fused pass, kernels.h
-        ``sub_finite``)."""
-        e = a - b
-        return self.into(out, self.where(self.isfinite(e), e, self.zeros(self.numel(e), like=e)))
+        ``out`` when given (``out`` may be ``a`` or ``b``; kernels.h ``sub_finite`` for float32)."""
+        if not all(self._is_flat_float32(t) for t in (a, b)):
+            e = a - b
+            return self.into(out, self.where(self.isfinite(e), e, self.zeros(self.numel(e), like=e)))
+        if self.numel(a) != self.numel(b):
+            raise ValueError(f"sub_finite: a has {self.numel(a)} elements, b has {self.numel(b)}")
+        return self._decode(out, self.numel(a), lambda buf: self._impl(a).sub_finite(a, b, out=buf))
 
     def momentum_correction(self, u: Tensor, v: Tensor, g: Tensor, mu: float,
                             nesterov: bool) -> tuple:
-        """DGC's momentum correction, ``(u, v)`` after one step with the local gradient ``g``:
-        plain ``u = u·mu + g; v = v + u``; Nesterov ``u = (u + g)·mu; v = (v + u) + g``. A
-        backend may update ``u`` and ``v`` in place (one fused pass, kernels.h
-        ``momentum_correction``); the caller stores the results with :meth:`write`."""
-        u = (u + g) * mu if nesterov else u * mu + g
-        return u, (v + u) + g if nesterov else v + u
+        """DGC's momentum correction, ``(u, v)`` after one step with the local gradient ``g``
+        (kernels.h ``momentum_correction``). An in-place backend updates ``u`` and ``v`` in
+        place; the caller stores the results with :meth:`write`."""
+        if not all(self._is_flat_float32(t) for t in (u, v, g)):
+            u = (u + g) * mu if nesterov else u * mu + g
+            return u, (v + u) + g if nesterov else v + u
+        if not self.numel(u) == self.numel(v) == self.numel(g):
+            raise ValueError(f"momentum_correction: u, v and g have {self.numel(u)}, {self.numel(v)} "
+                             f"and {self.numel(g)} elements; they must be equal")
+        return self._impl(g).momentum_correction(g, u, v, float(mu), bool(nesterov),
+                                                 u_out=self._in_place(u), v_out=self._in_place(v))
 
     # --- shape and linear algebra (PowerSGD) ------------------------------------------------
     @abstractmethod
@@ -176,140 +185,234 @@ class Ops(ABC):
 
     def lowrank_project(self, e: Tensor, g: Tensor, q: Tensor) -> tuple:
         """PowerSGD's first product: ``(m, m q)`` with ``m = e + g`` (e, g: rows × cols; q:
-        cols × r; float32). A backend may build ``m`` in place in ``e`` in the same pass
-        (kernels.h ``lowrank_project``)."""
-        m = e + g
-        return m, self.matmul(m, q)
+        cols × r; float32; kernels.h ``lowrank_project``). An in-place backend builds ``m`` in
+        ``e``."""
+        e, g, q = self._lowrank_args(e, g, q)
+        return self._impl(e).lowrank_project(e, g, q, out=self._in_place(e))
 
     def lowrank_project_back(self, m: Tensor, p: Tensor) -> Tensor:
         """``mᵀ p`` (m: rows × cols, p: rows × r; float32), as (cols × r)."""
-        return self.matmul(m, p, transpose_a=True)
+        m, p = self._lowrank_args(m, p)
+        return self._impl(m).lowrank_project_back(m, p)
 
     def lowrank_residual(self, m: Tensor, p: Tensor, q: Tensor) -> Tensor:
-        """``m − p qᵀ`` (m: rows × cols, p: rows × r, q: cols × r; float32) with non-finite
-        entries set to 0, flattened (row-major): PowerSGD's new residual. A backend may compute
-        it in place in ``m`` (one fused pass, kernels.h ``lowrank_residual``)."""
-        n = self.numel(m)
-        return self.sub_finite(self.reshape(m, (n,)), self.reshape(self.matmul(p, q, transpose_b=True), (n,)))
+        """``m − p qᵀ`` with non-finite entries set to 0, flattened (row-major): PowerSGD's new
+        residual (kernels.h ``lowrank_residual``). An in-place backend computes it in ``m``."""
+        m, p, q = self._lowrank_args(m, p, q)
+        return self._impl(m).lowrank_residual(m, p, q, out=self._in_place(m))
 
-    @abstractmethod
+    def _lowrank_args(self, *mats: Tensor) -> tuple:
+        """The matrices, contiguous; each must be a 2-D float32 tensor."""
+        for name, t in zip("abc", mats):
+            if self.dtype(t) != "float32" or self.ndim(t) != 2:
+                raise TypeError(f"low-rank products take 2-D float32 matrices; argument {name} is "
+                                f"{self.ndim(t)}-D {self.dtype(t)}")
+        return tuple(self.contiguous(t) for t in mats)
+
     def max_abs(self, x: Tensor) -> Tensor:
-        """``max |x|`` as a 0-d tensor; NaN if ``x`` has a NaN; 0 for an empty ``x``."""
+        """``max |x|`` as a 0-d float32 tensor; NaN if ``x`` has a NaN; 0 for an empty ``x``
+        (kernels.h ``max_abs``; ``x`` cast to float32 if it is not, which is exact for
+        float16 and bfloat16)."""
+        return self._impl(x).max_abs(self._as_float32(x))
 
     # --- kernels ------------------------------------------------------------------------------
-    # The operations below are the C++ kernels of hvdcompress/ops/kernels.h (where the fuller
-    # rules live); a backend may implement them with framework ops. Common rules:
-    #  * ``x`` (and ``residual``) must be contiguous float32 of one dimension: another dtype is
-    #    a TypeError, a non-contiguous tensor a ValueError. Code tensors are uint8.
-    #  * Packed layout: a byte holds 8 / bits codes, the first element in the highest bits
-    #    (numpy.packbits order, MXNet's 2-bit order); n codes take ceil(n * bits / 8) bytes and
-    #    unused low bits of the last byte are 0.
+    # The operations below are the kernels of hvdcompress/ops/kernels.h, which specifies each of
+    # them (semantics, byte layouts, random numbers); docs/kernels.md explains the layers. Ops
+    # checks the arguments once, here, and hands them to the implementation that ``_impl(x)``
+    # picks for x's device: the C++ kernels (hvdcompress.ops.native, through zero-copy views of
+    # CPU tensors) or the plain-torch fallback (hvdcompress.ops.torch_fallback), which produce
+    # bit-identical results. Common rules:
+    #  * ``x`` (and ``residual``) must be contiguous 1-D float32 tensors: another dtype is a
+    #    TypeError, another shape or a non-contiguous tensor a ValueError. Codes are uint8.
     #  * Decoders take the payloads of R ranks back to back (allgather order) and return their
-    #    float32 sum, added in rank order from +0.0. Given ``out`` (a contiguous float32 tensor
-    #    of n elements, not aliasing the payload), they write the sum into it and return it,
-    #    so a caller can decode straight into a gradient buffer without allocating.
-    #  * ``key`` (an int in [0, 2**32)) seeds the stochastic operations: with the C++ kernels the
-    #    uniform for element i is (fmix32(uint32(i) * 0x9E3779B1 + key) >> 8) / 2**24 (MurmurHash3
-    #    finaliser). A framework fallback may draw its own uniforms from ``key``: the rounding
-    #    rule, not the stream, is the contract.
-    #  * Residual-updating operations may update ``residual`` in place; they return the
-    #    updated residual, which the caller stores with :meth:`write`.
+    #    float32 sum. Given ``out`` (a contiguous float32 tensor of n elements, not aliasing the
+    #    payload), they write the sum into it and return it (:meth:`into` for an immutable one).
+    #  * ``key`` (an int in [0, 2**32)) seeds the stochastic operations (kernels.h's
+    #    counter-based uniforms, identical on every path).
+    #  * State-updating operations return the new state (residual, momenta); an in-place backend
+    #    (:attr:`in_place`) writes it into the old buffer. The caller stores it with :meth:`write`.
+
+    #: Whether the kernels may update state buffers (residuals, momenta) in place: true for
+    #: torch; false for TensorFlow, whose tensors are immutable.
+    in_place: bool = False
 
     @abstractmethod
+    def _impl(self, x: Tensor) -> Any:
+        """The kernel implementation for ``x``'s device: an object with the functions of
+        :mod:`hvdcompress.ops.native`, on this framework's tensors."""
+
+    @abstractmethod
+    def ndim(self, x: Tensor) -> int: ...
+
+    def contiguous(self, x: Tensor) -> Tensor:
+        """``x`` with a row-major contiguous layout (a copy only when it is not)."""
+        return x
+
+    def is_contiguous(self, x: Tensor) -> bool:
+        return True
+
+    def _in_place(self, buf: Tensor) -> Tensor | None:
+        """The output buffer for an updated state tensor: ``buf`` itself on an in-place backend."""
+        return buf if self.in_place else None
+
+    def _is_flat_float32(self, x: Tensor) -> bool:
+        return self.dtype(x) == "float32" and self.ndim(x) == 1 and self.is_contiguous(x)
+
+    def _as_float32(self, x: Tensor) -> Tensor:
+        x = x if self.dtype(x) == "float32" else self.cast(x, "float32")
+        return self.contiguous(self.reshape(x, (self.numel(x),)) if self.ndim(x) != 1 else x)
+
+    def _check_x(self, x: Tensor, what: str = "x") -> None:
+        if self.dtype(x) != "float32":
+            raise TypeError(f"{what} must be a float32 tensor, got {self.dtype(x)}")
+        if self.ndim(x) != 1 or not self.is_contiguous(x):
+            raise ValueError(f"{what} must be a contiguous 1-D tensor, got a "
+                             f"{'' if self.is_contiguous(x) else 'non-contiguous '}"
+                             f"{self.ndim(x)}-D tensor")
+
+    def _check_same_size(self, x: Tensor, other: Tensor, what: str) -> None:
+        self._check_x(other, what)
+        if self.numel(other) != self.numel(x):
+            raise ValueError(f"{what} has {self.numel(other)} elements, x has {self.numel(x)}")
+
+    @staticmethod
+    def _check_range(what: str, value: int, low: int, high: int) -> None:
+        if not low <= value <= high:
+            raise ValueError(f"{what}={value} is out of range; allowed: {low}..{high}")
+
+    def _check_payload(self, what: str, payload: Tensor, dtype: str, each: int) -> int:
+        """The number of ranks R of a payload of R * ``each`` elements of ``dtype``."""
+        if self.dtype(payload) != dtype:
+            raise TypeError(f"{what} must be a {dtype} tensor, got {self.dtype(payload)}")
+        count = self.numel(payload)
+        if each < 1 or count == 0 or count % each:
+            raise ValueError(f"{what} has {count} elements, not a positive multiple of {each}")
+        return count // each
+
+    def _decode(self, out: Tensor | None, n: int, decode: Any) -> Tensor:
+        """``decode(buffer)`` into the caller's ``out``: handed to the kernel on an in-place
+        backend (after checking it), else filled from the result with :meth:`into`."""
+        if out is None or not self.in_place:
+            return self.into(out, decode(None))
+        self._check_x(out, "out")
+        if self.numel(out) != n:
+            raise ValueError(f"out has {self.numel(out)} elements; the decoded tensor has {n}")
+        return decode(out)
+
     def sign_pack(self, x: Tensor) -> tuple:
-        """``(packed, mean_abs)``: 1-bit codes, bit = 1 iff the sign bit of x[i] is clear
-        (+0 -> 1, -0 -> 0), and ``[mean |x|]`` as a 1-element float32 tensor (NaN if x has NaN)."""
+        """``(packed, [mean |x|])`` (kernels.h ``sign_pack``)."""
+        self._check_x(x)
+        return self._impl(x).sign_pack(x)
 
-    @abstractmethod
     def ef_sign_pack(self, x: Tensor, residual: Tensor) -> tuple:
-        """EF-signSGD in one pass: ``p = x + residual``; ``scale = mean |p|``; signs of ``p``
-        packed as :meth:`sign_pack`; ``residual = p - (bit ? scale : -scale)`` with non-finite
-        entries set to 0. Returns ``(packed, [scale], residual)``."""
+        """``(packed, [scale], residual)`` (kernels.h ``ef_sign_pack``)."""
+        self._check_x(x)
+        self._check_same_size(x, residual, "residual")
+        return self._impl(x).ef_sign_pack(x, residual, out=self._in_place(residual))
 
-    @abstractmethod
     def twobit_pack(self, x: Tensor, threshold: float, residual: Tensor | None = None) -> tuple:
-        """MXNet 2-bit quantisation. ``v = x + residual`` (or ``x``); code 0b11 if v >= t,
-        0b10 if v <= -t, 0b01 if v is NaN, else 0b00. With a residual:
-        ``residual = v - (+t, -t or 0)``, non-finite entries set to 0. Returns
-        ``(packed, residual or None)``. Decode with :meth:`unpack_sum` and the table
-        ``[0, nan, -t, +t]``."""
+        """``(packed, residual or None)`` (kernels.h ``twobit_pack``; decode with
+        :meth:`unpack_sum` and the table ``[0, nan, -t, +t]``)."""
+        self._check_x(x)
+        if residual is not None:
+            self._check_same_size(x, residual, "residual")
+        out = None if residual is None else self._in_place(residual)
+        return self._impl(x).twobit_pack(x, float(threshold), residual, out=out)
 
-    @abstractmethod
     def levels_pack(self, x: Tensor, scale: float, levels: int, natural: bool, key: int) -> Tensor:
-        """Stochastic rounding of ``r = |x[i]| * scale`` (float32) to a level in [0, levels]
-        (1 <= levels <= 127), one uint8 per element: the level as two's-complement int8,
-        negated when x[i] < 0; 0x80 marks NaN. Linear: levels are the integers, the level is
-        floor(r) + (u < r - floor(r)). Natural: nonzero levels are 2^(j - levels), j = 1..levels;
-        for r >= 2^(1 - levels), with r = m * 2^e (frexp), the level is (e + levels - 1) +
-        (u < 2m - 1); below, it is (u < r * 2^(levels - 1)). Levels are clamped to ``levels``.
-        Unbiased when r <= levels (linear) or r <= 1 (natural)."""
+        """Stochastic rounding of ``|x| * scale`` to ``levels`` levels, one int8 code per element
+        (kernels.h ``levels_pack``). Unbiased when r <= levels (linear) or r <= 1 (natural)."""
+        self._check_x(x)
+        self._check_range("levels_pack: levels", levels, 1, 127)
+        self._check_range("levels_pack: key", key, 0, 2 ** 32 - 1)
+        return self._impl(x).levels_pack(x, float(scale), int(levels), bool(natural), int(key))
 
-    @abstractmethod
     def ternary_pack(self, x: Tensor, scale: float, key: int) -> Tensor:
-        """:meth:`levels_pack` with ``levels=1`` (linear), written as 2-bit codes in the
-        :meth:`twobit_pack` format (+1 -> 0b11, -1 -> 0b10, 0 -> 0b00, NaN -> 0b01)."""
+        """:meth:`levels_pack` with one linear level, as 2-bit codes (kernels.h ``ternary_pack``)."""
+        self._check_x(x)
+        self._check_range("ternary_pack: key", key, 0, 2 ** 32 - 1)
+        return self._impl(x).ternary_pack(x, float(scale), int(key))
 
-    @abstractmethod
     def natural_pack(self, x: Tensor, key: int) -> Tensor:
-        """Natural compression: |x| in [2^E, 2^(E+1)) becomes 2^(E+1) with probability
-        |x| / 2^E - 1, else 2^E (unbiased). One uint8 per element: bit 7 the sign bit of x,
-        bits 0-6 c: 0 -> 0 (results below 2^-100, zeros and subnormals), 1..126 ->
-        2^(c - 101), 127 -> infinity (results of 2^26 or more). NaN -> 0x80."""
+        """Natural compression, one byte per element (kernels.h ``natural_pack``; unbiased)."""
+        self._check_x(x)
+        self._check_range("natural_pack: key", key, 0, 2 ** 32 - 1)
+        return self._impl(x).natural_pack(x, int(key))
 
-    @abstractmethod
     def unpack_sum(self, packed: Tensor, n: int, bits: int, tables: Tensor,
                    out: Tensor | None = None) -> Tensor:
-        """Decode R payloads of ``n`` ``bits``-bit codes (bits in 1, 2, 8; payload r starts at
-        byte r * ceil(n * bits / 8)) through per-rank float32 tables (R * 2^bits entries, table
-        r at offset r * 2^bits) and sum: ``out[i] = sum_r tables[r][code_r(i)]``."""
+        """Decode R payloads of ``bits``-bit codes through per-rank float32 tables and sum them
+        (kernels.h ``unpack_sum``)."""
+        if bits not in (1, 2, 8):
+            raise ValueError(f"unpack_sum: bits={bits} is out of range; allowed: 1, 2, 8")
+        self._check_range("unpack_sum: n", n, 1, 2 ** 62)
+        ranks = self._check_payload("packed", packed, "uint8", (n * bits + 7) // 8)
+        if self.dtype(tables) != "float32" or self.numel(tables) != ranks << bits:
+            raise ValueError(f"tables has {self.numel(tables)} entries ({self.dtype(tables)}); "
+                             f"{ranks} payloads of {bits}-bit codes need {ranks << bits} float32")
+        return self._decode(out, n, lambda buf: self._impl(packed).unpack_sum(
+            packed, int(n), int(bits), tables, out=buf))
 
-    @abstractmethod
     def bf16_sum(self, bits: Tensor, n: int, out: Tensor | None = None) -> Tensor:
-        """Decode and sum R payloads of ``n`` bfloat16 values given as int16 bit patterns (back
-        to back): ``out[i] = sum_r float32(bits_r[i])``, in rank order from +0.0."""
+        """Decode and sum R payloads of ``n`` bfloat16 values given as int16 bit patterns
+        (kernels.h ``bf16_sum``)."""
+        self._check_payload("bits", bits, "int16", n)
+        return self._decode(out, n, lambda buf: self._impl(bits).bf16_sum(
+            self.contiguous(bits), int(n), out=buf))
 
-    @abstractmethod
     def sign_vote(self, packed: Tensor, n: int, scale: float, out: Tensor | None = None) -> Tensor:
-        """Majority vote of R :meth:`sign_pack` payloads (back to back): float32
-        ``scale * sign(sum_r (bit ? 1 : -1))``, 0 where the ranks tie."""
+        """Majority vote of R :meth:`sign_pack` payloads times ``scale`` (kernels.h ``sign_vote``)."""
+        self._check_range("sign_vote: n", n, 1, 2 ** 62)
+        self._check_payload("packed", packed, "uint8", (n + 7) // 8)
+        return self._decode(out, n, lambda buf: self._impl(packed).sign_vote(
+            packed, int(n), float(scale), out=buf))
 
-    @abstractmethod
     def minmax_pack(self, x: Tensor, chunk: int) -> tuple:
-        """Bagua's 8-bit min-max quantisation per chunk of ``chunk`` elements (the last may be
-        shorter). Returns ``(codes, bounds)``: n uint8 codes and float32 bounds
-        ``[min_0, max_0, min_1, max_1, ...]`` (both NaN for a chunk holding a non-finite
-        value). In float32: ``range = max - min``; ``inv = 255 / range`` (0 if range is 0);
-        ``code = clamp(rint((x - min) * inv), 0, 255)`` (half to even; 0 in a NaN chunk)."""
+        """Bagua's 8-bit min-max quantisation per chunk: ``(codes, bounds)`` (kernels.h
+        ``minmax_pack``)."""
+        self._check_x(x)
+        self._check_range("minmax_pack: chunk", chunk, 1, 2 ** 62)
+        return self._impl(x).minmax_pack(x, int(chunk))
 
-    @abstractmethod
     def minmax_unpack_sum(self, codes: Tensor, bounds: Tensor, n: int, chunk: int,
                           out: Tensor | None = None) -> Tensor:
-        """Sum over R payloads (``codes`` R * n bytes, ``bounds`` R * 2 * ceil(n / chunk)
-        floats) of ``min + code * (range / 255)``, in float32."""
+        """Sum of R :meth:`minmax_pack` payloads, decoded (kernels.h ``minmax_unpack_sum``)."""
+        self._check_range("minmax_unpack_sum: chunk", chunk, 1, 2 ** 62)
+        ranks = self._check_payload("codes", codes, "uint8", n)
+        self._check_payload("bounds", bounds, "float32", 2 * ranks * -(-n // chunk))
+        return self._decode(out, n, lambda buf: self._impl(codes).minmax_unpack_sum(
+            codes, bounds, int(n), int(chunk), out=buf))
 
-    @abstractmethod
     def count_ge(self, x: Tensor, threshold: float) -> int:
         """How many elements are selected: |x[i]| >= threshold, or x[i] is NaN."""
+        self._check_x(x)
+        return int(self._impl(x).count_ge(x, float(threshold)))
 
-    @abstractmethod
     def select_ge(self, x: Tensor, threshold: float) -> tuple:
-        """``(values, indices)`` of the elements :meth:`count_ge` selects, indices ascending
-        int64, in one compaction."""
+        """``(values, indices)`` of the elements :meth:`count_ge` selects, indices ascending int64."""
+        self._check_x(x)
+        return self._impl(x).select_ge(x, float(threshold))
 
-    @abstractmethod
     def sampled_threshold(self, x: Tensor, start: int, stride: int, top: int) -> float:
-        """The ``top``-th largest magnitude (1-based) among ``x[start::stride]``; NaN ranks above
-        +inf (and is returned as NaN). 1 <= top <= the sample count."""
+        """The ``top``-th largest magnitude among ``x[start::stride]`` (kernels.h)."""
+        self._check_x(x)
+        return float(self._impl(x).sampled_threshold(x, int(start), int(stride), int(top)))
 
-    @abstractmethod
     def topk_abs(self, x: Tensor, k: int) -> tuple:
-        """Exact top-k by magnitude: ``(values, indices)`` of the k elements of largest |x|
-        (NaN largest, then +inf), ties broken towards the lower index, indices ascending int64.
-        0 <= k <= numel(x)."""
+        """Exact top-k by magnitude: ``(values, indices)``, indices ascending int64 (kernels.h)."""
+        self._check_x(x)
+        self._check_range("topk_abs: k", k, 0, self.numel(x))
+        return self._impl(x).topk_abs(x, int(k))
 
-    @abstractmethod
     def sparse_sum(self, n: int, indices: Tensor, values: Tensor,
                    out: Tensor | None = None) -> Tensor:
-        """A dense float32 length-``n`` tensor: zeros plus ``values`` (float32) added at
-        ``indices`` (int32 or int64, repeats summed in order), e.g. the allgathered sparse
-        payloads of all ranks. An index outside [0, n) is an IndexError raised before writing."""
+        """A dense float32 length-``n`` tensor: zeros plus ``values`` added at ``indices`` (int32
+        or int64, repeats summed in order); an index outside [0, n) is an IndexError raised
+        before writing (kernels.h ``scatter_add``)."""
+        self._check_x(values, "values")
+        if self.dtype(indices) not in ("int32", "int64"):
+            raise TypeError(f"indices must be int32 or int64, got {self.dtype(indices)}")
+        if self.numel(indices) != self.numel(values):
+            raise ValueError(f"sparse_sum: {self.numel(indices)} indices for {self.numel(values)} values")
+        return self._decode(out, n, lambda buf: self._impl(values).sparse_sum(
+            int(n), self.contiguous(indices), values, out=buf))

@@ -274,17 +274,21 @@ def np_natural_decode(codes: np.ndarray) -> np.ndarray:
     return np.where(codes == 0x80, np.nan, out)
 
 
-def test_natural_pack_kernel_bit_for_bit():
-    x = data(30001, 4, specials=True)
-    x[[10, 11, 12]] = [np.nan, 1e-35, 1e9]
-    key = 77
+def np_natural_pack(x: np.ndarray, key: int) -> np.ndarray:
     u24 = np_uniform24(x.size, key)
     a = x.view(np.uint32) & np.uint32(0x7FFFFFFF)
     field = (a >> np.uint32(23)).astype(np.int64)
     e8 = field + (u24 < 2 * (a & np.uint32(0x7FFFFF)).astype(np.uint64))
     c = np.where(e8 < 27, 0, np.where(e8 > 152, 127, e8 - 26))
     c = np.where(field == 0, 0, c) | (np.signbit(x).astype(np.int64) << 7)
-    want = np.where(a > 0x7F800000, 0x80, c).astype(np.uint8)
+    return np.where(a > 0x7F800000, 0x80, c).astype(np.uint8)
+
+
+def test_natural_pack_kernel_bit_for_bit():
+    x = data(30001, 4, specials=True)
+    x[[10, 11, 12]] = [np.nan, 1e-35, 1e9]
+    key = 77
+    want = np_natural_pack(x, key)
     np.testing.assert_array_equal(TorchOps(kernels=True).natural_pack(t(x), key).numpy(), want)
 
 
@@ -600,5 +604,5 @@ def test_bf16_sum_matches_numpy(ops, n, ranks):
 def test_bf16_sum_rejects_bad_payloads(ops):
     with pytest.raises(TypeError, match="int16"):
         ops.bf16_sum(torch.zeros(10, dtype=torch.int32), 5)
-    with pytest.raises(ValueError, match="not a positive multiple of n=4"):
+    with pytest.raises(ValueError, match="bits has 10 elements, not a positive multiple of 4"):
         ops.bf16_sum(torch.zeros(10, dtype=torch.int16), 4)

@@ -196,27 +196,29 @@ HVDC_ISA_CLONES void ternary_block(const float* x, uint32_t m, float inv, uint32
   }
 }
 
-// sign_pack's block: c[j] = 1 iff the sign bit of x[j] is clear; returns sum |x[j]|. Not an
-// ISA clone: the vectorised sum keeps the baseline's order on every machine.
-HVDC_INLINE float sign_block(const float* x, uint32_t m, uint8_t* c) {
-  float s = 0.0f;
+// sign_pack's block: c[j] = 1 iff the sign bit of x[j] is clear; returns sum |x[j]|, accumulated
+// in double (each |x[j]| is exact in double, so the sum barely depends on the order: the float32
+// result equals any other double-accumulated sum's, e.g. the plain-torch fallback's). Not an ISA
+// clone: the vectorised sum keeps the baseline's order on every machine.
+HVDC_INLINE double sign_block(const float* x, uint32_t m, uint8_t* c) {
+  double s = 0.0;
 #pragma omp simd reduction(+ : s)
   for (uint32_t j = 0; j < m; ++j) {
     c[j] = static_cast<uint8_t>((~bits_of(x[j])) >> 31);
-    s += std::fabs(x[j]);
+    s += static_cast<double>(std::fabs(x[j]));
   }
   return s;
 }
 
-// EF-signSGD's first pass over a block: residual += x; returns sum |residual| (baseline order,
+// EF-signSGD's first pass over a block: p = residual + x into out; returns sum |p| (in double,
 // as sign_block).
-HVDC_INLINE float ef_add_block(const float* x, float* residual, uint32_t m) {
-  float s = 0.0f;
+HVDC_INLINE double ef_add_block(const float* x, const float* residual, uint32_t m, float* out) {
+  double s = 0.0;
 #pragma omp simd reduction(+ : s)
   for (uint32_t j = 0; j < m; ++j) {
     const float p = residual[j] + x[j];
-    residual[j] = p;
-    s += std::fabs(p);
+    out[j] = p;
+    s += static_cast<double>(std::fabs(p));
   }
   return s;
 }
@@ -286,8 +288,10 @@ HVDC_ISA_CLONES void bf16_block(const uint16_t* b, int64_t m, bool first, float*
   }
 }
 
-// One block of twobit_pack: codes of x[0..m) (+ residual, updated in place when given).
-HVDC_ISA_CLONES void twobit_block(const float* x, float* residual, uint32_t m, float t, uint8_t* c) {
+// One block of twobit_pack: codes of x[0..m) (+ residual, the new residual into res_out, which
+// may be residual, when given).
+HVDC_ISA_CLONES void twobit_block(const float* x, const float* residual, uint32_t m, float t,
+                                  uint8_t* c, float* res_out) {
   if (residual == nullptr) {
 #pragma omp simd
     for (uint32_t j = 0; j < m; ++j) c[j] = static_cast<uint8_t>(twobit_code(x[j], t));
@@ -297,7 +301,7 @@ HVDC_ISA_CLONES void twobit_block(const float* x, float* residual, uint32_t m, f
   for (uint32_t j = 0; j < m; ++j) {
     const float v = x[j] + residual[j];
     const int pos = v >= t, neg = v <= -t;
-    residual[j] = finite_or_zero(v - t * static_cast<float>(pos - neg));
+    res_out[j] = finite_or_zero(v - t * static_cast<float>(pos - neg));
     c[j] = static_cast<uint8_t>(3 * pos + 2 * neg + (v != v ? 1 : 0));
   }
 }
@@ -425,11 +429,13 @@ inline std::vector<float> transposed(const float* q, int64_t cols, int64_t r) {
 // ---- PowerSGD blocks: len <= kBlock columns of one row; qt is q transposed (row stride cols).
 // Elementwise in float32 (the same results with or without AVX2); dot products use 8 fixed
 // lanes summed in lane order, whatever the vector width.
-HVDC_ISA_CLONES void project_block(float* mb, const float* gb, const float* qt, int64_t cols,
-                                   int64_t r, int64_t len, double* dot) {
+HVDC_ISA_CLONES void project_block(const float* eb, const float* gb, float* mb, const float* qt,
+                                   int64_t cols, int64_t r, int64_t len, double* dot) {
   if (gb != nullptr) {
 #pragma omp simd
-    for (int64_t j = 0; j < len; ++j) mb[j] = mb[j] + gb[j];
+    for (int64_t j = 0; j < len; ++j) mb[j] = eb[j] + gb[j];
+  } else if (mb != eb) {
+    std::memcpy(mb, eb, static_cast<size_t>(len) * sizeof(float));
   }
   for (int64_t k = 0; k < r; ++k) {
     const float* qk = qt + k * cols;
@@ -454,9 +460,9 @@ HVDC_ISA_CLONES void back_block(float* acc, const float* p_i, const float* mb, i
   }
 }
 
-// row[j] = row[j] - sum_k p_i[k] * qt[k][j], non-finite results stored as 0
-HVDC_ISA_CLONES void residual_block(float* row, const float* p_i, const float* qt, int64_t cols,
-                                    int64_t r, int64_t len) {
+// out[j] = row[j] - sum_k p_i[k] * qt[k][j], non-finite results stored as 0 (out may be row)
+HVDC_ISA_CLONES void residual_block(const float* row, const float* p_i, const float* qt, int64_t cols,
+                                    int64_t r, int64_t len, float* out) {
   alignas(64) float acc[kBlock];
 #pragma omp simd
   for (int64_t j = 0; j < len; ++j) acc[j] = p_i[0] * qt[j];
@@ -467,7 +473,7 @@ HVDC_ISA_CLONES void residual_block(float* row, const float* p_i, const float* q
     for (int64_t j = 0; j < len; ++j) acc[j] += pk * qk[j];
   }
 #pragma omp simd
-  for (int64_t j = 0; j < len; ++j) row[j] = finite_or_zero(row[j] - acc[j]);
+  for (int64_t j = 0; j < len; ++j) out[j] = finite_or_zero(row[j] - acc[j]);
 }
 
 // Throws std::out_of_range naming the first index outside [0, n), if there is one.
@@ -520,22 +526,24 @@ double sign_pack(const float* x, int64_t n, uint8_t* out) {
   });
 }
 
-float ef_sign_pack(const float* x, float* residual, int64_t n, uint8_t* out) {
+float ef_sign_pack(const float* x, const float* residual, int64_t n, uint8_t* out, float* res_out) {
   double total = parallel_sum(n, 1, [=](int64_t b, int64_t e) {
     double sum = 0.0;
     for (int64_t i = b; i < e; i += kBlock)
-      sum += ef_add_block(x + i, residual + i, static_cast<uint32_t>(std::min(e, i + kBlock) - i));
+      sum += ef_add_block(x + i, residual + i, static_cast<uint32_t>(std::min(e, i + kBlock) - i), res_out + i);
     return sum;
   });
   const float scale = n ? static_cast<float>(total / static_cast<double>(n)) : 0.0f;
-  pack_codes<1>(n, out, [=](int64_t i0, uint32_t m, uint8_t* c) { ef_sign_block(residual + i0, m, scale, c); });
+  pack_codes<1>(n, out, [=](int64_t i0, uint32_t m, uint8_t* c) { ef_sign_block(res_out + i0, m, scale, c); });
   return scale;
 }
 
 // ---- 2 bits -----------------------------------------------------------------------------------
-void twobit_pack(const float* x, float* residual, int64_t n, float t, uint8_t* out) {
+void twobit_pack(const float* x, const float* residual, int64_t n, float t, uint8_t* out, float* res_out) {
+  if (residual != nullptr && res_out == nullptr)
+    throw std::invalid_argument("twobit_pack: a residual needs an output buffer for the new residual");
   pack_codes<2>(n, out, [=](int64_t i0, uint32_t m, uint8_t* c) {
-    twobit_block(x + i0, residual ? residual + i0 : nullptr, m, t, c);
+    twobit_block(x + i0, residual ? residual + i0 : nullptr, m, t, c, residual ? res_out + i0 : nullptr);
   });
 }
 
@@ -629,6 +637,23 @@ float max_abs(const float* x, int64_t n) {
   return m > 0x7F800000u ? std::nanf("") : float_of(m);  // keys above +inf's are NaNs
 }
 
+float l2_norm(const float* x, int64_t n) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  const double total = parallel_sum(blocks, kBlock, [&](int64_t k0, int64_t k1) {
+    double sum = 0.0;
+    for (int64_t k = k0; k < k1; ++k) {
+      const float* b = x + k * kBlock;
+      const int64_t m = std::min(kBlock, n - k * kBlock);
+      double s = 0.0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < m; ++j) s += static_cast<double>(b[j]) * static_cast<double>(b[j]);
+      sum += s;
+    }
+    return sum;
+  });
+  return static_cast<float>(std::sqrt(total));
+}
+
 // ---- sparsification ---------------------------------------------------------------------------
 int64_t count_ge(const float* x, int64_t n, float t) {
   return static_cast<int64_t>(parallel_sum(n, 1, [&](int64_t b, int64_t e) {
@@ -662,28 +687,29 @@ void sub_finite(const float* a, const float* b, int64_t n, float* out) {
   parallel_blocks(n, [=](int64_t i0, int64_t m) { sub_finite_block(a + i0, b + i0, m, out + i0); });
 }
 
-void momentum_correction(const float* g, float* u, float* v, int64_t n, float mu, bool nesterov) {
+void momentum_correction(const float* g, const float* u, const float* v, int64_t n, float mu,
+                         bool nesterov, float* u_out, float* v_out) {
   parallel_for(n, 1, [&](int64_t b, int64_t e) {
     if (nesterov) {
 #pragma omp simd
       for (int64_t i = b; i < e; ++i) {
         const float m = (u[i] + g[i]) * mu;
-        u[i] = m;
-        v[i] = (v[i] + m) + g[i];
+        v_out[i] = (v[i] + m) + g[i];
+        u_out[i] = m;
       }
     } else {
 #pragma omp simd
       for (int64_t i = b; i < e; ++i) {
         const float m = u[i] * mu + g[i];
-        u[i] = m;
-        v[i] = v[i] + m;
+        v_out[i] = v[i] + m;
+        u_out[i] = m;
       }
     }
   });
 }
 
-void lowrank_project(float* e, const float* g, const float* q, int64_t rows, int64_t cols, int64_t r,
-                     float* p) {
+void lowrank_project(const float* e, const float* g, const float* q, int64_t rows, int64_t cols,
+                     int64_t r, float* m, float* p) {
   if (rows < 0 || cols < 0 || r < 1)
     throw std::invalid_argument("lowrank_project: need rows >= 0, cols >= 0, r >= 1");
   const std::vector<float> qt = transposed(q, cols, r);
@@ -692,8 +718,8 @@ void lowrank_project(float* e, const float* g, const float* q, int64_t rows, int
     for (int64_t i = i0; i < i1; ++i) {
       std::fill(dot.begin(), dot.end(), 0.0);
       for (int64_t j0 = 0; j0 < cols; j0 += kBlock)
-        project_block(e + i * cols + j0, g ? g + i * cols + j0 : nullptr, qt.data() + j0, cols, r,
-                      std::min(kBlock, cols - j0), dot.data());
+        project_block(e + i * cols + j0, g ? g + i * cols + j0 : nullptr, m + i * cols + j0, qt.data() + j0,
+                      cols, r, std::min(kBlock, cols - j0), dot.data());
       for (int64_t k = 0; k < r; ++k) p[i * r + k] = static_cast<float>(dot[k]);
     }
   });
@@ -717,14 +743,16 @@ void lowrank_project_back(const float* m, const float* p, int64_t rows, int64_t 
   });
 }
 
-void lowrank_residual(float* m, const float* p, const float* q, int64_t rows, int64_t cols, int64_t r) {
+void lowrank_residual(const float* m, const float* p, const float* q, int64_t rows, int64_t cols, int64_t r,
+                      float* out) {
   if (rows < 0 || cols < 0 || r < 1)
     throw std::invalid_argument("lowrank_residual: need rows >= 0, cols >= 0, r >= 1");
   const std::vector<float> qt = transposed(q, cols, r);
   parallel_for(rows, cols, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
       for (int64_t j0 = 0; j0 < cols; j0 += kBlock)
-        residual_block(m + i * cols + j0, p + i * r, qt.data() + j0, cols, r, std::min(kBlock, cols - j0));
+        residual_block(m + i * cols + j0, p + i * r, qt.data() + j0, cols, r, std::min(kBlock, cols - j0),
+                       out + i * cols + j0);
   });
 }
 

@@ -1,9 +1,11 @@
-// hvdcompress kernels: the one C++ source of truth, on raw buffers.
+// hvdcompress kernels: the one C++ source of truth, on raw buffers, and THE specification of
+// every kernel (semantics and byte layouts; the byte layouts are part of the wire format).
 //
-// Framework-agnostic: no torch or TensorFlow header here. The torch extension
-// (torch_binding.cpp) and the TensorFlow custom-op library bind these functions; the pure
-// framework fallbacks (hvdcompress/ops/torch_fallback.py, the TF backend) implement the same
-// semantics and the byte layouts below, which are part of the wire format.
+// Framework-agnostic: no torch or TensorFlow header here. capi.cpp exports these functions as a
+// plain C ABI, which hvdcompress/ops/native.py loads with ctypes and calls on numpy views of
+// PyTorch and TensorFlow CPU tensors alike (docs/kernels.md). The only other implementation is
+// the plain-torch one (hvdcompress/ops/torch_fallback.py: other devices, builds without the
+// library), which follows this file bit for bit, random numbers included.
 //
 // Conventions
 //  * Inputs are float32, contiguous; n is the element count. Output buffers are given by the
@@ -16,6 +18,12 @@
 //    out[i] = sum over r = 0..R-1, in that order, starting from +0.0f.
 //  * Errors (bad index, bad argument) throw std::out_of_range / std::invalid_argument, outside
 //    parallel regions and before anything is written.
+//  * Sums that yield a float32 scale (sign_pack's mean, ef_sign_pack's scale, l2_norm) accumulate
+//    in double, so that any implementation that also accumulates in double gets the same float32
+//    result (the order of a double sum of float32 terms changes it by ~1e-16 relative; the float32
+//    results differ only if that straddles a float32 rounding boundary).
+//  * An output buffer named *_out may be the corresponding input (in place) or a separate buffer
+//    (TensorFlow's immutable tensors).
 #pragma once
 
 #include <cstddef>
@@ -37,14 +45,16 @@ uint32_t fmix32(uint32_t h);
 double sign_pack(const float* x, int64_t n, uint8_t* out);
 
 // EF-signSGD, fused: p = x + residual; scale = float(sum|p| / n); bits of p as sign_pack;
-// residual = p - (bit ? scale : -scale), non-finite results stored as 0. Returns scale.
-float ef_sign_pack(const float* x, float* residual, int64_t n, uint8_t* out);
+// res_out = p - (bit ? scale : -scale), non-finite results stored as 0. Returns scale.
+float ef_sign_pack(const float* x, const float* residual, int64_t n, uint8_t* out, float* res_out);
 
 // ---- 2 bits: MXNet threshold quantisation ---------------------------------------------------
 // v = x[i] + (residual ? residual[i] : 0);  code 3 (11) if v >= t, 2 (10) if v <= -t,
-// 1 (01) if v is NaN, else 0 (00). With a residual: residual[i] = v - decoded(code) where
-// decoded = +t, -t, 0; non-finite results stored as 0. out: packed_bytes(n, 2).
-void twobit_pack(const float* x, float* residual, int64_t n, float t, uint8_t* out);
+// 1 (01) if v is NaN, else 0 (00). With a residual: res_out[i] = v - decoded(code) where
+// decoded = +t, -t, 0; non-finite results stored as 0. out: packed_bytes(n, 2). Decoding is
+// unpack_sum with the table [0, NaN, -t, +t].
+void twobit_pack(const float* x, const float* residual, int64_t n, float t, uint8_t* out,
+                 float* res_out);
 
 // ---- stochastic rounding to levels (dithering, QSGD, TernGrad) ------------------------------
 // r = |x[i]| * inv, with inv = levels / norm (linear) or 1 / norm (natural), computed by the
@@ -96,6 +106,9 @@ void minmax_unpack_sum(const uint8_t* codes, const float* bounds, int64_t n, int
 // ---- reductions -----------------------------------------------------------------------------
 // max |x[i]| (0 for n = 0), NaN if some element is NaN.
 float max_abs(const float* x, int64_t n);
+// float(sqrt(sum x[i]^2)), the squares (exact in double) summed in double; NaN if some element is
+// NaN, +inf if one is infinite.
+float l2_norm(const float* x, int64_t n);
 
 // ---- sparsification -------------------------------------------------------------------------
 // "Selected" means |x[i]| >= t or x[i] is NaN.
@@ -111,11 +124,12 @@ float sampled_threshold(const float* x, int64_t n, int64_t start, int64_t stride
 // lower index, written with ascending indices. 0 <= k <= n.
 void topk_abs(const float* x, int64_t n, int64_t k, float* values, int64_t* indices);
 
-// DGC's momentum correction over the local gradient g, in place, in one pass:
+// DGC's momentum correction over the local gradient g, in one pass, into u_out and v_out:
 //   plain:    u = u * mu + g;      v = v + u
 //   nesterov: u = (u + g) * mu;    v = (v + u) + g
 // (float32, in this order: identical to the same steps done one array operation at a time).
-void momentum_correction(const float* g, float* u, float* v, int64_t n, float mu, bool nesterov);
+void momentum_correction(const float* g, const float* u, const float* v, int64_t n, float mu,
+                         bool nesterov, float* u_out, float* v_out);
 
 // ---- error feedback -------------------------------------------------------------------------
 // out[i] = a[i] - b[i], non-finite results stored as 0 (the residual e = p - C(p)); out may be
@@ -124,17 +138,18 @@ void sub_finite(const float* a, const float* b, int64_t n, float* out);
 
 // ---- low rank (PowerSGD) --------------------------------------------------------------------
 // PowerSGD's products, with e, m (rows x cols), p (rows x r) and q (cols x r) row-major:
-// lowrank_project: e = e + g in place (skipped when g is null), then p = e q; each dot product is
-// summed in float32 over blocks of 2048 columns and the blocks in double.
-void lowrank_project(float* e, const float* g, const float* q, int64_t rows, int64_t cols, int64_t r,
-                     float* p);
+// lowrank_project: m = e + g (m = e when g is null; m may be e), then p = m q; each dot product
+// is summed in float32 over blocks of 2048 columns (8 fixed lanes) and the blocks in double.
+void lowrank_project(const float* e, const float* g, const float* q, int64_t rows, int64_t cols,
+                     int64_t r, float* m, float* p);
 // lowrank_project_back: q = m^T p, each entry summed in float32 over the rows in order.
 void lowrank_project_back(const float* m, const float* p, int64_t rows, int64_t cols, int64_t r,
                           float* q);
-// m (rows x cols, row-major) = m - p q^T in place, with p (rows x r) and q (cols x r) row-major;
-// non-finite results are stored as 0. The product is accumulated in float32 over k = 0..r-1.
-// Allocates q transposed (r * cols floats).
-void lowrank_residual(float* m, const float* p, const float* q, int64_t rows, int64_t cols, int64_t r);
+// out (rows x cols, row-major; may be m) = m - p q^T, with p (rows x r) and q (cols x r)
+// row-major; non-finite results are stored as 0. The product is accumulated in float32 over
+// k = 0..r-1. Allocates q transposed (r * cols floats).
+void lowrank_residual(const float* m, const float* p, const float* q, int64_t rows, int64_t cols,
+                      int64_t r, float* out);
 
 // x[indices[j]] = value for j = 0..m-1 (e.g. clearing the sent elements of DGC's velocity).
 // Throws std::out_of_range before writing if an index is outside [0, n).

@@ -1,10 +1,11 @@
-"""Plain-torch implementations of the kernels in kernels.h, with the torch binding's signatures.
+"""The plain-torch implementation of the kernels in kernels.h (which specifies them), with the
+signatures of :mod:`hvdcompress.ops.native`.
 
-Used when the C++ extension is not built (or HVDCOMPRESS_DISABLE_KERNELS=1), and on devices the
-extension does not cover. Deterministic operations give the kernels' results bit for bit; the
-stochastic ones follow the same rule with torch's own random numbers (seeded by ``key``), so their
-codes differ from the kernels' but have the same distribution. Argument checking is done by the
-caller (:class:`hvdcompress.torch.backend.TorchOps`).
+Used on devices the C++ kernels do not cover, and when the kernel library is not built (or
+HVDCOMPRESS_DISABLE_KERNELS=1). It follows kernels.h bit for bit, random numbers included: the
+stochastic kernels draw the same counter-based uniforms (:func:`uniform24`), so every path gives
+the same codes for the same key. Argument checking is done by the caller
+(:class:`hvdcompress.backend.Ops`).
 """
 from __future__ import annotations
 
@@ -41,10 +42,33 @@ def _finite_or_zero(x: Tensor) -> Tensor:
     return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
 
 
+_GOLDEN, _M1, _M2, _LOW32 = 0x9E3779B1, 0x85EBCA6B, 0xC2B2AE35, 0xFFFFFFFF
+
+
+def _mul32(h: Tensor, c: int) -> Tensor:
+    """``h * c mod 2^32`` for int64 ``h`` in [0, 2^32), without int64 overflow: with
+    h = hi * 2^16 + lo, the product is lo * c + ((hi * c) mod 2^16) * 2^16 (mod 2^32)."""
+    lo, hi = h & 0xFFFF, h >> 16
+    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & _LOW32
+
+
+def uniform24(n: int, key: int, device) -> Tensor:
+    """kernels.h's uniforms as 24-bit integers (int64): for element i,
+    ``fmix32(uint32(i) * 0x9E3779B1 + key) >> 8``, fmix32 being MurmurHash3's finaliser."""
+    h = (_mul32(torch.arange(n, dtype=torch.int64, device=device) & _LOW32, _GOLDEN) + (key & _LOW32)) & _LOW32
+    h = _mul32(h ^ (h >> 16), _M1)
+    h = _mul32(h ^ (h >> 13), _M2)
+    return (h ^ (h >> 16)) >> 8
+
+
 def _uniform(n: int, key: int, device) -> Tensor:
-    gen = torch.Generator(device=device)
-    gen.manual_seed(int(key))
-    return torch.rand(n, generator=gen, device=device)
+    """The uniforms in [0, 1) as float32: ``uniform24 * 2^-24`` (exact)."""
+    return uniform24(n, key, device).to(torch.float32) * (1.0 / 16777216.0)
+
+
+def _into(out: Optional[Tensor], value: Tensor) -> Tensor:
+    """``value`` written into the buffer ``out`` when given (an in-place update), else itself."""
+    return value if out is None else out.copy_(value.view(out.shape))
 
 
 def sign_pack(x: Tensor) -> Tuple[Tensor, Tensor]:
@@ -52,26 +76,25 @@ def sign_pack(x: Tensor) -> Tuple[Tensor, Tensor]:
     return _pack(_sign_bits(x), 1), mean.to(torch.float32).view(1)
 
 
-def ef_sign_pack(x: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
+def ef_sign_pack(x: Tensor, residual: Tensor, out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     p = x + residual
     packed, scale = sign_pack(p)
     sent = torch.where(torch.signbit(p), -scale, scale)
-    residual.copy_(_finite_or_zero(p - sent))
-    return packed, scale
+    return packed, scale, _into(out, _finite_or_zero(p - sent))
 
 
 def _twobit_codes(v: Tensor, t: float) -> Tensor:
     return (3 * (v >= t).int() + 2 * (v <= -t).int() + torch.isnan(v).int())
 
 
-def twobit_pack(x: Tensor, threshold: float, residual: Optional[Tensor]) -> Tensor:
+def twobit_pack(x: Tensor, threshold: float, residual: Optional[Tensor] = None,
+                out: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     if residual is None:
-        return _pack(_twobit_codes(x, threshold), 2)
+        return _pack(_twobit_codes(x, threshold), 2), None
     v = x + residual
     codes = _twobit_codes(v, threshold)
     sent = threshold * ((v >= threshold).float() - (v <= -threshold).float())
-    residual.copy_(_finite_or_zero(v - sent))
-    return _pack(codes, 2)
+    return _pack(codes, 2), _into(out, _finite_or_zero(v - sent))
 
 
 def _levels(x: Tensor, inv: float, levels: int, natural: bool, key: int) -> Tensor:
@@ -106,7 +129,7 @@ def natural_pack(x: Tensor, key: int) -> Tensor:
     bits = x.view(torch.int32)
     mag = bits & 0x7FFFFFFF
     field = mag >> 23
-    u24 = (_uniform(x.numel(), key, x.device) * 16777216.0).to(torch.int32)
+    u24 = uniform24(x.numel(), key, x.device)
     e8 = field + (u24 < 2 * (mag & 0x7FFFFF)).int()
     c = torch.where(e8 < 27, 0, torch.where(e8 > 152, 127, e8 - 26))
     c = torch.where(field == 0, 0, c) | (torch.signbit(x).int() << 7)
@@ -184,6 +207,10 @@ def max_abs(x: Tensor) -> Tensor:
     return torch.maximum(-low, high)
 
 
+def l2_norm(x: Tensor) -> Tensor:
+    return x.double().square().sum().sqrt().to(torch.float32)
+
+
 def _selected(x: Tensor, t: float) -> Tensor:
     return ~(x.abs() < t)
 
@@ -219,7 +246,7 @@ def topk_abs(x: Tensor, k: int) -> Tuple[Tensor, Tensor]:
     return x[indices], indices
 
 
-def scatter_add(n: int, indices: Tensor, values: Tensor, out: Optional[Tensor] = None) -> Tensor:
+def sparse_sum(n: int, indices: Tensor, values: Tensor, out: Optional[Tensor] = None) -> Tensor:
     bad = torch.nonzero((indices < 0) | (indices >= n)).view(-1)
     if bad.numel():
         j = int(bad[0])
@@ -227,8 +254,13 @@ def scatter_add(n: int, indices: Tensor, values: Tensor, out: Optional[Tensor] =
     return _output(out, n, values.device).index_add_(0, indices.long(), values)
 
 
-def fill_at(x: Tensor, indices: Tensor, value: float) -> Tensor:
-    return x.index_fill_(0, indices, value)
+def fill_at(x: Tensor, indices: Tensor, value: float, out: Optional[Tensor] = None) -> Tensor:
+    bad = torch.nonzero((indices < 0) | (indices >= x.numel())).view(-1)
+    if bad.numel():
+        j = int(bad[0])
+        raise IndexError(f"fill_at: index {int(indices[j])} at position {j} is outside [0, {x.numel()})")
+    target = x.clone() if out is None else _into(out, x) if out is not x else x
+    return target.index_fill_(0, indices, value)
 
 
 def sub_finite(a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
@@ -236,18 +268,19 @@ def sub_finite(a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
     return out.masked_fill_(~torch.isfinite(out), 0.0)
 
 
-def momentum_correction(g: Tensor, u: Tensor, v: Tensor, mu: float, nesterov: bool) -> None:
-    """In place, in the order of kernels.h (so the results are bit-identical)."""
-    if nesterov:
-        u.add_(g).mul_(mu)
-        v.add_(u).add_(g)
-    else:
-        u.mul_(mu).add_(g)
-        v.add_(u)
+def momentum_correction(g: Tensor, u: Tensor, v: Tensor, mu: float, nesterov: bool,
+                        u_out: Optional[Tensor] = None, v_out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """In the order of kernels.h (so the results are bit-identical)."""
+    new_u = (u + g) * mu if nesterov else u * mu + g
+    new_v = (v + new_u) + g if nesterov else v + new_u
+    return _into(u_out, new_u), _into(v_out, new_v)
 
 
-def lowrank_project(e: Tensor, g: Tensor, q: Tensor) -> Tuple[Tensor, Tensor]:
-    m = e.add_(g)
+def lowrank_project(e: Tensor, g: Optional[Tensor], q: Tensor,
+                    out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    m = e.clone() if out is None else out if out is e else out.copy_(e)
+    if g is not None:
+        m.add_(g)
     return m, m @ q
 
 
@@ -255,6 +288,5 @@ def lowrank_project_back(m: Tensor, p: Tensor) -> Tensor:
     return m.t() @ p
 
 
-def lowrank_residual(m: Tensor, p: Tensor, q: Tensor) -> Tensor:
-    flat = m.view(-1)
-    return sub_finite(flat, (p @ q.t()).view(-1), out=flat)
+def lowrank_residual(m: Tensor, p: Tensor, q: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    return sub_finite(m.reshape(-1), (p @ q.t()).view(-1), out=None if out is None else out.view(-1))

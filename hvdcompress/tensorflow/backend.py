@@ -9,6 +9,12 @@ and :meth:`TFOps.numel`, :meth:`TFOps.count` and :meth:`TFOps.scalar` return Pyt
 State is written with ``tf.Variable.assign`` when the slot already holds a variable of the
 same shape and dtype (:class:`~hvdcompress.tensorflow.state.VariableState` creates one for every
 new slot), so checkpoints capture residuals, momenta and velocities.
+
+The kernel operations (:class:`~hvdcompress.backend.Ops` checks their arguments) run on the same
+C++ kernels as PyTorch's CPU tensors, through :class:`hvdcompress.ops.native.Bridge`: a tensor
+reaches them as a zero-copy numpy view (``np.asarray``; a GPU tensor is copied to the host) and a
+result comes back through DLPack without a copy (docs/kernels.md). They need the kernel library
+(``pip install --no-build-isolation -e .`` builds it); there is no TensorFlow re-implementation.
 """
 from __future__ import annotations
 
@@ -18,15 +24,26 @@ import numpy as np
 import tensorflow as tf
 
 from ..backend import Ops, Tensor
-from . import kernels
+from ..ops import native
+
+_BRIDGE: dict = {}
+_DLPACK_MIN = 4096  # elements: smaller results are copied (tf.convert_to_tensor), which is cheaper
 
 
-def _check_x(x: Tensor, what: str = "x") -> None:
-    """The kernels take 1-D float32 tensors (TensorFlow tensors are always contiguous)."""
-    if x.dtype != tf.float32:
-        raise TypeError(f"{what} must be a float32 tensor, got {x.dtype.name}")
-    if x.shape.rank != 1:
-        raise ValueError(f"{what} must be a 1-D tensor, got shape {tuple(x.shape)}")
+def _wrap(a: np.ndarray) -> Tensor:
+    """A TensorFlow tensor of the kernel result ``a``: large aligned ones without a copy."""
+    if a.size >= _DLPACK_MIN and a.ctypes.data % 64 == 0:
+        return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
+    return tf.convert_to_tensor(a)
+
+
+def kernels() -> native.Bridge:
+    """The C++ kernels on TensorFlow tensors (built once); ImportError when the kernel library is
+    not built."""
+    if "bridge" not in _BRIDGE:
+        _BRIDGE["bridge"] = native.Bridge(lambda a: isinstance(a, (tf.Tensor, tf.Variable)),
+                                          np.asarray, _wrap)
+    return _BRIDGE["bridge"]
 
 
 def _as_int64(indices: Tensor) -> Tensor:
@@ -42,6 +59,12 @@ class TFOps(Ops):
     def numel(self, x: Tensor) -> int:
         n = x.shape.num_elements()
         return int(n) if n is not None else int(tf.size(x))
+
+    def ndim(self, x: Tensor) -> int:
+        return int(x.shape.rank)
+
+    def _impl(self, x: Tensor) -> native.Bridge:
+        return kernels()
 
     def dtype(self, x: Tensor) -> str:
         return x.dtype.name
@@ -86,10 +109,6 @@ class TFOps(Ops):
     def ge(self, x: Tensor, threshold: Tensor) -> Tensor:
         return x >= threshold
 
-    def norm(self, x: Tensor) -> Tensor:
-        wide = tf.float64 if x.dtype == tf.float64 else tf.float32
-        return tf.norm(tf.cast(x, wide))
-
     def min(self, x: Tensor) -> Tensor:
         return tf.reduce_min(x)
 
@@ -117,6 +136,8 @@ class TFOps(Ops):
                                         tf.expand_dims(_as_int64(indices), 1), values)
 
     def fill_at(self, x: Tensor, indices: Tensor, value: float) -> Tensor:
+        if self._is_flat_float32(x):
+            return self._impl(x).fill_at(x, _as_int64(indices), float(value))
         fill = tf.fill(tf.shape(indices), tf.constant(value, x.dtype))
         return tf.tensor_scatter_nd_update(x, tf.expand_dims(_as_int64(indices), 1), fill)
 
@@ -158,97 +179,3 @@ class TFOps(Ops):
 
     def outer(self, a: Tensor, b: Tensor) -> Tensor:
         return tf.reshape(a[:, None] * b[None, :], [-1])
-
-    def max_abs(self, x: Tensor) -> Tensor:
-        if self.numel(x) == 0:
-            return tf.zeros([], x.dtype)
-        top = tf.reduce_max(tf.abs(x))
-        return tf.where(tf.reduce_any(tf.math.is_nan(x)), tf.constant(np.nan, x.dtype), top)
-
-    # --- kernels (TensorFlow ops, see hvdcompress.tensorflow.kernels) -------------------------
-    def sign_pack(self, x: Tensor) -> tuple:
-        _check_x(x)
-        return kernels.sign_pack(x)
-
-    def ef_sign_pack(self, x: Tensor, residual: Tensor) -> tuple:
-        _check_x(x)
-        _check_x(residual, "residual")
-        return kernels.ef_sign_pack(x, residual)
-
-    def twobit_pack(self, x: Tensor, threshold: float, residual: Tensor | None = None) -> tuple:
-        _check_x(x)
-        if residual is not None:
-            _check_x(residual, "residual")
-        return kernels.twobit_pack(x, float(threshold), residual)
-
-    def levels_pack(self, x: Tensor, scale: float, levels: int, natural: bool, key: int) -> Tensor:
-        _check_x(x)
-        if not 1 <= levels <= 127:
-            raise ValueError(f"levels_pack: levels={levels} is out of range; allowed: 1..127")
-        return kernels.levels_pack(x, float(scale), int(levels), bool(natural), int(key))
-
-    def ternary_pack(self, x: Tensor, scale: float, key: int) -> Tensor:
-        _check_x(x)
-        return kernels.ternary_pack(x, float(scale), int(key))
-
-    def natural_pack(self, x: Tensor, key: int) -> Tensor:
-        _check_x(x)
-        return kernels.natural_pack(x, int(key))
-
-    def bf16_sum(self, bits: Tensor, n: int, out: Optional[Tensor] = None) -> Tensor:
-        if bits.dtype != tf.int16:
-            raise TypeError(f"bits must be an int16 tensor, got {bits.dtype.name}")
-        if n < 1 or self.numel(bits) == 0 or self.numel(bits) % n:
-            raise ValueError(f"bf16_sum: bits has {self.numel(bits)} elements, not a positive "
-                             f"multiple of n={n}")
-        values = tf.reshape(tf.cast(tf.bitcast(bits, tf.bfloat16), tf.float32), [-1, n])
-        total = tf.zeros([n], tf.float32)
-        for r in range(self.numel(bits) // n):  # rank order, as the kernel
-            total = total + values[r]
-        return self.into(out, total)
-
-    def sign_vote(self, packed: Tensor, n: int, scale: float, out: Optional[Tensor] = None) -> Tensor:
-        return self.into(out, kernels.sign_vote(packed, int(n), float(scale)))
-
-    def unpack_sum(self, packed: Tensor, n: int, bits: int, tables: Tensor,
-                   out: Optional[Tensor] = None) -> Tensor:
-        if bits not in (1, 2, 8):
-            raise ValueError(f"unpack_sum: bits={bits} is out of range; allowed: 1, 2, 8")
-        return self.into(out, kernels.unpack_sum(packed, int(n), int(bits), tables))
-
-    def minmax_pack(self, x: Tensor, chunk: int) -> tuple:
-        _check_x(x)
-        return kernels.minmax_pack(x, int(chunk))
-
-    def minmax_unpack_sum(self, codes: Tensor, bounds: Tensor, n: int, chunk: int,
-                          out: Optional[Tensor] = None) -> Tensor:
-        return self.into(out, kernels.minmax_unpack_sum(codes, bounds, int(n), int(chunk)))
-
-    def count_ge(self, x: Tensor, threshold: float) -> int:
-        _check_x(x)
-        return kernels.count_ge(x, float(threshold))
-
-    def select_ge(self, x: Tensor, threshold: float) -> tuple:
-        _check_x(x)
-        return kernels.select_ge(x, float(threshold))
-
-    def sampled_threshold(self, x: Tensor, start: int, stride: int, top: int) -> float:
-        _check_x(x)
-        return kernels.sampled_threshold(x, int(start), int(stride), int(top))
-
-    def topk_abs(self, x: Tensor, k: int) -> tuple:
-        _check_x(x)
-        if not 0 <= k <= self.numel(x):
-            raise ValueError(f"topk_abs: k={k} is out of range; allowed: 0..{self.numel(x)} "
-                             "(the tensor's size)")
-        return kernels.topk_abs(x, int(k))
-
-    def sparse_sum(self, n: int, indices: Tensor, values: Tensor,
-                   out: Optional[Tensor] = None) -> Tensor:
-        _check_x(values, "values")
-        if indices.dtype not in (tf.int32, tf.int64):
-            raise TypeError(f"indices must be int32 or int64, got {indices.dtype.name}")
-        if self.numel(indices) != self.numel(values):
-            raise ValueError(f"sparse_sum: {self.numel(indices)} indices for "
-                             f"{self.numel(values)} values")
-        return self.into(out, kernels.sparse_sum(int(n), indices, values))

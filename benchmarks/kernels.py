@@ -44,6 +44,7 @@ COMPRESSORS: dict = {
     "topk": lambda: hc.TopK(0.01),
     "randomk": lambda: hc.RandomK(0.01),
     "dgc": lambda: hc.DGC(0.99, min_numel=0),
+    "csc": lambda: hc.from_params({"compressor": "csc", "ratio": "0.01", "min_numel": "0"}),
     "onebit+ef": lambda: hc.ErrorFeedback(hc.OneBit()),  # the generic error-feedback decorator
 }
 TARGET_EXEMPT = {"fp16", "bf16", "topk"}  # casts and exact top-k: no 3x target

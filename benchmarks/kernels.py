@@ -72,7 +72,7 @@ def best_time(fn: Callable[[], object], repeat: int, budget: float = 0.5) -> flo
 def time_compressor(make: Callable[[], Compressor], ops: TorchOps, x: torch.Tensor,
                     repeat: int) -> tuple:
     """(compress seconds, decompress seconds) of one rank's gradient ``x``."""
-    n = x.numel()
+    n = ops.numel(x)
     cols = 1000 if n % 1000 == 0 else 1
     info = TensorInfo(name="bench", numel=n, shape=(n // cols, cols))
     comp, state = make(), {}

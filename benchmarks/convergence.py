@@ -12,19 +12,45 @@ Runs plain ``horovodrun --gloo`` on localhost (no emulated network). Methods are
 ``compressor[:key=value...]``); methods whose compressor is not registered are skipped.
 Writes ``benchmarks/results/convergence.json`` and ``convergence.png`` (training loss and test
 accuracy per epoch), and prints final test accuracy against Horovod dense.
+
+``--task lm``: the byte-level LSTM language model of ``examples/lm_train.py`` (its model, text,
+batches and validation are imported from there), gradients clipped to ``--clip``, at 2 and 8
+ranks, for ``--steps`` steps; validation bits per byte every ``--epoch-steps`` steps (also the
+unit of DGC's warm-up: ``dgc-warmup`` ramps over 4 of them)::
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/convergence.py --task lm
+    .venv/bin/python benchmarks/convergence.py --task lm --nps 2 --json benchmarks/results/lm_ablation.json \
+        --methods hvd-dense,dgc-warmup,dgc-warmup@lr=0.25,dgc:sparsity=0.999:warmup=4:masking=false
+
+``hvd-dense`` clips with Horovod's documented pattern (``opt.synchronize()``,
+``clip_grad_norm_``, ``with opt.skip_synchronize(): opt.step()``), every hvdcompress method with
+``DistributedOptimizer(..., clip_grad_norm=...)`` (each rank clips its local gradients to
+``clip / sqrt(N)`` before compression). A method may end in ``@lr=X`` and/or ``@clip=X`` to
+override ``--lr`` / ``--clip`` for it alone. Writes ``results/lm_convergence.json`` and
+``lm_convergence.png`` (validation bits/byte over steps).
 """
 from __future__ import annotations
 
+import argparse
 import json
+import sys
+import time
 from pathlib import Path
 
-from e2e import CodecTimer, make_optimizer, runnable, shared_parser
+from e2e import CodecTimer, hvdc_params, make_optimizer, runnable, shared_parser
 from hvdcompress.launch import LaunchError, run_script, write_result
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 DEFAULT_METHODS = ("hvd-dense,hvd-fp16,fp16,dgc,dgc-warmup,topk,topk-ef,topk-ef-mom,randomk,"
                    "randomk-ef,randomk-ef-mom,onebit,onebit-ef,onebit-ef-mom,int8,powersgd")
+LM_METHODS = "hvd-dense,dgc-warmup,onebit-ef-mom,int8,powersgd,topk-ef"
+TASKS = {  # --task: default methods, rank counts and results file
+    "digits": (DEFAULT_METHODS, [2, 4], RESULTS / "convergence.json"),
+    "lm": (LM_METHODS, [2, 8], RESULTS / "lm_convergence.json"),
+}
+LM_FLAGS = ("steps", "epoch_steps", "seq_len", "clip", "embed", "hidden", "val_bytes")
+sys.path.insert(0, str(HERE.parent / "examples"))  # lm_train: the language model of --task lm
 
 
 def load_digits_split(seed: int = 0):
@@ -84,15 +110,83 @@ def train(method: str, args, data) -> dict:
     return {"method": method, "loss": losses, "acc": accs, "final_acc": accs[-1], "bytes": sent}
 
 
+def lm_method(method: str) -> tuple:
+    """``'dgc-warmup@lr=0.25@clip=1'`` -> ``('dgc-warmup', {'lr': 0.25, 'clip': 1.0})``: the
+    method and its overrides of ``--lr`` / ``--clip``."""
+    name, *overrides = method.split("@")
+    options = {}
+    for text in overrides:
+        key, _, value = text.partition("=")
+        try:
+            options[key] = float(value)
+        except ValueError:
+            options[key] = None
+        if key not in ("lr", "clip") or options[key] is None or not options[key] > 0:
+            raise ValueError(f"method {method!r}: override {text!r}: allowed: lr=X or clip=X, X > 0")
+    return name, options
+
+
+def train_lm(method: str, args, data) -> dict:
+    """Train the language model of ``examples/lm_train.py`` with one method for ``args.steps``
+    steps, gradients clipped; validation bits/byte every ``args.epoch_steps`` steps."""
+    import horovod.torch as hvd
+    import torch
+    import hvdcompress
+    import hvdcompress.torch as hvc
+    from lm_train import ByteLSTM, lm_loss, sample_batch, validation_bits_per_byte
+
+    train_text, val_text = data
+    name, options = lm_method(method)
+    lr, clip = options.get("lr", args.lr), options.get("clip", args.clip)
+    torch.manual_seed(args.seed)
+    model = ByteLSTM(args.embed, args.hidden)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
+    named = [(f"{method}.{n}", p) for n, p in model.named_parameters()]
+    dense = name == "hvd-dense"
+    if dense:
+        opt = hvd.DistributedOptimizer(sgd, named_parameters=named)
+    else:
+        opt = hvc.DistributedOptimizer(sgd, named_parameters=named, clip_grad_norm=clip,
+                                       compression=hvdcompress.from_params(hvdc_params(name)))
+        warmup = hvc.SparsityScheduler(opt)
+    gen = torch.Generator().manual_seed(args.seed + 1 + hvd.rank())  # same batches for every method
+    evaluate = lambda: validation_bits_per_byte(model, val_text, args.seq_len, args.val_bytes)
+    curve = [(0, evaluate())]
+    start = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        x, y = sample_batch(train_text, args.batch, args.seq_len, gen)
+        opt.zero_grad()
+        lm_loss(model, x, y).backward()
+        if dense:  # Horovod's documented clipping pattern: clip the averaged gradient
+            opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+        if step % args.epoch_steps == 0 or step == args.steps:
+            curve.append((step, evaluate()))
+        if step % args.epoch_steps == 0 and not dense:
+            warmup.step()
+    return {"method": method, "curve": curve, "final_bpb": curve[-1][1],
+            "seconds": time.perf_counter() - start,
+            "bytes": None if dense else opt.total_bytes.as_dict()}
+
+
 def worker(args) -> None:
     """In each Horovod rank: train every method; rank 0 reports one record per method."""
     import horovod.torch as hvd
     import torch
     torch.set_num_threads(1)
     hvd.init()
-    data = load_digits_split(args.seed)
+    if args.task == "lm":
+        from lm_train import load_corpus
+        task_train, data = train_lm, load_corpus()
+    else:
+        task_train, data = train, load_digits_split(args.seed)
     for method in args.methods:
-        res = train(method, args, data)
+        res = task_train(method, args, data)
         if hvd.rank() == 0:
             write_result(0, res)
 
@@ -101,7 +195,9 @@ def run_np(np_: int, methods: list, args) -> list:
     """One horovodrun with ``np_`` ranks on localhost; rank 0's records, one per method."""
     flags = ["--worker", "--methods", ",".join(methods), "--epochs", str(args.epochs),
              "--batch", str(args.batch), "--lr", str(args.lr), "--momentum", str(args.momentum),
-             "--seed", str(args.seed)]
+             "--seed", str(args.seed), "--task", args.task]
+    if args.task == "lm":
+        flags += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in LM_FLAGS]
     try:
         return run_script(Path(__file__).resolve(), np=np_, args=flags, timeout=args.timeout).results[0]
     except LaunchError as e:
@@ -148,14 +244,79 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def print_lm_table(results: dict) -> None:
+    """Final validation bits/byte per method and rank count, the difference to hvd-dense and
+    the compression ratio (dense bytes / sent bytes of one rank, over the whole run)."""
+    nps = sorted(results, key=int)
+    print(f"\n{'method':<44}" + "".join(f"{'np' + n + ' bpb':>10}{'vs dense':>10}{'ratio':>9}"
+                                        for n in nps))
+    for m in dict.fromkeys(m for n in nps for m in results[n]):
+        cells = ""
+        for n in nps:
+            row, dense = results[n].get(m), results[n].get("hvd-dense")
+            if row is None:
+                cells += f"{'-':>10}{'-':>10}{'-':>9}"
+                continue
+            diff = f"{row['final_bpb'] - dense['final_bpb']:>+10.3f}" if dense else f"{'-':>10}"
+            ratio = f"{row['bytes']['ratio']:>9.1f}" if row["bytes"] else f"{1:>9.1f}"
+            cells += f"{row['final_bpb']:>10.3f}{diff}{ratio}"
+        print(f"{m:<44}{cells}")
+
+
+def plot_lm(results: dict, path: Path) -> None:
+    """Validation bits/byte over steps, one panel per rank count (the first evaluation, ~8
+    bits/byte, is off the scale)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    nps = sorted(results, key=int)
+    fig, axes = plt.subplots(1, len(nps), figsize=(6.5 * len(nps), 4.8), squeeze=False)
+    for ax, n in zip(axes[0], nps):
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)
+        for m, row in results[n].items():
+            steps, bpb = zip(*row["curve"])
+            ax.plot(steps, bpb, "k-" if m == "hvd-dense" else "-", label=m, lw=1.2)
+        best = min(row["final_bpb"] for row in results[n].values())
+        ax.set(title=f"byte-level LSTM, {n} ranks, clipped", xlabel="step",
+               ylabel="validation bits/byte", ylim=(best - 0.1, best + 1.5))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def parse_args(argv=None):
     """Command line of the driver and of the worker (``--worker``)."""
-    ap = shared_parser(__doc__, DEFAULT_METHODS, [2, 4], RESULTS / "convergence.json")
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--lr", type=float, default=0.05)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--task", choices=sorted(TASKS), default="digits")
+    task = pre.parse_known_args(argv)[0].task
+    ap = shared_parser(__doc__, *TASKS[task])
+    ap.add_argument("--task", choices=sorted(TASKS), default="digits",
+                    help="digits: the MLP; lm: the language model (sets the defaults of "
+                         "--methods, --nps, --json, --lr, --batch)")
+    ap.add_argument("--epochs", type=int, default=10, help="digits")
+    ap.add_argument("--lr", type=float, default=1.0 if task == "lm" else 0.05)
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
-    return ap.parse_args(argv)
+    lm = ap.add_argument_group("--task lm")
+    lm.add_argument("--steps", type=int, default=400)
+    lm.add_argument("--epoch-steps", type=int, default=25,
+                    help="validation interval, and the unit of DGC's warm-up")
+    lm.add_argument("--seq-len", type=int, default=64)
+    lm.add_argument("--clip", type=float, default=0.25, help="gradient clipping norm (> 0)")
+    lm.add_argument("--embed", type=int, default=64)
+    lm.add_argument("--hidden", type=int, default=128)
+    lm.add_argument("--val-bytes", type=int, default=65536,
+                    help="validation text measured (all of it: 43932 bytes with torch 2.13)")
+    if task == "lm":
+        ap.set_defaults(batch=16)
+    args = ap.parse_args(argv)
+    if task == "lm":
+        for k in LM_FLAGS:
+            if not getattr(args, k) > 0:
+                ap.error(f"--{k.replace('_', '-')} {getattr(args, k)}: allowed: a number > 0")
+    return args
 
 
 def main(argv=None) -> None:
@@ -167,14 +328,18 @@ def main(argv=None) -> None:
         return
     out = Path(args.json)
     results = json.loads(out.read_text()) if out.exists() else {}
-    methods = [] if args.report else runnable(args.methods, "convergence")
+    if args.task == "lm":
+        bases = set(runnable([lm_method(m)[0] for m in args.methods], "convergence"))
+        methods = [] if args.report else [m for m in args.methods if lm_method(m)[0] in bases]
+    else:
+        methods = [] if args.report else runnable(args.methods, "convergence")
     for np_ in [] if args.report else args.nps:
         rows = run_np(np_, methods, args)
         results[str(np_)] = {**results.get(str(np_), {}), **{r["method"]: r for r in rows}}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1))
-    print_table(results)
-    plot(results, out.with_suffix(".png"))
+    (print_lm_table if args.task == "lm" else print_table)(results)
+    (plot_lm if args.task == "lm" else plot)(results, out.with_suffix(".png"))
     print(f"convergence: wrote {out} and {out.with_suffix('.png')}")
 
 

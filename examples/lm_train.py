@@ -56,11 +56,11 @@ def load_corpus() -> tuple:
 class ByteLSTM(torch.nn.Module):
     """Embedding(256, embed) -> one-layer LSTM(hidden) -> Linear(hidden, 256) next-byte logits.
 
-    With embed 64 and hidden 256 (0.41M parameters) every weight matrix has at least 16384
+    With embed 64 and hidden 128 (0.15M parameters) every weight matrix has at least 16384
     elements, so every compressor (DGC sends smaller tensors dense) compresses all of them.
     """
 
-    def __init__(self, embed: int = 64, hidden: int = 256):
+    def __init__(self, embed: int = 64, hidden: int = 128):
         super().__init__()
         self.embed = torch.nn.Embedding(256, embed)
         self.lstm = torch.nn.LSTM(embed, hidden, batch_first=True)
@@ -116,18 +116,18 @@ def parameter_checksum(model: torch.nn.Module) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_compression_arguments(parser, warmup_epochs=2)
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--epoch-steps", type=int, default=50,
+    add_compression_arguments(parser)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--epoch-steps", type=int, default=25,
                         help="steps per epoch (warm-up unit and validation interval)")
     parser.add_argument("--batch-size", type=int, default=16, help="windows per rank and step")
     parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=0.5)
+    parser.add_argument("--lr", type=float, default=1.0)
     parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--clip", type=float, default=0.5,
+    parser.add_argument("--clip", type=float, default=0.25,
                         help="clip_grad_norm of the optimizer (0: no clipping)")
     parser.add_argument("--embed", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--val-bytes", type=int, default=16384)
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args()

@@ -25,17 +25,10 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
-import hvdcompress
 import hvdcompress.torch as hvc
 from hvdcompress.launch import write_result
 
-COMPRESSIONS = {
-    "dense": lambda a: None,
-    "fp16": lambda a: hvdcompress.FP16(),
-    "topk": lambda a: hvdcompress.ErrorFeedback(hvdcompress.TopK(1.0 - a.sparsity)),
-    "dgc": lambda a: hvdcompress.DGC(a.sparsity, warmup=hvdcompress.ExponentialWarmup(a.warmup_epochs)
-                                     if a.warmup_epochs else None),
-}
+from compression_cli import add_compression_arguments, compression_from_args  # examples/
 
 
 def load_data(rank: int, size: int):
@@ -57,11 +50,7 @@ def build_model(hidden: int) -> torch.nn.Module:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--compression", choices=sorted(COMPRESSIONS), default="dgc")
-    parser.add_argument("--params", default=None,
-                        help="key=value,... for hvdcompress.from_params (overrides --compression)")
-    parser.add_argument("--sparsity", type=float, default=0.999)
-    parser.add_argument("--warmup-epochs", type=int, default=4)
+    add_compression_arguments(parser)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.05)
@@ -75,14 +64,7 @@ def main() -> None:
     x_tr, y_tr, x_te, y_te = load_data(hvd.rank(), hvd.size())
     model = build_model(args.hidden)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    if args.params:
-        pairs = [kv.split("=", 1) for kv in args.params.split(",")]
-        if any(len(kv) != 2 for kv in pairs):
-            parser.error(f"--params {args.params!r}: expected key=value pairs separated by commas")
-        compression = hvdcompress.from_params(dict(pairs))
-        args.compression = compression.name
-    else:
-        compression = COMPRESSIONS[args.compression](args)
+    compression = compression_from_args(parser, args)
     opt = hvc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                    named_parameters=model.named_parameters(),
                                    compression=compression)

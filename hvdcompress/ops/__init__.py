@@ -1,8 +1,9 @@
-"""hvdcompress kernels.
+"""hvdcompress kernels: one implementation of each per kind of device (docs/kernels.md).
 
-``kernels.h`` / ``kernels.cpp``: the C++ source of truth on raw buffers (semantics and byte layouts
-documented there and in :class:`hvdcompress.backend.Ops`). ``torch_binding.cpp`` binds it as the
-torch extension ``hvdcompress.ops._torch_kernels`` (built by setup.py when possible);
-``torch_fallback`` implements the same operations in plain torch. :mod:`hvdcompress.torch.backend`
-picks one. This package imports no framework.
+``kernels.h`` specifies every kernel; ``kernels.cpp`` implements them in C++ on raw buffers and
+``capi.cpp`` exports them as a C ABI, compiled by setup.py into ``_kernels*.so``.
+:mod:`~hvdcompress.ops.native` calls that library through ctypes on numpy arrays and, through
+:class:`~hvdcompress.ops.native.Bridge`, on PyTorch and TensorFlow CPU tensors without copies.
+:mod:`~hvdcompress.ops.torch_fallback` is the plain-torch implementation (other devices, no
+library). This package imports no framework at import time.
 """

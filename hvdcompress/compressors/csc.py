@@ -38,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import numpy as np
+
 from ..backend import Ops, Tensor
 from ..compressor import Packet, TensorInfo
 from ..schedule import Schedule
@@ -87,14 +89,17 @@ class CSC(MomentumCorrection):
         return ops.reshape(ops.matmul(ops.reshape(mag, (nchunks, self.chunk)), ones), (nchunks,))
 
     def positions(self, ops: Ops, chosen: Tensor, nchunks: int, n: int, like: Tensor) -> Tensor:
-        """Ascending int64 element positions of the chunks ``chosen`` (chunk indices)."""
-        mask = ops.fill_at(ops.zeros(nchunks, like=like, dtype="float32"), chosen, 1.0)
-        ones = ops.zeros(self.chunk, like=like, dtype="float32") + 1.0
-        per_element = ops.outer(mask, ones)
+        """Ascending int64 element positions of the chunks ``chosen`` (ascending chunk indices):
+        ``chosen[j] * chunk + i`` for ``i < chunk``, less the positions past ``n`` when the last,
+        shorter chunk is chosen. Built from the ``K`` starts, not from a pass over the tensor."""
+        k = ops.numel(chosen)
+        offsets = ops.reshape(ops.from_numpy(np.arange(self.chunk, dtype=np.int64), like), (1, self.chunk))
+        starts = ops.reshape(ops.cast(chosen, "int64") * self.chunk, (k, 1))
+        found = ops.reshape(starts + offsets, (k * self.chunk,))  # broadcast: (k, 1) + (1, chunk)
         pad = nchunks * self.chunk - n
-        if pad:
-            per_element = ops.split(per_element, [n, pad])[0]
-        return ops.nonzero(ops.ge(per_element, 0.5))
+        if pad and int(ops.scalar(ops.split(chosen, [k - 1, 1])[1])) == nchunks - 1:
+            found = ops.split(found, [k * self.chunk - pad, pad])[0]
+        return found
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         corrected = self.correct(ops, x, state, info)

@@ -207,14 +207,14 @@ LEVEL_CASES = [(127, False, 30.0), (4, False, 1.5), (8, True, 0.3), (3, True, 0.
 
 
 @pytest.mark.parametrize("levels,natural,inv", LEVEL_CASES)
-def test_levels_pack_kernel_is_the_documented_rule_bit_for_bit(levels, natural, inv):
+def test_levels_pack_is_the_documented_rule_bit_for_bit(ops, levels, natural, inv):
     x = data(50001, specials=True)
     x[[7, 9]] = [np.nan, 1e-30]
     key = 123456789
     u = np_uniform24(x.size, key).astype(np.float32) * np.float32(2.0 ** -24)
     level = np_levels(x, inv, levels, natural, u)
     want = np.where(np.isnan(x), -128, np.where(x < 0, -level, level)).astype(np.int8).view(np.uint8)
-    got = TorchOps(kernels=True).levels_pack(t(x), inv, levels, natural, key)
+    got = ops.levels_pack(t(x), inv, levels, natural, key)
     np.testing.assert_array_equal(got.numpy(), want)
 
 
@@ -247,14 +247,14 @@ def test_levels_pack_is_unbiased(ops, levels, natural, inv):
         assert abs(part.mean() - r) < 4 * part.std() / np.sqrt(part.size) + 1e-6
 
 
-def test_ternary_pack_kernel_bit_for_bit_and_format():
+def test_ternary_pack_bit_for_bit_and_format(ops):
     x = data(9999, 3, specials=True)
     x[2] = np.nan
     inv, key = 0.5, 42
     u = np_uniform24(x.size, key).astype(np.float32) * np.float32(2.0 ** -24)
     level = np_levels(x, inv, 1, False, u)
     codes = np.where(np.isnan(x), 1, level * np.where(x < 0, 2, 3)).astype(np.uint32)
-    got = TorchOps(kernels=True).ternary_pack(t(x), inv, key)
+    got = ops.ternary_pack(t(x), inv, key)
     np.testing.assert_array_equal(got.numpy(), np_pack(codes, 2))
 
 
@@ -284,12 +284,12 @@ def np_natural_pack(x: np.ndarray, key: int) -> np.ndarray:
     return np.where(a > 0x7F800000, 0x80, c).astype(np.uint8)
 
 
-def test_natural_pack_kernel_bit_for_bit():
+def test_natural_pack_bit_for_bit(ops):
     x = data(30001, 4, specials=True)
     x[[10, 11, 12]] = [np.nan, 1e-35, 1e9]
     key = 77
     want = np_natural_pack(x, key)
-    np.testing.assert_array_equal(TorchOps(kernels=True).natural_pack(t(x), key).numpy(), want)
+    np.testing.assert_array_equal(ops.natural_pack(t(x), key).numpy(), want)
 
 
 def test_natural_pack_rounds_to_neighbouring_powers_and_is_unbiased(ops):
@@ -345,6 +345,25 @@ def test_max_abs_matches_numpy(ops, n):
     if n:
         x[n // 2] = np.nan
         assert np.isnan(ops.max_abs(t(x)).item())
+
+
+@pytest.mark.parametrize("n", [0, 1, 1000, 200001])
+def test_l2_norm_is_the_float64_sum_of_squares(ops, n):
+    x = data(n, 15)
+    want = np.float32(np.sqrt((x.astype(np.float64) ** 2).sum()))
+    assert ops.norm(t(x)).item() == want
+    assert ops.norm(t(x).to(torch.float16)).dtype == torch.float32
+
+
+def test_uniforms_are_the_documented_hash():
+    from hvdcompress.ops.torch_fallback import uniform24
+    key = 2 ** 32 - 5  # sums wrap around 2**32
+    np.testing.assert_array_equal(uniform24(70001, key, "cpu").numpy(), np_uniform24(70001, key))
+
+
+def test_keys_outside_32_bits_are_value_errors(ops):
+    with pytest.raises(ValueError, match="key=4294967296 is out of range"):
+        ops.natural_pack(torch.zeros(4), 2 ** 32)
 
 
 # ---- sparsification ---------------------------------------------------------------------------

@@ -110,3 +110,43 @@ def test_variable_state_keeps_tensors_and_python_numbers_in_variables():
     state["step"] = state["step"] + 1
     assert state["step"] == 1 and isinstance(state["step"], int)
     assert isinstance(state.slots["step"], tf.Variable) and len(state) == 2
+
+
+def test_state_updates_return_new_tensors_and_leave_their_inputs_unchanged():
+    """The kernels see TensorFlow tensors as zero-copy views: on TF (not in place) they must write
+    only into new buffers, whatever the result size (DLPack above 4096 elements)."""
+    rng = np.random.default_rng(8)
+    x, r, g, u, v = (rng.standard_normal(5000).astype(np.float32) for _ in range(5))
+    tensors = [tf.constant(a) for a in (x, r, g, u, v)]
+    tx, tr, tg, tu, tv = tensors
+    _, scale, new_r = TF.ef_sign_pack(tx, tr)
+    p = x + r
+    s = np.float32(np.abs(p.astype(np.float64)).sum() / p.size)
+    assert scale.numpy()[0] == s
+    np.testing.assert_array_equal(new_r.numpy(), p - np.where(np.signbit(p), -s, s))
+    _, new_r = TF.twobit_pack(tx, 0.5, tr)
+    t = np.float32(0.5)
+    np.testing.assert_array_equal(new_r.numpy(), p - t * ((p >= t).astype(np.float32) - (p <= -t).astype(np.float32)))
+    new_u, new_v = TF.momentum_correction(tu, tv, tg, 0.9, False)
+    np.testing.assert_array_equal(new_u.numpy(), u * np.float32(0.9) + g)
+    np.testing.assert_array_equal(new_v.numpy(), v + (u * np.float32(0.9) + g))
+    filled = TF.fill_at(tx, tf.constant([3, 4999], tf.int64), 0.0)
+    want = x.copy()
+    want[[3, 4999]] = 0.0
+    np.testing.assert_array_equal(filled.numpy(), want)
+    for tensor, original in zip(tensors, (x, r, g, u, v)):
+        np.testing.assert_array_equal(tensor.numpy(), original)
+
+
+def test_decoders_fill_a_variable_out():
+    bits = np.arange(16) % 3 == 0
+    out = tf.Variable(tf.fill([16], 7.0))
+    got = TF.sign_vote(tf.constant(np.packbits(bits)), 16, 2.0, out=out)
+    assert got is out
+    np.testing.assert_array_equal(out.numpy(), np.where(bits, 2.0, -2.0).astype(np.float32))
+
+
+def test_l2_norm_matches_numpy_in_float64():
+    x = np.random.default_rng(9).standard_normal(100003).astype(np.float32)
+    want = np.float32(np.sqrt((x.astype(np.float64) ** 2).sum()))
+    assert TF.norm(tf.constant(x)).numpy() == want

@@ -18,7 +18,9 @@ rank picks the same ``J`` and round 1 is a plain sum of equally long vectors: no
 and nothing is allgathered. NaN counts as +inf in ``|v_i|``, so a chunk holding a non-finite
 value is chosen first and reaches every rank, as with a dense allreduce. At ``ratio = 1`` (and
 for tensors below ``min_numel`` elements) the tensor is sent dense in one round, exactly DGC's
-dense path: momentum SGD on the averaged gradient.
+dense path: momentum SGD on the averaged gradient. Like DGC, CSC takes over the wrapped SGD's
+momentum, Nesterov flag and weight decay (``takes_over_momentum``); values travel in the
+gradient's dtype, norms in float32.
 
 Bytes per rank (ring allreduce, float32): ``2(N−1)/N · 4·(C + K·chunk) ≈ 8n·(1/chunk + ratio)``
 against ``8n`` dense, flat in ``N``; top-k or DGC with allgather send ``(N−1)·8·k``, which grows

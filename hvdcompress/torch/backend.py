@@ -1,16 +1,18 @@
 """The core's :class:`~hvdcompress.backend.Ops` on PyTorch tensors (any device).
 
-The kernel operations run on the C++ kernels (:mod:`hvdcompress.ops.native`, shared with
-TensorFlow) for CPU tensors when they are built, and on the plain-torch fallback
-:mod:`hvdcompress.ops.torch_fallback` otherwise (other devices, library missing, or
-``HVDCOMPRESS_DISABLE_KERNELS=1``). Which path is
-in use is logged once, on the ``hvdcompress`` logger.
+The kernel operations run on an implementation table chosen per device type: the C++ kernels
+(:mod:`hvdcompress.ops.native`, shared with TensorFlow) for CPU tensors when they are built, the Triton kernels
+:mod:`hvdcompress.ops.triton_kernels` for CUDA tensors when ``triton`` is importable, and the
+plain-torch fallback :mod:`hvdcompress.ops.torch_fallback` otherwise (other devices, neither
+available, or ``HVDCOMPRESS_DISABLE_KERNELS=1``). Which path is in use is logged once, on the
+``hvdcompress`` logger.
 """
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Optional, Sequence
+from types import ModuleType
+from typing import Any, Dict, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -53,27 +55,73 @@ def load_kernels() -> Optional[native.Bridge]:
     return _LOADED["module"]
 
 
+def load_triton() -> Optional[ModuleType]:
+    """The Triton kernels, or None when triton is not importable or HVDCOMPRESS_DISABLE_KERNELS=1.
+    Logs the outcome once per process."""
+    if "triton" not in _LOADED:
+        module, reason = None, "HVDCOMPRESS_DISABLE_KERNELS=1"
+        if os.environ.get("HVDCOMPRESS_DISABLE_KERNELS", "0") != "1":
+            try:
+                from ..ops import triton_kernels as module
+            except ImportError as exc:
+                reason = f"triton is not importable ({exc}; pip install hvdcompress[gpu])"
+        if module is not None:
+            log.info("using the Triton kernels (triton %s%s)", module.triton.__version__,
+                     ", interpreted" if module.INTERPRETED else "")
+        else:
+            log.warning("%s; CUDA tensors use the pure-torch fallback kernels", reason)
+        _LOADED["triton"] = module
+    return _LOADED["triton"]
+
+
+def implementation_tables(kernels: Union[bool, str, None]) -> Dict[str, ModuleType]:
+    """The kernel implementation per device type (``torch.device.type``); devices not listed use
+    the plain-torch fallback. See :class:`TorchOps` for ``kernels``."""
+    if kernels == "triton":
+        module = load_triton()
+        if module is None:
+            raise ImportError("TorchOps(kernels='triton'): the Triton kernels are not available; "
+                              "install triton (pip install hvdcompress[gpu]) and unset "
+                              "HVDCOMPRESS_DISABLE_KERNELS")
+        return {"cpu": module, "cuda": module}
+    if kernels not in (None, True, False):
+        raise ValueError(f"TorchOps: kernels={kernels!r}; allowed: None, True, False, 'triton'")
+    if kernels is False:
+        return {}
+    cpu = load_kernels()
+    if kernels and cpu is None:
+        raise ImportError("TorchOps(kernels=True): the C++ kernels are not available; build "
+                          "them with `pip install --no-build-isolation -e .` and unset "
+                          "HVDCOMPRESS_DISABLE_KERNELS")
+    cuda = load_triton() if torch.cuda.is_available() else None
+    return {device: module for device, module in (("cpu", cpu), ("cuda", cuda)) if module is not None}
+
+
 class TorchOps(Ops):
-    """``kernels``: None picks the C++ kernels when available (see :func:`load_kernels`); True
-    requires them (ImportError otherwise); False always uses the plain-torch fallback."""
+    """``kernels`` selects the implementation table (:func:`implementation_tables`):
+
+    * None: the C++ kernels for CPU tensors when built (see :func:`load_kernels`), the Triton
+      kernels for CUDA tensors when triton is importable (see :func:`load_triton`);
+    * True: the same, but the C++ kernels are required (ImportError otherwise);
+    * False: the plain-torch fallback on every device;
+    * "triton": the Triton kernels on every device (ImportError without triton). CPU tensors run
+      them under Triton's interpreter, which needs ``TRITON_INTERPRET=1`` set before triton is
+      imported and while the kernels run: the tests' way to check them without a GPU."""
 
     name = "torch"
     in_place = True
 
-    def __init__(self, kernels: Optional[bool] = None):
-        module = load_kernels() if kernels is not False else None
-        if kernels and module is None:
-            raise ImportError("TorchOps(kernels=True): the C++ kernels are not available; build "
-                              "them with `pip install --no-build-isolation -e .` and unset "
-                              "HVDCOMPRESS_DISABLE_KERNELS")
-        self._kernels = module
+    def __init__(self, kernels: Union[bool, str, None] = None):
+        self._tables = implementation_tables(kernels)
 
     @property
     def uses_kernels(self) -> bool:
-        return self._kernels is not None
+        """Whether the C++ kernels serve CPU tensors."""
+        cpu = self._tables.get("cpu")
+        return cpu is not None and cpu is _LOADED.get("module")
 
     def _impl(self, x: torch.Tensor) -> Any:
-        return self._kernels if self._kernels is not None and x.device.type == "cpu" else torch_fallback
+        return self._tables.get(x.device.type, torch_fallback)
 
     def numel(self, x): return x.numel()
     def ndim(self, x): return x.dim()

@@ -46,6 +46,10 @@ if ! [ -f "$STAMP.frameworks" ]; then
   "$VPY" -m pip install -q "${FRAMEWORK_PKGS[@]}" "cmake<4" packaging || fail "frameworks" "pip could not install ${FRAMEWORK_PKGS[*]}"
   touch "$STAMP.frameworks"
 fi
+if [ "$WITH_TORCH" = 1 ] && ! have triton 3.9.0; then  # the gpu extra: CI tests the Triton kernels (interpreter)
+  step "installing triton 3.9.0"
+  "$VPY" -m pip install -q "triton==3.9.0" || fail "triton" "pip could not install triton==3.9.0"
+fi
 
 if ! have horovod "$HOROVOD_VERSION"; then
   TF_VER=$("$VPY" -c "import importlib.metadata as m; print(m.version('tensorflow-cpu'))")

@@ -103,13 +103,13 @@ class RankOutput:
 class Launch:
     """A finished launch: ``results[r]`` holds rank r's records in the order it wrote them."""
 
-    results: list
-    outputs: list
+    results: list[list[dict]]
+    outputs: list[RankOutput]
     log: str
     seconds: float
 
     @property
-    def records(self) -> list:
+    def records(self) -> list[dict]:
         """Every record, ordered by rank, then by the order each rank wrote them."""
         return [rec for per_rank in self.results for rec in per_rank]
 
@@ -119,7 +119,7 @@ class LaunchError(RuntimeError):
     rank's stderr; ``outputs`` and ``log`` (horovodrun's own output) hold everything."""
 
     def __init__(self, message: str, returncode: Optional[int], timed_out: bool,
-                 outputs: list, log: str):
+                 outputs: list[RankOutput], log: str):
         super().__init__(message)
         self.returncode = returncode
         self.timed_out = timed_out
@@ -138,7 +138,7 @@ def horovodrun_path() -> Path:
     return Path(sys.executable).parent / "horovodrun"
 
 
-def read_results(directory: Path, np: int) -> list:
+def read_results(directory: str | os.PathLike, np: int) -> list[list[dict]]:
     """Every rank's records from ``<directory>/rank<R>.jsonl`` (``[]`` for a rank that wrote none)."""
     per_rank = []
     for rank in range(np):
@@ -155,7 +155,7 @@ def read_results(directory: Path, np: int) -> list:
     return per_rank
 
 
-def _rank_outputs(output_dir: Path, np: int) -> list:
+def _rank_outputs(output_dir: Path, np: int) -> list[RankOutput]:
     """Each rank's stdout and stderr from horovodrun's ``--output-filename`` directory, whose
     per-rank folders are ``rank.<R>`` with R zero-padded to the width of ``np - 1``, without the
     ``[R]<stream>:`` horovodrun puts before every line (and after every ``\r``)."""
@@ -168,7 +168,7 @@ def _rank_outputs(output_dir: Path, np: int) -> list:
     return [RankOutput(text(r, "stdout"), text(r, "stderr")) for r in range(np)]
 
 
-def _tails(outputs: list, log: str) -> str:
+def _tails(outputs: list[RankOutput], log: str) -> str:
     """The end of each rank's stderr, and of horovodrun's own output."""
     parts = []
     for rank, out in enumerate(outputs):
@@ -180,6 +180,7 @@ def _tails(outputs: list, log: str) -> str:
 
 
 def _environ_has(pid: str, entry: bytes) -> bool:
+    """Whether process ``pid``'s environment holds ``entry`` (``NAME=value``)."""
     try:
         return entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:  # gone, or not ours

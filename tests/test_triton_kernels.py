@@ -35,6 +35,7 @@ finally:
 from hvdcompress.torch.backend import TorchOps  # noqa: E402
 from test_kernels import (LEVEL_CASES, data, decoders, np_levels, np_magnitude_keys,  # noqa: E402
                           np_minmax, np_natural_pack, np_pack, np_twobit, np_uniform24, t)
+from test_paths_identical import RTOL, SPECS, simulate  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter: NaN casts
 
@@ -305,6 +306,22 @@ def test_same_codes_as_the_cpp_kernels(triton_ops, cpp_ops, name):
     assert len(got) == len(want)
     for g, w in zip(got, want):
         same_bits(g, w.numpy())
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: "-".join(map(str, s.values())))
+def test_every_compressor_gives_the_cpp_kernels_bits(triton_ops, cpp_ops, spec):
+    """A simulated 2-rank, 3-step exchange (tests/test_paths_identical.py): every payload, decoded
+    sum and state equal to the C++ path's; PowerSGD's QR and products are torch's (as on the
+    plain-torch path), so to its tolerance."""
+    want, got = simulate(cpp_ops, spec), simulate(triton_ops, spec)
+    assert sorted(got) == sorted(want)
+    rtol = RTOL.get(spec["compressor"], {}).get("torch-fallback")
+    for name, b in want.items():
+        if rtol is not None and b.dtype.kind == "f":
+            np.testing.assert_allclose(got[name], b, rtol=rtol, atol=rtol * float(np.nanmax(np.abs(b))),
+                                       err_msg=name)
+        else:
+            same_bits(torch.from_numpy(np.ascontiguousarray(got[name])), b)
 
 
 # ---- dispatch -----------------------------------------------------------------------------------

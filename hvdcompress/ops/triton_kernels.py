@@ -12,8 +12,9 @@ codes: element ``i`` under ``key`` draws ``u = (fmix32(uint32(i) * 0x9E3779B1 + 
 same codes for the same key. Float arithmetic is float32 without FMA contraction
 (``enable_fp_fusion=False``, as the C++ build's ``-ffp-contract=off``) and divisions are IEEE
 round-to-nearest (``div_rn``); min, max, comparisons and the hash are exact in any order. Two
-results are sums whose order is the GPU's, equal to the C++ ones up to rounding: ``sign_pack``'s
-mean and ``ef_sign_pack``'s scale (float32 block sums added in float64).
+results are sums whose order is the GPU's: ``sign_pack``'s mean and ``ef_sign_pack``'s scale,
+accumulated in float64 as in C++ and rounded to float32, so equal to the C++ ones unless the
+float64 sums differ across a float32 rounding boundary.
 
 Scalars that the kernels read (thresholds, scales, ``inv``) may be Python numbers or 1-element
 tensors on the data's device, so a caller can keep them on the GPU. Results that the C++ binding
@@ -118,7 +119,7 @@ def _sign_pack_kernel(x_ptr, out_ptr, part_ptr, n, nbytes, BYTES: tl.constexpr):
     offs, mask, shift = _pack_tile(pid, n, 1, BYTES)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     _store_packed(out_ptr, pid, nbytes, tl.where(mask, _sign_bit_clear(x), 0), shift, BYTES)
-    tl.store(part_ptr + pid, tl.sum(tl.sum(tl.abs(x), axis=1), axis=0))
+    tl.store(part_ptr + pid, tl.sum(tl.sum(tl.abs(x).to(tl.float64), axis=1), axis=0))
 
 
 @triton.jit
@@ -128,7 +129,7 @@ def _ef_add_kernel(x_ptr, res_ptr, out_ptr, part_ptr, n, BLOCK: tl.constexpr):
     mask = offs < n
     p = tl.load(x_ptr + offs, mask=mask, other=0.0) + tl.load(res_ptr + offs, mask=mask, other=0.0)
     tl.store(out_ptr + offs, p, mask=mask)
-    tl.store(part_ptr + tl.program_id(0), tl.sum(tl.abs(p), axis=0))
+    tl.store(part_ptr + tl.program_id(0), tl.sum(tl.abs(p).to(tl.float64), axis=0))
 
 
 @triton.jit
@@ -429,7 +430,7 @@ def _pack_grid(n: int, bits: int) -> Tuple[int]:
 
 
 def _mean_of_parts(parts: Tensor, n: int) -> Tensor:
-    return (parts.sum(dtype=torch.float64) / max(1, n)).to(torch.float32).view(1)
+    return (parts.sum() / max(1, n)).to(torch.float32).view(1)
 
 
 def sign_pack(x: Tensor) -> Tuple[Tensor, Tensor]:
@@ -437,7 +438,7 @@ def sign_pack(x: Tensor) -> Tuple[Tensor, Tensor]:
     n, nbytes = x.numel(), packed_bytes(x.numel(), 1)
     out = _bytes(nbytes, x)
     grid = _pack_grid(n, 1)
-    parts = torch.zeros(grid[0], dtype=torch.float32, device=x.device)
+    parts = torch.zeros(grid[0], dtype=torch.float64, device=x.device)
     if n:
         _sign_pack_kernel[grid](x, out, parts, n, nbytes, BYTES=PACK_BYTES, **LAUNCH)
     return out, _mean_of_parts(parts, n)
@@ -450,7 +451,7 @@ def ef_sign_pack(x: Tensor, residual: Tensor, out: Optional[Tensor] = None) -> T
     _check_size(residual, n, "residual")
     res_out = _output(out, n, x, "residual out")
     packed = _bytes(nbytes, x)
-    parts = torch.zeros(triton.cdiv(n, BLOCK), dtype=torch.float32, device=x.device)
+    parts = torch.zeros(triton.cdiv(n, BLOCK), dtype=torch.float64, device=x.device)
     if n:
         _ef_add_kernel[(parts.numel(),)](x, residual, res_out, parts, n, BLOCK=BLOCK, **LAUNCH)
     scale = _mean_of_parts(parts, n)

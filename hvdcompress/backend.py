@@ -131,6 +131,10 @@ class Ops(ABC):
         """``value`` when ``out`` is None; else ``value`` (cast to ``out``'s dtype) written into
         the caller's buffer ``out`` (same number of elements), and ``out`` returned."""
 
+    def scale_(self, x: Tensor, s: float) -> Tensor:
+        """``x * s``; a backend that updates in place (torch) scales ``x`` itself and returns it."""
+        return x * s
+
     def accumulate(self, state: dict, key: str, scale: float, add: Tensor,
                    post: float = 1.0) -> Tensor:
         """``state[key] = (state[key] * scale + add) * post``; returns the new value, which may be

@@ -93,11 +93,15 @@ class Compressor(ABC):
         framework wrapper moves the optimizer's momentum / nesterov / weight_decay of the
         tensors it compresses into :class:`TensorInfo` and sets them to 0 in the optimizer.
       keeps_residual: the compressor keeps what it did not send (error feedback) for later steps.
+      supports_alltoall: its per-rank payloads have a size fixed by the tensor's size and can be
+        decoded, summed and compressed again, so the exchange may run the compressed allreduce
+        (all-to-all of compressed segments, see :mod:`hvdcompress.exchange`).
     """
 
     name: str = "abstract"
     takes_over_momentum: bool = False
     keeps_residual: bool = False
+    supports_alltoall: bool = False
 
     @property
     def carries_state(self) -> bool:
@@ -143,6 +147,11 @@ class Compressor(ABC):
 
     def unwrap(self) -> "Compressor":
         """The algorithm under any decorators (error feedback, momentum): itself here."""
+        return self
+
+    def server_side(self) -> "Compressor":
+        """The compressor that re-compresses a summed segment in the compressed allreduce: this
+        one, without momentum (already applied to the gradients); error feedback stays."""
         return self
 
     # ---- compressor-wide state (schedules) -------------------------------------------------------

@@ -48,6 +48,18 @@ class Decorator(Compressor):
     def keeps_residual(self) -> bool:  # type: ignore[override]
         return self.inner.keeps_residual
 
+    @property
+    def supports_alltoall(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_alltoall
+
+    def server_side(self) -> Compressor:
+        inner = self.inner.server_side()
+        if inner is self.inner:
+            return self
+        if getattr(self, "_server", None) is None or self._server.inner is not inner:
+            self._server = type(self)(inner)
+        return self._server
+
     def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
         self.inner.init_state(ops, x, state, info)
 
@@ -101,6 +113,9 @@ class Momentum(Decorator):
     """
 
     takes_over_momentum = True
+
+    def server_side(self) -> Compressor:
+        return self.inner.server_side()  # momentum is applied once, to the rank's own gradient
 
     def __init__(self, inner: Compressor, mu: Optional[float] = None, nesterov: bool = False):
         super().__init__(inner)

@@ -21,6 +21,7 @@ class Int8(Compressor):
     """Bagua's min-max uint8 quantisation, per chunk of ``chunk`` elements."""
 
     name = "int8"
+    supports_alltoall = True
 
     def __init__(self, chunk: int = 2048):
         self.chunk = check_int("Int8", "chunk", chunk, 1)

@@ -75,6 +75,7 @@ class TableQuantizer(Compressor):
     and :meth:`encode`."""
 
     bits = 8
+    supports_alltoall = True
 
     @abstractmethod
     def unit_table(self) -> np.ndarray:

@@ -20,6 +20,7 @@ class Signum(OneBit):
     """Unscaled signs, aggregated by majority vote."""
 
     name = "signum"
+    supports_alltoall = False  # a majority vote, not a sum: nothing to re-compress and add
 
     def __init__(self):
         super().__init__(scale=False)

@@ -1,14 +1,10 @@
-"""Compress, exchange and average gradients over Horovod ranks: the engine behind
+"""The TensorFlow side of the exchange: the engine behind
 :func:`~hvdcompress.tensorflow.DistributedGradientTape` and the Keras ``DistributedOptimizer``.
 
-One call, for the dense gradients ``g_i`` of the sources ``w_i``::
-
-    x_i = flat(g_i) / predivide
-    packet_i = compressor.compress(x_i, state_i)           # state_i: tf.Variables
-    summable payloads -> hvd.grouped_allreduce(op=Sum)    # one grouped call per group and round
-    per-rank payloads -> hvd.grouped_allgather
-    total_i = compressor.decompress(...)                   # sum over ranks
-    g_i <- total_i * predivide / N   (op=Average)   or   total_i   (op=Sum)
+The algorithm of one step (compress, allreduce / allgather / compressed allreduce, decode,
+scale) is the core's :class:`hvdcompress.exchange.Exchange`, the same as for torch; this module
+keeps what is TensorFlow's: variables as state, IndexedSlices, ``None`` gradients, the local
+clip, graph mode, and Horovod's TF collectives (:mod:`.collectives`).
 
 Only Horovod's collective ops are used (not its tape, optimizer or Keras code), so this works
 with Keras 2 and Keras 3 alike.
@@ -30,7 +26,6 @@ allgathered (and divided by N for op=Average).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -39,8 +34,10 @@ import tensorflow as tf
 
 from ..accounting import ByteCount
 from ..clipping import check_clip_grad_norm, local_clip_limit
-from ..compressor import Compressor, Packet, TensorInfo, payload_bytes
+from ..compressor import Compressor, TensorInfo
+from ..exchange import Exchange
 from .backend import TFOps
+from .collectives import HorovodCollectives
 from .state import compression_state
 
 OPS = TFOps()
@@ -58,6 +55,7 @@ class ExchangeOptions:
     groups: Any = None
     process_set: Any = hvd.global_process_set
     clip_grad_norm: Any = None
+    collective: str = "auto"
 
     def __post_init__(self) -> None:
         for key in ("device_dense", "device_sparse"):
@@ -111,10 +109,6 @@ def source_names(sources: Sequence[Any]) -> list:
     return [f"{n}.{i}" if counts[n] > 1 else n for i, n in enumerate(names)]
 
 
-def _tag(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.\-]", "_", text)
-
-
 class GradientExchange:
     """Compresses, communicates and averages gradients with one compressor and fixed options.
 
@@ -131,8 +125,11 @@ class GradientExchange:
         self.momentum = momentum
         self.nesterov = nesterov
         self.state = compression_state(compressor)
-        self.last_step_bytes = ByteCount()
-        self.total_bytes = ByteCount()
+        self.engine = Exchange(compressor, OPS,
+                               HorovodCollectives(options.process_set, options.device_dense),
+                               average=options.op == hvd.Average,
+                               predivide=options.gradient_predivide_factor,
+                               collective=options.collective)
 
     # ---- entry point --------------------------------------------------------------------------
     @tf.autograph.experimental.do_not_convert  # plain Python on Python values: nothing to convert
@@ -199,7 +196,7 @@ class GradientExchange:
             if info.name not in self.state and info.numel:
                 with tf.init_scope():
                     like = tf.zeros([info.numel], g.dtype)
-                    self.compressor.init_state(OPS, like, self.state.tensor(info.name), info)
+                    self.engine.init_state(like, self.state.tensor(info.name), info)
 
     def _gather_slices(self, grad: tf.IndexedSlices, name: str) -> tf.IndexedSlices:
         """Horovod's sparse path: allgather values and indices, uncompressed."""
@@ -212,78 +209,32 @@ class GradientExchange:
         return tf.IndexedSlices(values, indices, grad.dense_shape)
 
     def _exchange(self, grads: list, params: list, infos: list) -> list:
-        """Eager: compress every gradient, communicate, decompress, scale."""
+        """Eager: compress every gradient, communicate, decompress, scale (the engine's job)."""
         self.state.pull()
         factor = self.options.gradient_predivide_factor
-        step_bytes = ByteCount(steps=1)
-        packets = []
-        for g, p, info in zip(grads, params, infos):
-            if p is not None:
-                info.param = tf.reshape(tf.convert_to_tensor(p), [-1])
-            if info.numel == 0:
-                packets.append(Packet([], None, summable=True))
-                continue
-            x = tf.reshape(g, [-1])
-            if factor != 1.0:
-                x = x / factor
-            packet = self.compressor.compress(OPS, x, self.state.tensor(info.name), info)
-            step_bytes.add(info.numel * g.dtype.size, payload_bytes(OPS, packet.tensors))
-            packets.append(packet)
-        totals = self._communicate(packets, infos, params)
+        totals: list = [None] * len(grads)
+        for bundle in self.options.bundles(params):
+            entries = []
+            for i in bundle:
+                info = infos[i]
+                if params[i] is not None:
+                    info.param = tf.reshape(tf.convert_to_tensor(params[i]), [-1])
+                x = tf.reshape(grads[i], [-1])
+                if factor != 1.0:
+                    x = x / factor
+                entries.append(self.engine.compress(i, x, self.state.tensor(info.name), info))
+            for entry in self.engine.finish(self.engine.start(entries)):
+                totals[entry.key] = entry.total
         self.compressor.on_step()
         self.state.push()
-        self.last_step_bytes = step_bytes
-        self.total_bytes.merge(step_bytes)
-        scale = factor / self.options.process_set.size() if self.options.op == hvd.Average else 1.0
-        out = []
-        for g, total in zip(grads, totals):
-            grad = tf.reshape(tf.cast(total, g.dtype), tf.shape(g)) if total is not None else g
-            out.append(grad * scale if scale != 1.0 else grad)
-        return out
+        self.engine.end_step()
+        return [tf.reshape(tf.cast(t, g.dtype), tf.shape(g)) if t is not None else g
+                for g, t in zip(grads, totals)]
 
-    def _communicate(self, packets: list, infos: list, params: list) -> list:
-        """Sum over ranks of what each packet stands for (None for empty tensors)."""
-        world = self.options.process_set.size()
-        totals: list = [None] * len(packets)
-        for bundle in self.options.bundles(params):
-            pending = [(i, packets[i]) for i in bundle if infos[i].numel]
-            round_ = 0
-            while pending:
-                tag = _tag(f"hvdc.{infos[pending[0][0]].name}.r{round_}")
-                outputs = self._collect([pk for _, pk in pending], tag)
-                resumed = []
-                for (i, packet), out in zip(pending, outputs):
-                    if packet.resume is not None:
-                        resumed.append((i, packet.resume(out)))
-                    elif packet.summable:
-                        totals[i] = self.compressor.decompress(OPS, out, packet.ctx, infos[i])
-                    else:
-                        totals[i] = self.compressor.decompress_gathered(OPS, out, packet.ctx,
-                                                                        infos[i], world)
-                pending, round_ = resumed, round_ + 1
-        return totals
+    @property
+    def last_step_bytes(self) -> ByteCount:
+        return self.engine.last_step_bytes
 
-    def _collect(self, packets: list, tag: str) -> list:
-        """Summable payloads through grouped allreduce (op=Sum), the others through grouped
-        allgather; one call per dtype, since Horovod's grouped TF ops take a single dtype."""
-        ps = self.options.process_set
-        summed = [t for pk in packets if pk.summable for t in pk.tensors]
-        gathered = [t for pk in packets if not pk.summable for t in pk.tensors]
-        with tf.device(self.options.device_dense):
-            sums = iter(_per_dtype(lambda ts, name: hvd.grouped_allreduce(
-                ts, op=hvd.Sum, process_set=ps, name=name), summed, tag + ".sum"))
-            gathers = iter(_per_dtype(lambda ts, name: hvd.grouped_allgather(
-                ts, process_set=ps, name=name), gathered, tag + ".gather"))
-        return [[next(sums if pk.summable else gathers) for _ in pk.tensors] for pk in packets]
-
-
-def _per_dtype(collective, tensors: list, tag: str) -> list:
-    """``collective(tensors_of_one_dtype, name)`` for each dtype; results in input order."""
-    positions: dict = {}
-    for i, t in enumerate(tensors):
-        positions.setdefault(t.dtype, []).append(i)
-    out: list = [None] * len(tensors)
-    for dtype, idx in positions.items():
-        for i, result in zip(idx, collective([tensors[i] for i in idx], f"{tag}.{dtype.name}")):
-            out[i] = result
-    return out
+    @property
+    def total_bytes(self) -> ByteCount:
+        return self.engine.total_bytes

@@ -43,7 +43,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             sparse_as_dense: bool = False, op=hvd.Average,
                             gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                             groups=None, process_set=hvd.global_process_set,
-                            clip_grad_norm: float = None) -> tf.GradientTape:
+                            clip_grad_norm: float = None, collective: str = "auto") -> tf.GradientTape:
     """Wrap ``gradtape`` so that :meth:`gradient` returns gradients averaged over ranks.
 
     Arguments are those of ``horovod.tensorflow.DistributedGradientTape``; ``compression`` takes
@@ -52,6 +52,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     ``exchange`` attribute has ``last_step_bytes`` / ``total_bytes`` (dense vs sent bytes).
     ``clip_grad_norm=c``: each rank clips its local gradients together to ``c / sqrt(N)``
     before compression (see :mod:`hvdcompress.clipping`); the way to clip with compression.
+    ``collective``: ``"auto"`` | ``"allgather"`` | ``"alltoall"``, as on the torch optimizer
+    (see :mod:`hvdcompress.exchange`).
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"gradtape={gradtape!r}: allowed: a tf.GradientTape")
@@ -59,7 +61,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
         warnings.warn("num_groups is deprecated, use groups", DeprecationWarning)
         groups = groups if groups is not None else num_groups
     options = ExchangeOptions(device_dense, device_sparse, sparse_as_dense, op,
-                              gradient_predivide_factor, groups, process_set, clip_grad_norm)
+                              gradient_predivide_factor, groups, process_set, clip_grad_norm,
+                              collective)
     cls = subclass_with(gradtape.__class__, _DistributedGradientTape)
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)

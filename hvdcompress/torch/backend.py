@@ -123,6 +123,7 @@ class TorchOps(Ops):
     def _impl(self, x: torch.Tensor) -> Any:
         return self._tables.get(x.device.type, torch_fallback)
 
+    def scale_(self, x, s): return x.mul_(s)
     def numel(self, x): return x.numel()
     def ndim(self, x): return x.dim()
     def contiguous(self, x): return x.contiguous()

@@ -44,10 +44,12 @@ import torch
 
 from ..accounting import ByteCount
 from ..clipping import check_clip_grad_norm
-from ..compressor import Compressor, Packet, TensorInfo, payload_bytes
+from ..compressor import Compressor, TensorInfo
+from ..exchange import Exchange
 from ..registry import as_compressor
 from .backend import TorchOps
 from .clipping import clip_local_gradients
+from .collectives import HorovodCollectives
 
 _OPS = TorchOps()
 _TAKEN_OVER = ("momentum", "nesterov", "weight_decay")
@@ -83,7 +85,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
                  sparse_as_dense=False, process_set=hvd.global_process_set, defaults=None,
-                 clip_grad_norm=None):
+                 clip_grad_norm=None, collective="auto"):
         try:
             super(self.__class__, self).__init__(params, **(defaults or {}))
         except TypeError:
@@ -102,15 +104,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._tensor_state = {name: {} for name in self._parameter_names.values()}
         self._delay = {p: backward_passes_per_step for p in self._parameter_names}
         self._requires_update = set()
-        self._prepared = {}        # group id -> [(p, packet, info)] compressed, not yet launched
-        self._inflight = []        # [(entries, handles)] launched groups
+        self._comm = HorovodCollectives(process_set)
+        self._exchange = Exchange(compression, _OPS, self._comm, average=op == hvd.Average,
+                                  predivide=gradient_predivide_factor, collective=collective)
+        self._prepared = {}        # group id -> [Entry] compressed, not yet launched
+        self._inflight = []        # launched rounds of the exchange engine
         self._sparse = {}          # p -> handle of Horovod's sparse allreduce
         self._synchronized = False
         self._should_synchronize = True
         self._plain_step = False
-        self.last_step_bytes = ByteCount()
-        self.total_bytes = ByteCount()
-        self._step_bytes = ByteCount(steps=1)
         self._check_momentum()
         self._group_of = self._make_groups(groups)
         self._param_group = {p: g for g in self.param_groups for p in g["params"]}
@@ -118,17 +120,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._check_ranks_agree()
             self._register_hooks()
 
-    # ---- the process set, asked through horovod.torch where it is the global one --------------
-    # (a ProcessSet answers through whichever Horovod framework module was imported last, so a
-    # process that also imported horovod.tensorflow would otherwise ask the wrong library)
     def _world(self) -> int:
-        return hvd.size() if self.process_set is hvd.global_process_set else self.process_set.size()
+        return self._comm.world
 
     def _rank(self) -> int:
-        return hvd.rank() if self.process_set is hvd.global_process_set else self.process_set.rank()
+        return self._comm.rank
 
     def _included(self) -> bool:
-        return self.process_set is hvd.global_process_set or self.process_set.included()
+        return self._comm.included()
+
+    @property
+    def last_step_bytes(self) -> ByteCount:
+        """This rank's dense versus sent bytes of the last step."""
+        return self._exchange.last_step_bytes
+
+    @property
+    def total_bytes(self) -> ByteCount:
+        """This rank's dense versus sent bytes since construction."""
+        return self._exchange.total_bytes
 
     # ---- construction checks -----------------------------------------------------------------
     def _check_names(self, named_parameters) -> dict:
@@ -194,6 +203,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                            for p in sorted(self._parameter_names, key=lambda p: self._parameter_names[p])],
                 "compression": repr(self._compression),
                 "backward_passes_per_step": self.backward_passes_per_step,
+                "collective": self._exchange.collective,
                 "op": int(self.op)}
         everyone = _allgather_object(mine, self.process_set)
         for rank, other in enumerate(everyone):
@@ -266,71 +276,33 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if grad.is_sparse:
             grad = grad.to_dense()
         info = self._info(p)
+        x = grad.reshape(-1)
+        if self.gradient_predivide_factor != 1.0:
+            x = x / self.gradient_predivide_factor
+        entry = self._exchange.compress(p, x, self._tensor_state[info.name], info)
         gid = self._group_of[p]
-        entry_list = self._prepared.setdefault(gid, [])
-        if info.numel == 0:
-            packet = Packet([], None, summable=True)
-        else:
-            x = grad.reshape(-1)
-            if self.gradient_predivide_factor != 1.0:
-                x = x / self.gradient_predivide_factor
-            state = self._tensor_state[info.name]
-            self._compression.init_state(_OPS, x, state, info)
-            packet = self._compression.compress(_OPS, x, state, info)
-        self._step_bytes.add(info.numel * grad.element_size(), payload_bytes(_OPS, packet.tensors))
-        entry_list.append((p, packet, info))
-        if len(entry_list) == self._group_size[gid]:
-            self._launch(self._prepared.pop(gid), round_=0)
+        entries = self._prepared.setdefault(gid, [])
+        entries.append(entry)
+        if len(entries) == self._group_size[gid]:
+            self._inflight.append(self._exchange.start(self._prepared.pop(gid)))
 
-    def _launch(self, entries: list, round_: int) -> None:
-        summed = [t for _, pk, _ in entries if pk.summable for t in pk.tensors]
-        gathered = [t for _, pk, _ in entries if not pk.summable for t in pk.tensors]
-        tag = f"hvdc.{entries[0][2].name}.r{round_}"
-        handles = (
-            hvd.grouped_allreduce_async_(summed, name=tag + ".sum", op=hvd.Sum,
-                                         process_set=self.process_set) if summed else None,
-            hvd.grouped_allgather_async(gathered, name=tag + ".gather",
-                                        process_set=self.process_set) if gathered else None,
-        )
-        self._inflight.append((entries, handles, round_))
+    @staticmethod
+    def _decode_buffer(entry) -> Optional[torch.Tensor]:
+        """A dense contiguous gradient is the decoder's output buffer (no allocation)."""
+        grad = entry.key.grad
+        return None if grad.is_sparse or not grad.is_contiguous() else grad.view(-1)
 
-    def _finish(self, entries: list, handles: tuple, round_: int) -> None:
-        """Wait for one launched group; resume multi-round packets or write gradients."""
-        sums = iter(hvd.synchronize(handles[0]) if handles[0] is not None else [])
-        gathers = iter(hvd.synchronize(handles[1]) if handles[1] is not None else [])
-        resumed = []
-        world = self._world()
-        for p, packet, info in entries:
-            outputs = [next(sums if packet.summable else gathers) for _ in packet.tensors]
-            if packet.resume is not None:
-                follow_up = packet.resume(outputs)
-                self._step_bytes.add(0, payload_bytes(_OPS, follow_up.tensors))
-                resumed.append((p, follow_up, info))
-                continue
-            if info.numel == 0:
-                continue
-            # Decode straight into a dense gradient (no allocation), else into a new tensor.
-            out = None if p.grad.is_sparse or not p.grad.is_contiguous() else p.grad.view(-1)
-            if packet.summable:
-                total = self._compression.decompress(_OPS, outputs, packet.ctx, info, out=out)
-            else:
-                total = self._compression.decompress_gathered(_OPS, outputs, packet.ctx, info, world,
-                                                              out=out)
-            scale = self.gradient_predivide_factor / world if self.op == hvd.Average else 1.0
-            if out is not None:
-                if scale != 1.0:
-                    out.mul_(scale)
-                continue
-            grad = total.view(p.shape).to(p.dtype)
-            if scale != 1.0:
-                grad = grad * scale
+    def _finish(self, flight) -> None:
+        """Wait for one launched group (and its further rounds) and write its gradients."""
+        for entry in self._exchange.finish(flight, self._decode_buffer):
+            p = entry.key
+            if entry.total is None or self._decode_buffer(entry) is not None:
+                continue  # empty, or decoded and scaled in p.grad already
+            grad = entry.total.view(p.shape).to(p.dtype)
             if p.grad.is_sparse:
                 p.grad = grad.to_sparse()
             else:
                 p.grad.copy_(grad)
-        if resumed:
-            self._launch(resumed, round_ + 1)
-            self._finish(*self._inflight.pop())
 
     def synchronize(self) -> None:
         """Wait for every gradient's communication and write the averaged gradients."""
@@ -341,17 +313,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._delay[p] = 0
             self._ready(p)
         for gid in sorted(self._prepared, key=str):  # groups whose members did not all report
-            self._launch(self._prepared.pop(gid), round_=0)
+            self._inflight.append(self._exchange.start(self._prepared.pop(gid)))
         while self._inflight:
-            self._finish(*self._inflight.pop(0))
+            self._finish(self._inflight.pop(0))
         for p, finish in self._sparse.items():
             p.grad = finish()  # Horovod's sparse allreduce hands back a function
         self._sparse.clear()
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
-        self.last_step_bytes = self._step_bytes
-        self.total_bytes.merge(self._step_bytes)
-        self._step_bytes = ByteCount(steps=1)
+        self._exchange.end_step()
         self._synced_versions = {p: p.grad._version for p in self._requires_update
                                  if p.grad is not None and not p.grad.is_sparse}
         self._synchronized = True
@@ -486,7 +456,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups=None, sparse_as_dense: bool = False,
                          process_set=hvd.global_process_set,
-                         clip_grad_norm: Optional[float] = None) -> torch.optim.Optimizer:
+                         clip_grad_norm: Optional[float] = None,
+                         collective: str = "auto") -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are compressed, exchanged and averaged over ranks.
 
     Arguments are those of ``horovod.torch.DistributedOptimizer``; ``compression`` takes an
@@ -507,6 +478,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     ``synchronize()`` and ``step()`` (Horovod's pattern) is right for stateless compressors,
     but with one that owns the momentum or keeps a residual it clips the exchanged update:
     that case warns once.
+
+    ``collective``: how payloads that cannot be summed travel: ``"auto"`` (default: the
+    compressed allreduce, all-to-all of compressed segments, for the quantisers at 3 ranks or
+    more, where it sends 2(P-1)/P of a payload instead of the allgather's P-1; allgather
+    otherwise), ``"allgather"`` or ``"alltoall"`` (a ValueError for a compressor that cannot run
+    it). See :mod:`hvdcompress.exchange` for the cost model; rank 0 logs the plan once.
 
     A rank outside ``process_set`` builds the optimizer, does no collective for it, and its
     ``step()`` applies its own local gradients with the wrapped optimizer, as Horovod's does.
@@ -530,7 +507,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compressor, backward_passes_per_step,
                   op, gradient_predivide_factor, groups, sparse_as_dense, process_set,
-                  dict(optimizer.defaults), clip_grad_norm)
+                  dict(optimizer.defaults), clip_grad_norm, collective)
     wrapped.state.update(optimizer.state)
     return wrapped
 

@@ -142,7 +142,7 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
                          op=hvd.Average, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
                          groups=None, process_set=hvd.global_process_set,
-                         clip_grad_norm: float = None) -> Any:
+                         clip_grad_norm: float = None, collective: str = "auto") -> Any:
     """Wrap a Keras ``optimizer`` so that gradients are compressed, exchanged and averaged.
 
     Arguments are those of ``horovod.tensorflow.keras.DistributedOptimizer``; ``compression``
@@ -154,6 +154,8 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     compression (see :mod:`hvdcompress.clipping`); the way to clip with compression. Keras's own
     ``clipnorm`` / ``global_clipnorm`` / ``clipvalue`` act on the exchanged update, which, with a
     compressor that applies the momentum or keeps a residual, is not the gradient: that warns.
+    ``collective``: ``"auto"`` | ``"allgather"`` | ``"alltoall"``, as on the torch optimizer
+    (see :mod:`hvdcompress.exchange`).
     """
     if not isinstance(optimizer, _keras_classes("Optimizer")):
         raise TypeError(f"optimizer={optimizer!r}: allowed: a Keras optimizer "
@@ -166,7 +168,8 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
         warnings.warn("num_groups is deprecated, use groups", DeprecationWarning)
         groups = groups if groups is not None else num_groups
     options = ExchangeOptions(device_dense, device_sparse, sparse_as_dense, op,
-                              gradient_predivide_factor, groups, process_set, clip_grad_norm)
+                              gradient_predivide_factor, groups, process_set, clip_grad_norm,
+                              collective)
     compressor = as_compressor(compression)
     config = optimizer.get_config()
     _warn_keras_clipping(compressor, config)

@@ -1,0 +1,336 @@
+"""The exchange engine: compress a group of gradients, run their collectives, decode, scale.
+
+One engine for every framework (no framework import here). A framework wrapper supplies
+:class:`Collectives` (Horovod's ops over one process set: torch's async grouped ops, TF's ops
+inside the exchange's ``py_function``, or the in-process simulator of the tests) and the
+per-tensor state dicts; it keeps only what is its own (hooks, variables, IndexedSlices,
+checkpoints). One step for a group of tensors::
+
+    entries = [engine.compress(key, x, state, info) for each tensor]   # ctx stays on the rank
+    flight = engine.start(entries)           # launch round 0 of every entry (non-blocking)
+    for entry in engine.finish(flight, out_of): entry.total           # wait, resume, decode, scale
+
+The collective of each tensor (:func:`choose_collective`, identical on every rank because it
+depends only on the compressor, the tensor's size and the number of ranks P):
+
+* ``allreduce``: summable payloads (fp16, random-k, PowerSGD's factors, CSC's chunks, DGC's
+  dense warm-up). Ring allreduce: 2(P-1)/P · B bytes per rank for a payload of B bytes.
+* ``allgather``: per-rank payloads (top-k, DGC, threshold, quantisers at P <= 2). (P-1) · B:
+  grows with P.
+* ``alltoall``: compressed allreduce for fixed-size per-rank payloads (the quantisers, bf16):
+  the flat gradient is cut into P equal segments (zero-padded), segment j is compressed and sent
+  to rank j (all-to-all: a reduce-scatter of compressed segments); rank j decodes and sums the P
+  payloads of its segment, compresses the sum again with its own state (a second, per-segment
+  error-feedback residual where the compressor keeps one, as 1-bit Adam's compressed allreduce),
+  and the compressed sums are all-gathered and decoded. 2(P-1)/P · B bytes per rank: flat in P.
+  The price: a second compression of the sum (more error unless error feedback catches it) and
+  one more latency-bound round. ``auto`` takes it for P >= 3, where it sends fewer bytes than
+  the allgather ((P-1) · B); at P = 2 both send B.
+
+Each multi-round algorithm (PowerSGD, CSC) keeps its rounds in :attr:`Packet.resume`; the
+engine runs them in turn. The result of each entry is the sum over ranks of what their
+payloads stand for, times ``scale`` (predivide / P for an average).
+"""
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+from .accounting import ByteCount
+from .backend import Ops, Tensor
+from .compressor import Compressor, Packet, TensorInfo, payload_bytes
+
+log = logging.getLogger("hvdcompress")
+COLLECTIVES = ("auto", "allgather", "alltoall")
+
+
+class Collectives(ABC):
+    """Horovod's collectives over one process set, as a framework supplies them.
+
+    Each call starts one grouped collective and returns a handle; :meth:`wait` returns its
+    outputs in input order. A synchronous adapter may return the outputs as the handle.
+    """
+
+    world: int
+    rank: int
+
+    @abstractmethod
+    def allreduce(self, tensors: list, tag: str) -> Any:
+        """Sum over ranks of each tensor."""
+
+    @abstractmethod
+    def allgather(self, tensors: list, tag: str) -> Any:
+        """Each tensor concatenated over ranks along its first dimension, in rank order."""
+
+    @abstractmethod
+    def alltoall(self, tensors: list, tag: str) -> Any:
+        """Each tensor cut into ``world`` equal parts, part j sent to rank j; the output is the
+        concatenation of the parts received, in rank order."""
+
+    @abstractmethod
+    def wait(self, handle: Any) -> list:
+        """The outputs of a started collective."""
+
+
+def wire_bytes(collective: str, payload: int, world: int) -> float:
+    """Bytes one rank puts on its link for one payload of ``payload`` bytes (ring algorithms);
+    for ``alltoall``, ``payload`` is the whole tensor's compressed size."""
+    if world <= 1:
+        return 0.0
+    if collective == "allgather":
+        return (world - 1) * payload
+    return 2 * (world - 1) / world * payload
+
+
+def check_collective(collective: str, compressor: Compressor) -> str:
+    """Validate the ``collective`` argument of the framework wrappers."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"collective={collective!r}: allowed: {', '.join(map(repr, COLLECTIVES))}")
+    if collective == "alltoall" and not compressor.supports_alltoall:
+        raise ValueError(f"collective='alltoall' with {compressor!r}: the compressed allreduce needs "
+                         "per-rank payloads of a size fixed by the tensor's and that can be decoded, "
+                         "summed and compressed again (the quantisers, int8, bf16); this compressor's "
+                         "are summable (allreduce already sends 2(P-1)/P of them), vary in size "
+                         "(sparsifiers), span several rounds (PowerSGD) or are votes (signum); "
+                         "use collective='auto' or 'allgather'")
+    return collective
+
+
+def choose_collective(collective: str, compressor: Compressor, world: int) -> str:
+    """'alltoall' or 'allgather' for a tensor's per-rank payloads (summable ones always go
+    through allreduce); the same on every rank. See the module doc for the cost model."""
+    if collective != "auto":
+        return collective
+    return "alltoall" if compressor.supports_alltoall and world >= 3 else "allgather"
+
+
+class PrefixedState(MutableMapping):
+    """A view of a tensor's state dict under a key prefix: the state of one segment of the
+    compressed allreduce lives in the tensor's own state (so checkpoints keep it)."""
+
+    def __init__(self, parent: MutableMapping, prefix: str):
+        self.parent, self.prefix = parent, prefix
+
+    def __getitem__(self, key: str) -> Any:
+        return self.parent[self.prefix + key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.parent[self.prefix + key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.parent[self.prefix + key]
+
+    def __iter__(self) -> Iterator[str]:
+        n = len(self.prefix)
+        return iter([k[n:] for k in list(self.parent) if k.startswith(self.prefix)])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+@dataclass
+class Entry:
+    """One tensor in the exchange: ``key`` is the wrapper's handle on it (a parameter, an
+    index); ``total`` is set when it is done (None for an empty tensor)."""
+
+    key: Any
+    info: TensorInfo
+    state: MutableMapping
+    collective: str = "allreduce"
+    packet: Optional[Packet] = None
+    segments: list = field(default_factory=list)   # alltoall: (ctx, info) of each segment
+    total: Optional[Tensor] = None
+
+
+@dataclass
+class _Round:
+    """A launched round: the entries and what each sends, the handles of the collectives."""
+
+    sends: list           # [(entry, tensors, collective, then)]
+    handles: dict
+    number: int
+
+
+class Exchange:
+    """Compress, communicate, decode and scale the gradients of one wrapper.
+
+    ``average``: divide the sum by the number of ranks (op=Average), after multiplying it back
+    by ``predivide`` (Horovod's gradient_predivide_factor; the inputs are divided by it first).
+    ``collective``: 'auto', 'allgather' or 'alltoall' for per-rank payloads (see module doc).
+    """
+
+    def __init__(self, compressor: Compressor, ops: Ops, comm: Collectives, average: bool = True,
+                 predivide: float = 1.0, collective: str = "auto"):
+        self.compressor = compressor
+        self.ops = ops
+        self.comm = comm
+        self.average = average
+        self.predivide = predivide
+        self.collective = check_collective(collective, compressor)
+        self.step_bytes = ByteCount(steps=1)
+        self.last_step_bytes = ByteCount()
+        self.total_bytes = ByteCount()
+        self.plan: dict = {}   # tensor name -> (numel, collective, payload bytes, wire bytes)
+        self._logged = False
+
+    @property
+    def scale(self) -> float:
+        return self.predivide / self.comm.world if self.average else 1.0
+
+    # ---- compress ------------------------------------------------------------------------------
+    def collective_for(self, info: TensorInfo) -> str:
+        """The collective this tensor's per-rank payloads take (same on every rank)."""
+        return choose_collective(self.collective, self.compressor, self.comm.world)
+
+    def init_state(self, x: Tensor, state: MutableMapping, info: TensorInfo) -> None:
+        """Create the tensor's compressor state (and its segments' for the compressed allreduce)."""
+        if info.numel == 0:
+            return
+        if self.collective_for(info) != "alltoall":
+            self.compressor.init_state(self.ops, x, state, info)
+            return
+        length = -(-info.numel // self.comm.world)
+        like = self.ops.zeros(length, like=x)
+        for j in range(self.comm.world):
+            self.compressor.init_state(self.ops, like, PrefixedState(state, f"seg{j}."),
+                                       self._segment_info(info, j, length))
+        server = self.compressor.server_side()
+        me = self.comm.rank
+        server.init_state(self.ops, like, PrefixedState(state, "sum."), self._segment_info(info, me, length, "sum"))
+
+    def compress(self, key: Any, x: Tensor, state: MutableMapping, info: TensorInfo) -> Entry:
+        """Compress the flat gradient ``x`` of one tensor (already divided by ``predivide``)."""
+        entry = Entry(key, info, state)
+        dense = info.numel * self.ops.element_size(x)
+        if info.numel == 0:
+            entry.packet = Packet([], None, summable=True)
+            return entry
+        self.init_state(x, state, info)
+        entry.collective = self.collective_for(info)
+        if entry.collective == "alltoall":
+            length = -(-info.numel // self.comm.world)
+            padded = x if length * self.comm.world == info.numel else \
+                self.ops.concat([x, self.ops.zeros(length * self.comm.world - info.numel, like=x)])
+            packets = []
+            for j, seg in enumerate(self.ops.split(padded, [length] * self.comm.world)):
+                seg_info = self._segment_info(info, j, length)
+                packets.append(self.compressor.compress(self.ops, seg, PrefixedState(state, f"seg{j}."), seg_info))
+                entry.segments.append((packets[-1].ctx, seg_info))
+            if any(p.summable or p.resume is not None for p in packets):
+                raise RuntimeError(f"{self.compressor!r} claims supports_alltoall but produced a "
+                                   "summable or multi-round packet")
+            entry.packet = Packet([self.ops.concat([p.tensors[k] for p in packets])
+                                   for k in range(len(packets[0].tensors))], None)
+        else:
+            entry.packet = self.compressor.compress(self.ops, x, state, info)
+            if entry.packet.summable:
+                entry.collective = "allreduce"
+        sent = payload_bytes(self.ops, entry.packet.tensors)
+        self.step_bytes.add(dense, sent)
+        self.plan.setdefault(info.name, (info.numel, entry.collective, sent,
+                                         wire_bytes(entry.collective, sent, self.comm.world)))
+        return entry
+
+    @staticmethod
+    def _segment_info(info: TensorInfo, j: int, length: int, role: str = "seg") -> TensorInfo:
+        return TensorInfo(name=f"{info.name}#{role}{j}", numel=length, world=info.world,
+                          shape=(length,), rank=info.rank, momentum=info.momentum,
+                          nesterov=info.nesterov, weight_decay=info.weight_decay)
+
+    # ---- communicate ---------------------------------------------------------------------------
+    def start(self, entries: list, number: int = 0) -> _Round:
+        """Launch round ``number`` of ``entries`` (one grouped call per collective)."""
+        sends = [(e, e.packet.tensors, e.collective, None) for e in entries if e.info.numel]
+        return self._launch(sends, number, entries[0].info.name if entries else "empty")
+
+    def _launch(self, sends: list, number: int, label: str) -> _Round:
+        handles = {}
+        for collective in ("allreduce", "allgather", "alltoall"):
+            tensors = [t for _, ts, c, _ in sends if c == collective for t in ts]
+            if tensors:
+                handles[collective] = getattr(self.comm, collective)(
+                    tensors, f"hvdc.{label}.r{number}.{collective}")
+        return _Round(sends, handles, number)
+
+    def finish(self, flight: _Round, out_of: Callable[[Entry], Optional[Tensor]] = lambda e: None) -> list:
+        """Wait for a round, run the following rounds, decode every entry into
+        ``out_of(entry)`` (a flat buffer to decode into, or None), scale it; return the entries."""
+        outputs = {c: iter(self.comm.wait(h)) for c, h in flight.handles.items()}
+        follow = []
+        for entry, tensors, collective, then in flight.sends:
+            received = [next(outputs[collective]) for _ in tensors]
+            nxt = (then or self._after)(entry, received, collective, out_of)
+            if nxt is not None:
+                follow.append(nxt)
+        if follow:
+            self.finish(self._launch(follow, flight.number + 1, follow[0][0].info.name), out_of)
+        return [s[0] for s in flight.sends]
+
+    def _after(self, entry: Entry, received: list, collective: str, out_of) -> Optional[tuple]:
+        """What follows a round of an entry: its next send, or its decoded total (None)."""
+        packet, info = entry.packet, entry.info
+        if collective == "alltoall":
+            return self._reduce_segment(entry, received)
+        if packet.resume is not None:
+            entry.packet = packet.resume(received)
+            self.step_bytes.add(0, payload_bytes(self.ops, entry.packet.tensors))
+            return entry, entry.packet.tensors, "allreduce" if entry.packet.summable else "allgather", None
+        out = out_of(entry)
+        if packet.summable:
+            total = self.compressor.decompress(self.ops, received, packet.ctx, info, out=out)
+        else:
+            total = self.compressor.decompress_gathered(self.ops, received, packet.ctx, info,
+                                                        self.comm.world, out=out)
+        entry.total = self._scaled(total)
+        return None
+
+    def _reduce_segment(self, entry: Entry, received: list) -> tuple:
+        """Compressed allreduce, middle: decode and sum this rank's segment from every rank,
+        compress the sum again (own state), and send it to every rank (allgather)."""
+        me = self.comm.rank
+        ctx, seg_info = entry.segments[me]
+        seg_sum = self.compressor.decompress_gathered(self.ops, received, ctx, seg_info, self.comm.world)
+        server = self.compressor.server_side()
+        sum_info = self._segment_info(entry.info, me, seg_info.numel, "sum")
+        packet = server.compress(self.ops, seg_sum, PrefixedState(entry.state, "sum."), sum_info)
+        self.step_bytes.add(0, payload_bytes(self.ops, packet.tensors))
+
+        def assemble(entry: Entry, gathered: list, collective: str, out_of) -> None:
+            pieces = [self.ops.split(t, [self.ops.numel(t) // self.comm.world] * self.comm.world)
+                      for t in gathered]
+            decoded = [server.decompress(self.ops, [p[j] for p in pieces], packet.ctx,
+                                         self._segment_info(entry.info, j, seg_info.numel, "sum"))
+                       for j in range(self.comm.world)]
+            flat = self.ops.concat(decoded)
+            if self.ops.numel(flat) != entry.info.numel:
+                flat = self.ops.split(flat, [entry.info.numel, self.ops.numel(flat) - entry.info.numel])[0]
+            entry.total = self._scaled(self.ops.into(out_of(entry), flat))
+            return None
+
+        return entry, packet.tensors, "allgather", assemble
+
+    def _scaled(self, total: Tensor) -> Tensor:
+        return total if self.scale == 1.0 else self.ops.scale_(total, self.scale)
+
+    # ---- step bookkeeping ----------------------------------------------------------------------
+    def end_step(self) -> None:
+        """Close the step's byte count; log the collective plan once (rank 0)."""
+        self.last_step_bytes = self.step_bytes
+        self.total_bytes.merge(self.step_bytes)
+        self.step_bytes = ByteCount(steps=1)
+        if not self._logged and self.plan:
+            self._logged = True
+            if self.comm.rank == 0:
+                log.info("hvdcompress exchange plan (P=%d, %s):\n%s", self.comm.world,
+                         self.compressor.name, self.plan_table())
+
+    def plan_table(self) -> str:
+        """The collective chosen for each tensor, with payload and per-rank wire bytes."""
+        rows = ["tensor | numel | collective | payload B | wire B/rank | dense wire B/rank"]
+        for name, (numel, collective, sent, wire) in sorted(self.plan.items()):
+            dense = wire_bytes("allreduce", 4 * numel, self.comm.world)
+            rows.append(f"{name} | {numel} | {collective} | {sent} | {wire:.0f} | {dense:.0f}")
+        return "\n".join(rows)

@@ -1,0 +1,50 @@
+"""Horovod's torch collectives over one process set, for the exchange engine
+(:class:`hvdcompress.exchange.Collectives`): asynchronous grouped calls, waited on in
+``synchronize()``, so communication overlaps the backward pass."""
+from __future__ import annotations
+
+from typing import Any
+
+import horovod.torch as hvd
+
+from ..exchange import Collectives
+
+
+class HorovodCollectives(Collectives):
+    """``hvd.grouped_allreduce_async_`` (op=Sum), ``hvd.grouped_allgather_async`` and
+    ``hvd.alltoall_async`` (one per tensor: Horovod has no grouped alltoall) over ``process_set``.
+
+    The global process set is asked through ``horovod.torch`` itself: a ProcessSet answers
+    through whichever Horovod framework module was imported last, so a process that also
+    imported horovod.tensorflow would otherwise ask the wrong library."""
+
+    def __init__(self, process_set: Any = hvd.global_process_set):
+        self.process_set = process_set
+
+    @property
+    def world(self) -> int:  # type: ignore[override]
+        ps = self.process_set
+        return hvd.size() if ps is hvd.global_process_set else ps.size()
+
+    @property
+    def rank(self) -> int:  # type: ignore[override]
+        ps = self.process_set
+        return hvd.rank() if ps is hvd.global_process_set else ps.rank()
+
+    def included(self) -> bool:
+        return self.process_set is hvd.global_process_set or self.process_set.included()
+
+    def allreduce(self, tensors: list, tag: str) -> Any:
+        return hvd.grouped_allreduce_async_(tensors, name=tag, op=hvd.Sum, process_set=self.process_set)
+
+    def allgather(self, tensors: list, tag: str) -> Any:
+        return hvd.grouped_allgather_async(tensors, name=tag, process_set=self.process_set)
+
+    def alltoall(self, tensors: list, tag: str) -> Any:
+        return [hvd.alltoall_async(t, name=f"{tag}.{i}", process_set=self.process_set)
+                for i, t in enumerate(tensors)]
+
+    def wait(self, handle: Any) -> list:
+        if isinstance(handle, list):  # alltoall: (output, received splits) per tensor
+            return [hvd.synchronize(h)[0] for h in handle]
+        return list(hvd.synchronize(handle))

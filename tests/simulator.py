@@ -1,0 +1,90 @@
+"""An in-process simulator of P ranks for the exchange engine (hvdcompress.exchange): the
+collectives adapter of the tests. Each rank runs in its own thread; every collective call
+contributes the rank's tensors, waits for the other ranks at a barrier, and returns what
+Horovod would (sum, rank-order concatenation, all-to-all of equal parts)."""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import torch
+
+from hvdcompress.exchange import Collectives
+
+
+class World:
+    """Shared by the P simulated ranks; ``timeout`` bounds every wait (a hang is a failure)."""
+
+    def __init__(self, size: int, timeout: float = 60.0):
+        self.size = size
+        self.barrier = threading.Barrier(size, timeout=timeout)
+        self.slots: dict = {}
+        self.lock = threading.Lock()
+
+    def exchange(self, rank: int, call: int, tensors: list) -> list:
+        """Every rank's ``tensors`` for the ``call``-th collective, in rank order."""
+        with self.lock:
+            self.slots.setdefault(call, {})[rank] = [t.clone() for t in tensors]
+        self.barrier.wait()
+        everyone = [self.slots[call][r] for r in range(self.size)]
+        self.barrier.wait()
+        return everyone
+
+
+class SimulatedCollectives(Collectives):
+    def __init__(self, world: World, rank: int):
+        self.shared, self.rank, self.world = world, rank, world.size
+        self.calls = 0
+        self.log: list = []   # (collective, tag, [numel]) of every call
+
+    def _all(self, tensors: list, collective: str, tag: str) -> list:
+        self.calls += 1
+        self.log.append((collective, tag, [t.numel() for t in tensors]))
+        return self.shared.exchange(self.rank, self.calls, tensors)
+
+    def allreduce(self, tensors: list, tag: str) -> list:
+        everyone = self._all(tensors, "allreduce", tag)
+        out = []
+        for i in range(len(tensors)):
+            total = everyone[0][i].clone()
+            for r in range(1, self.world):
+                total += everyone[r][i]
+            out.append(total)
+        return out
+
+    def allgather(self, tensors: list, tag: str) -> list:
+        everyone = self._all(tensors, "allgather", tag)
+        return [torch.cat([everyone[r][i] for r in range(self.world)]) for i in range(len(tensors))]
+
+    def alltoall(self, tensors: list, tag: str) -> list:
+        everyone = self._all(tensors, "alltoall", tag)
+        return [torch.cat([everyone[r][i].chunk(self.world)[self.rank] for r in range(self.world)])
+                for i in range(len(tensors))]
+
+    def wait(self, handle: Any) -> list:
+        return handle
+
+
+def run_ranks(size: int, body: Callable[[SimulatedCollectives], Any], timeout: float = 60.0) -> list:
+    """``body(comm)`` on ``size`` simulated ranks in threads; their results in rank order."""
+    world = World(size, timeout)
+    results: list = [None] * size
+    errors: list = []
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = body(SimulatedCollectives(world, rank))
+        except BaseException as e:  # noqa: BLE001 - reported to the test below
+            errors.append((rank, e))
+            world.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    if errors:
+        raise errors[0][1]
+    if any(t.is_alive() for t in threads):
+        raise TimeoutError(f"simulated ranks still running after {timeout} s")
+    return results

@@ -10,6 +10,13 @@ fallback, which is the straightforward torch code of the same algorithm), and th
 Prints a table and writes JSON (default benchmarks/results/kernels.json)::
 
     python benchmarks/kernels.py --sizes 1M,25M,100M
+
+``--device cuda`` times the same on a GPU: the kernel path is then the Triton kernels
+(``TorchOps(kernels="triton")``, needs ``pip install hvdcompress[gpu]``), the ceiling a device
+memcpy, and each run is timed with CUDA events around it (default output
+benchmarks/results/kernels_cuda.json)::
+
+    python benchmarks/kernels.py --device cuda --sizes 1M,25M,100M
 """
 from __future__ import annotations
 
@@ -56,15 +63,28 @@ def parse_size(text: str) -> int:
     return int(float(text.rstrip("KMG")) * scale)
 
 
-def best_time(fn: Callable[[], object], repeat: int, budget: float = 0.5) -> float:
+def run_time(fn: Callable[[], object], device: str) -> float:
+    """Seconds one call of ``fn`` takes: wall clock on the CPU; on a GPU, between CUDA events
+    recorded on the current stream before and after it (waiting for the second)."""
+    if device == "cpu":
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3
+
+
+def best_time(fn: Callable[[], object], repeat: int, device: str = "cpu", budget: float = 0.5) -> float:
     """The fastest of at least ``repeat`` runs after a warm-up, running on while the total is
     under ``budget`` seconds (the machines are shared: the minimum is the least disturbed run)."""
     fn()
     best, spent, runs = float("inf"), 0.0, 0
     while runs < repeat or spent < budget:
-        start = time.perf_counter()
-        fn()
-        elapsed = time.perf_counter() - start
+        elapsed = run_time(fn, device)
         best, spent, runs = min(best, elapsed), spent + elapsed, runs + 1
     return best
 
@@ -82,12 +102,13 @@ def time_compressor(make: Callable[[], Compressor], ops: TorchOps, x: torch.Tens
         packet = comp.compress(ops, x, state, info)
         return packet.resume(packet.tensors) if packet.resume else packet
 
+    device = x.device.type if isinstance(x, torch.Tensor) else "cpu"
     packet = compress()
-    t_compress = best_time(compress, repeat)
+    t_compress = best_time(compress, repeat, device)
     out = torch.empty_like(x) if isinstance(x, torch.Tensor) else None  # TF decoders allocate
     decompress = (lambda: comp.decompress_gathered(ops, packet.tensors, packet.ctx, info, 1, out=out)) \
         if not packet.summable else (lambda: comp.decompress(ops, packet.tensors, packet.ctx, info, out=out))
-    return t_compress, best_time(decompress, repeat)
+    return t_compress, best_time(decompress, repeat, device)
 
 
 def tensorflow_ops(threads: Optional[int]):
@@ -105,16 +126,18 @@ def tensorflow_ops(threads: Optional[int]):
 
 
 def run(sizes: list, names: list, repeat: int, skip_fallback_above: Optional[int],
-        tf_ops=None) -> dict:
-    kernels, fallback = TorchOps(kernels=True), TorchOps(kernels=False)
+        tf_ops=None, device: str = "cpu") -> dict:
+    """The kernel path is the C++ kernels on the CPU, the Triton kernels on a GPU."""
+    kernels = TorchOps(kernels=True if device == "cpu" else "triton")
+    fallback = TorchOps(kernels=False)
     rows = []
     for n in sizes:
-        x = torch.randn(n, generator=torch.Generator().manual_seed(0))
+        x = torch.randn(n, generator=torch.Generator().manual_seed(0)).to(device)
         x_tf = tf_ops.from_numpy(x.numpy(), None) if tf_ops is not None else None
         dst = torch.empty_like(x)
         gbs = lambda t: 4 * n / t / 1e9  # noqa: E731
-        t_copy = best_time(lambda: dst.copy_(x), repeat)
-        t_clone = best_time(x.clone, repeat)  # a copy into fresh memory: what an allocating decoder pays
+        t_copy = best_time(lambda: dst.copy_(x), repeat, device)
+        t_clone = best_time(x.clone, repeat, device)  # a copy into fresh memory: what an allocating decoder pays
         rows.append({"size": n, "compressor": "memcpy", "compress_kernel_gbs": gbs(t_copy)})
         rows.append({"size": n, "compressor": "clone", "compress_kernel_gbs": gbs(t_clone)})
         print(f"{n:>11,} memcpy {gbs(t_copy):.2f} GB/s, clone (allocating copy) {gbs(t_clone):.2f} GB/s")
@@ -134,9 +157,13 @@ def run(sizes: list, names: list, repeat: int, skip_fallback_above: Optional[int
                       f"TF {1e3 * (ct + dt):8.2f}  TF/torch {(ct + dt) / (ck + dk):5.2f}", flush=True)
             rows.append(row)
             print(format_row(row), flush=True)
-    return {"machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                        "platform": platform.platform(), "torch": torch.__version__},
-            "repeat": repeat, "rows": rows}
+    machine = {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+               "platform": platform.platform(), "torch": torch.__version__}
+    if device == "cuda":
+        import triton
+        machine.update(gpu=torch.cuda.get_device_name(), triton=triton.__version__)
+    return {"machine": machine, "device": device,
+            "kernels": "C++" if device == "cpu" else "triton", "repeat": repeat, "rows": rows}
 
 
 def format_row(r: dict) -> str:
@@ -162,15 +189,25 @@ def main() -> None:
     parser.add_argument("--tf", action="store_true",
                         help="also time the TensorFlow path (TFOps): compress + decompress ms per "
                              "compressor next to the torch kernels'")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "kernels.json"))
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: tensors on the GPU, the Triton kernels against plain torch and "
+                             "a device memcpy")
+    parser.add_argument("--out", default=None,
+                        help="JSON output (default benchmarks/results/kernels.json, or "
+                             "kernels_cuda.json with --device cuda)")
     args = parser.parse_args()
+    if args.device == "cuda" and args.tf:
+        parser.error("--tf times TensorFlow's CPU path: use it with --device cpu")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
     if args.threads:
         torch.set_num_threads(args.threads)  # also the OpenMP threads the kernels use
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     skip = parse_size(args.skip_torch_above) if args.skip_torch_above else None
     results = run(sizes, args.compressors.split(","), args.repeat, skip,
-                  tensorflow_ops(args.threads) if args.tf else None)
-    out = Path(args.out)
+                  tensorflow_ops(args.threads) if args.tf else None, args.device)
+    default = "kernels.json" if args.device == "cpu" else "kernels_cuda.json"
+    out = Path(args.out or Path(__file__).parent / "results" / default)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     print(f"wrote {out}")

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import run_horovod
+from conftest import run_horovod, run_horovod_failing
 from hvdcompress.launch import (RESULTS_ENV, TERMINATE_GRACE_S, LaunchError, read_results, result,
                                 run_script, write_result)
 
@@ -117,6 +117,8 @@ def test_a_failing_rank_shows_its_stderr_tail(tmp_path):
     assert "failed (exit code" in message
     assert len(message) < 4 * 3000 + 1000  # tails, not whole outputs
     assert "marker-7f3a" in err.outputs[1].stderr and "marker-7f3a" not in err.outputs[0].stderr
+    # the tests' wrapper for scripts expected to fail returns every rank's output
+    assert "rank 1 gives up: marker-7f3a" in run_horovod_failing(path, np=2)
 
 
 @pytest.mark.horovod

@@ -1,10 +1,10 @@
-"""Triton kernels for the hot operations of ``kernels.h``, with the torch binding's signatures.
+"""Triton kernels for the hot operations of ``kernels.h``, with :mod:`hvdcompress.ops.native`'s signatures.
 
 :class:`hvdcompress.torch.backend.TorchOps` uses this module for CUDA tensors when ``triton`` is
 importable (``pip install hvdcompress[gpu]``), and for every device with
 ``TorchOps(kernels="triton")``. Triton compiles the kernels to CUDA; with ``TRITON_INTERPRET=1``
-set before this module is imported, its interpreter runs them on CPU tensors (numpy, slow), which
-is how the tests check them on machines without a GPU.
+set before triton is imported and while they run, its interpreter runs them on CPU tensors
+(numpy), which is how the tests check them on machines without a GPU.
 
 Semantics and byte layouts are those of ``kernels.h``, bit for bit, including the stochastic
 codes: element ``i`` under ``key`` draws ``u = (fmix32(uint32(i) * 0x9E3779B1 + key) >> 8) * 2^-24``
@@ -17,13 +17,12 @@ accumulated in float64 as in C++ and rounded to float32, so equal to the C++ one
 float64 sums differ across a float32 rounding boundary.
 
 Scalars that the kernels read (thresholds, scales, ``inv``) may be Python numbers or 1-element
-tensors on the data's device, so a caller can keep them on the GPU. Results that the C++ binding
+tensors on the data's device, so a caller can keep them on the GPU. Results that ``native``
 returns as Python numbers (``count_ge``, ``sampled_threshold``) are 0-d tensors on the device here:
 nothing in this module reads the device except where an output's size depends on the data
 (``select_ge``) and the index check of ``sparse_sum``.
 
-The functions have the signatures of :mod:`hvdcompress.ops.native`. Operations without a Triton
-kernel here (exact top-k, norms, PowerSGD's products, DGC's momentum step, ``fill_at``,
+Operations without a Triton kernel here (exact top-k, norms, PowerSGD's products, DGC's momentum step, ``fill_at``,
 ``sub_finite``) are the plain-torch ones (the module's ``__getattr__``), so that this module is a
 complete implementation table.
 """
@@ -522,18 +521,20 @@ def minmax_pack(x: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
 
 
 # ---- decoders
-def _unpack(packed: Tensor, n: int, bits: int, tables: Tensor, scale: Optional[Scalar],
+def _unpack(packed: Tensor, n: int, bits: int, tables: Optional[Tensor], scale: Optional[Scalar],
             out: Optional[Tensor]) -> Tensor:
+    """unpack_sum (``tables`` given) or sign_vote (``scale`` given) of R payloads."""
     _check_device(packed)
     nbytes = packed_bytes(n, bits)
     ranks = _ranks(packed, nbytes, "packed")
-    if scale is None:
+    if tables is not None:
         _check_size(tables, ranks << bits, "tables")
     out = _output(out, n, packed)
     per_program = PACK_BYTES if bits < 8 else BLOCK
+    unread = packed  # the kernel reads the tables or the scale, never both
     _unpack_sum_kernel[(triton.cdiv(nbytes, per_program),)](
-        packed, tables, tables if scale is None else _scalar(scale, packed), out, n, nbytes, ranks,
-        BITS=bits, VOTE=scale is not None, BYTES=per_program, **LAUNCH)
+        packed, unread if tables is None else tables, unread if scale is None else _scalar(scale, packed),
+        out, n, nbytes, ranks, BITS=bits, VOTE=scale is not None, BYTES=per_program, **LAUNCH)
     return out
 
 
@@ -542,7 +543,7 @@ def unpack_sum(packed: Tensor, n: int, bits: int, tables: Tensor, out: Optional[
 
 
 def sign_vote(packed: Tensor, n: int, scale: Scalar, out: Optional[Tensor] = None) -> Tensor:
-    return _unpack(packed, n, 1, packed, scale, out)
+    return _unpack(packed, n, 1, None, scale, out)
 
 
 def bf16_sum(bits: Tensor, n: int, out: Optional[Tensor] = None) -> Tensor:

@@ -625,3 +625,20 @@ def test_bf16_sum_rejects_bad_payloads(ops):
         ops.bf16_sum(torch.zeros(10, dtype=torch.int32), 5)
     with pytest.raises(ValueError, match="bits has 10 elements, not a positive multiple of 4"):
         ops.bf16_sum(torch.zeros(10, dtype=torch.int16), 4)
+
+
+def test_kernel_outputs_reuse_a_buffer_only_once_nothing_holds_it():
+    """Large outputs come from a recycling pool: a buffer a tensor still wraps is never handed out
+    again, one that nothing references is (so results never alias live tensors)."""
+    from hvdcompress.ops import native
+    ops = TorchOps(kernels=True)
+    x = t(data(1 << 20, 70))
+    first = ops.natural_pack(x, 1)  # a 1 MiB output
+    want = first.numpy().copy()
+    second = ops.natural_pack(x, 2)
+    assert second.data_ptr() != first.data_ptr()
+    np.testing.assert_array_equal(first.numpy(), want)  # not overwritten by the second call
+    address = first.data_ptr()
+    del first
+    again = native.empty(1 << 20, np.uint8)
+    assert again.ctypes.data == address

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import importlib.machinery
 import os
+import sys
 from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
@@ -27,6 +28,11 @@ from .layout import packed_bytes
 Array = np.ndarray
 _ALIGN = 64  # TensorFlow wraps a buffer without copying only when it is this aligned
 _LIB: dict = {}
+_POOL: dict = {}  # byte size -> raw buffers handed out before (see empty)
+_POOL_MIN = 1 << 20  # bytes: smaller buffers come from malloc's free lists anyway
+_POOL_PER_SIZE = 4
+_POOL_MAX_BYTES = 1 << 30
+_POOL_BYTES = [0]
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -97,11 +103,32 @@ def _call(name: str, *args: Any) -> None:
 
 
 def empty(n: int, dtype: Any) -> Array:
-    """An uninitialised 1-D array of ``n`` elements whose buffer is 64-byte aligned."""
+    """An uninitialised 1-D array of ``n`` elements whose buffer is 64-byte aligned.
+
+    Buffers of 1 MiB or more are recycled: a fresh one would come from mmap, and its first
+    writes page-fault (here a fresh 100 MB output costs several times its memcpy). Each raw
+    buffer handed out is kept, up to 4 per size and 1 GiB in all, and handed out again once
+    nothing else references it: no array viewing it, hence no torch or TensorFlow tensor
+    wrapping it (both hold a reference to the array they wrap)."""
     dtype = np.dtype(dtype)
-    raw = np.empty(n * dtype.itemsize + _ALIGN, np.uint8)
+    nbytes = n * dtype.itemsize + _ALIGN
+    raw = _recycled(nbytes) if nbytes >= _POOL_MIN else None
+    if raw is None:
+        raw = np.empty(nbytes, np.uint8)
+        kept = _POOL.setdefault(nbytes, []) if nbytes >= _POOL_MIN else None
+        if kept is not None and len(kept) < _POOL_PER_SIZE and _POOL_BYTES[0] + nbytes <= _POOL_MAX_BYTES:
+            kept.append(raw)
+            _POOL_BYTES[0] += nbytes
     start = (-raw.ctypes.data) % _ALIGN
     return raw[start:start + n * dtype.itemsize].view(dtype)
+
+
+def _recycled(nbytes: int) -> Optional[Array]:
+    """A kept raw buffer of ``nbytes`` that nothing outside the pool references, or None."""
+    for raw in _POOL.get(nbytes, ()):
+        if sys.getrefcount(raw) == 3:  # the pool's list, ``raw`` here and getrefcount's argument
+            return raw
+    return None
 
 
 def _buf(a: Array, dtype: Any, what: str, n: Optional[int] = None) -> int:

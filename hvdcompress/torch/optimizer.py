@@ -12,13 +12,8 @@ optimizer steps. A dense contiguous ``p.grad`` is the decoder's output buffer (`
 kernels decode into it and the average is applied in place, with no per-step allocation.
 
 Momentum taken over: compressors with ``takes_over_momentum`` (DGC, the Momentum decorator)
-apply the momentum and weight decay themselves. For a ``torch.optim.SGD`` the wrapper reads each
-group's ``momentum``, ``nesterov`` and ``weight_decay`` at every step, hands them to the
-compressor, and runs the wrapped ``step()`` with them set to 0 (restored right after), so the
-optimizer does a plain SGD step on the already-momentum-corrected gradient; ``param_groups``,
-LR/momentum schedulers and checkpoints keep the user's values. A compressor with an explicit
-momentum next to an SGD with momentum is an error (momentum would apply twice). Other
-optimizers (Adam, ...) are left alone, and DGC then uses its own ``momentum`` (default 0).
+apply the momentum and weight decay themselves; see :mod:`hvdcompress.torch.momentum_takeover`.
+Ranks must agree on what they send: see :mod:`hvdcompress.torch.rank_agreement`.
 
 Defined behaviour for unusual gradients:
   * ``p.grad is None`` on this rank at ``synchronize()``: zeros are sent (another rank may have
@@ -32,14 +27,12 @@ Defined behaviour for unusual gradients:
 """
 from __future__ import annotations
 
-import pickle
 import warnings
 import weakref
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Mapping, Optional, Union
+from typing import Callable, Iterable, Mapping, Optional, Union
 
 import horovod.torch as hvd
-import numpy as np
 import torch
 
 from ..accounting import ByteCount
@@ -50,21 +43,10 @@ from ..registry import as_compressor
 from .backend import TorchOps
 from .clipping import clip_local_gradients
 from .collectives import HorovodCollectives
+from .momentum_takeover import check_momentum, momentum_fields, suspended, takes_over
+from .rank_agreement import check_ranks_agree
 
 _OPS = TorchOps()
-_TAKEN_OVER = ("momentum", "nesterov", "weight_decay")
-
-
-def _allgather_object(obj: Any, process_set) -> list:
-    """Every rank's ``obj`` (pickled), over ``process_set``."""
-    data = torch.from_numpy(np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy())
-    sizes = hvd.allgather(torch.tensor([data.numel()]), name="hvdc.meta.sizes", process_set=process_set)
-    blob = hvd.allgather(data, name="hvdc.meta.blob", process_set=process_set)
-    out, start = [], 0
-    for n in sizes.tolist():
-        out.append(pickle.loads(blob[start:start + n].numpy().tobytes()))
-        start += n
-    return out
 
 
 def _weak_hook(optimizer) -> Callable:
@@ -113,7 +95,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._plain_step = False
-        self._check_momentum()
+        check_momentum(compression, self)
         self._group_of = self._make_groups(groups)
         self._param_group = {p: g for g in self.param_groups for p in g["params"]}
         if self._included():  # a rank outside the process set does no collective (as Horovod)
@@ -160,21 +142,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              f"are not in it (shapes: {[tuple(p.shape) for p in unnamed]})")
         return {p: by_id[id(p)] for p in params}
 
-    def _check_momentum(self) -> None:
-        if not self._compression.takes_over_momentum or not isinstance(self, torch.optim.SGD):
-            return
-        explicit = getattr(self._compression, "momentum", None)
-        if explicit is None:
-            explicit = getattr(self._compression, "mu", None)
-        for i, g in enumerate(self.param_groups):
-            if g.get("dampening", 0):
-                raise ValueError(f"param_groups[{i}] dampening={g['dampening']!r}: {self._compression.name} "
-                                 "applies momentum itself and supports dampening=0 only")
-            if explicit is not None and g.get("momentum", 0):
-                raise ValueError(f"param_groups[{i}] momentum={g['momentum']!r} and the compressor's "
-                                 f"momentum={explicit!r}: momentum would be applied twice; set one of "
-                                 "them to 0 (or leave the compressor's at None to take the optimizer's)")
-
     def _make_groups(self, groups) -> dict:
         """Parameter -> group id; a group's payloads are launched together."""
         ordered = sorted(self._parameter_names, key=lambda p: self._parameter_names[p])
@@ -205,17 +172,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "backward_passes_per_step": self.backward_passes_per_step,
                 "collective": self._exchange.collective,
                 "op": int(self.op)}
-        everyone = _allgather_object(mine, self.process_set)
-        for rank, other in enumerate(everyone):
-            if other == mine:
-                continue
-            for key in mine:
-                if other[key] != mine[key]:
-                    diff = (sorted(set(map(str, mine[key])) ^ set(map(str, other[key])))[:5]
-                            if key == "params" else [mine[key], other[key]])
-                    raise ValueError(f"hvdcompress.torch.DistributedOptimizer: ranks disagree on "
-                                     f"{key}: this rank (index {self._rank()}) vs rank "
-                                     f"index {rank}; differing entries: {diff}")
+        check_ranks_agree(mine, self.process_set, self._rank())
 
     # ---- hooks and communication -----------------------------------------------------------------
     def _register_hooks(self) -> None:
@@ -254,11 +211,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _info(self, p: torch.Tensor) -> TensorInfo:
         info = TensorInfo(name=self._parameter_names[p], numel=p.numel(), world=self._world(), rank=self._rank(),
                           shape=tuple(p.shape), param=p.detach().view(-1))
-        if self._compression.takes_over_momentum and isinstance(self, torch.optim.SGD):
-            group = self._param_group[p]
-            info.momentum = float(group.get("momentum", 0.0))
-            info.nesterov = bool(group.get("nesterov", False))
-            info.weight_decay = float(group.get("weight_decay", 0.0))
+        if takes_over(self._compression, self):
+            for field, value in momentum_fields(self._param_group[p]).items():
+                setattr(info, field, value)
         return info
 
     def _prepare(self, p: torch.Tensor) -> None:
@@ -380,24 +335,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _wrapped_step(self, closure):
         """The wrapped optimizer's own step, with the settings the compressor took over at 0."""
-        saved = self._suspend_taken_over()
-        try:
+        with suspended(self, takes_over(self._compression, self) and self._included()):
             return super(self.__class__, self).step(closure)
-        finally:
-            for group, values in saved:
-                group.update(values)
-
-    def _suspend_taken_over(self) -> list:
-        """Zero the optimizer settings the compressor applied itself; return them to restore."""
-        if not (self._compression.takes_over_momentum and isinstance(self, torch.optim.SGD)
-                and self._included()):
-            return []
-        saved = []
-        for group in self.param_groups:
-            values = {k: group[k] for k in _TAKEN_OVER if k in group}
-            saved.append((group, values))
-            group.update({k: (False if k == "nesterov" else 0.0) for k in values})
-        return saved
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._prepared or self._inflight or self._sparse or self._awaiting_clip:

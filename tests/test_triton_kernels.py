@@ -11,7 +11,9 @@ packed bytes, per program). Skipped only where triton is not installed.
 """
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from typing import Callable, Iterator
 
@@ -322,6 +324,78 @@ def test_every_compressor_gives_the_cpp_kernels_bits(triton_ops, cpp_ops, spec):
                                        err_msg=name)
         else:
             same_bits(torch.from_numpy(np.ascontiguousarray(got[name])), b)
+
+
+# ---- compiled for a GPU ------------------------------------------------------------------------
+_P, _U8, _I32P, _I64P = "*fp32", "*u8", "*i32", "*i64"
+_PACK = {"n": "i32", "nbytes": "i32", "BYTES": 128}
+#: Each kernel (and variant) as {argument: type, or the value of a constexpr}.
+KERNEL_SIGNATURES = {
+    "_sign_pack_kernel": {"x_ptr": _P, "out_ptr": _U8, "part_ptr": "*fp64", **_PACK},
+    "_ef_add_kernel": {"x_ptr": _P, "res_ptr": _P, "out_ptr": _P, "part_ptr": "*fp64", "n": "i32",
+                       "BLOCK": 1024},
+    "_ef_sign_kernel": {"res_ptr": _P, "scale_ptr": _P, "out_ptr": _U8, **_PACK},
+    **{f"_twobit_kernel/{r}": {"x_ptr": _P, "res_ptr": _P, "res_out_ptr": _P, "t_ptr": _P, "out_ptr": _U8,
+                               **_PACK, "HAS_RESIDUAL": r} for r in (True, False)},
+    **{f"_levels_kernel/{natural}/{levels}": {
+        "x_ptr": _P, "inv_ptr": _P, "out_ptr": _U8, "n": "i32", "levels": levels, "smallest": "fp32",
+        "stretch": "fp32", "key": "i32", "NATURAL": natural, "BLOCK": 1024}
+       for natural in (True, False) for levels in ("i32", 1)},  # ints equal to 1 are constants
+    "_ternary_kernel": {"x_ptr": _P, "inv_ptr": _P, "out_ptr": _U8, **_PACK, "key": "i32"},
+    "_natural_kernel": {"x_ptr": _P, "out_ptr": _U8, "n": "i32", "key": "i32", "BLOCK": 1024},
+    **{f"_unpack_sum_kernel/{bits}/{vote}": {
+        "packed_ptr": _U8, "tables_ptr": _U8 if vote else _P, "scale_ptr": _P if vote else _U8,
+        "out_ptr": _P, "n": "i32", "nbytes": "i32", "R": "i32", "BITS": bits, "VOTE": vote,
+        "BYTES": 1024 if bits == 8 else 128} for bits, vote in ((1, False), (2, False), (8, False), (1, True))},
+    "_bf16_sum_kernel": {"bits_ptr": "*i16", "out_ptr": _P, "n": "i32", "R": "i32", "BLOCK": 1024},
+    **{f"_minmax_pack_kernel/{chunk}": {"x_ptr": _P, "codes_ptr": _U8, "bounds_ptr": _P, "n": "i32",
+                                        "chunk": chunk, "chunks": "i32", "ROWS": rows, "COLS": 1024 // rows}
+       for chunk, rows in (("i32", 1), ("i32", 256), (1, 1024))},
+    "_minmax_unpack_kernel": {"codes_ptr": _U8, "bounds_ptr": _P, "out_ptr": _P, "n": "i32", "chunk": "i32",
+                              "chunks": "i32", "R": "i32", "BLOCK": 1024},
+    "_count_kernel": {"x_ptr": _P, "t_ptr": _P, "counts_ptr": _I64P, "n": "i32", "BLOCK": 1024},
+    "_select_kernel": {"x_ptr": _P, "t_ptr": _P, "starts_ptr": _I64P, "values_ptr": _P, "indices_ptr": _I64P,
+                       "n": "i32", "BLOCK": 1024},
+    **{f"_radix_histogram_kernel/{first}": {"x_ptr": _P, "state_ptr": _I32P, "hist_ptr": _I32P, "start": "i32",
+                                            "stride": "i32", "count": "i32", "SHIFT": 24 if first else 0,
+                                            "FIRST": first, "BLOCK": 1024} for first in (True, False)},
+    **{f"_radix_select_kernel/{first}": {"state_ptr": _I32P, "hist_ptr": _I32P, "top": "i32",
+                                         "SHIFT": 24 if first else 8, "FIRST": first} for first in (True, False)},
+    **{f"_segment_sum_kernel/{index}": {"sorted_ptr": index, "values_ptr": _P, "out_ptr": _P, "m": "i32",
+                                        "BLOCK": 1024} for index in (_I32P, _I64P)},
+}
+COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from hvdcompress.ops import triton_kernels
+for name, args in json.loads(sys.argv[1]).items():
+    signature = {a: t if isinstance(t, str) else "constexpr" for a, t in args.items()}
+    constants = {a: t for a, t in args.items() if not isinstance(t, str)}
+    kernel = getattr(triton_kernels, name.split("/")[0])
+    ptx = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+                         options=triton_kernels.LAUNCH).asm["ptx"]
+    print(json.dumps({"kernel": name, "fma": ptx.count("fma.rn.f32"), "approx_div": ptx.count("div.full") +
+                      ptx.count("div.approx"), "ieee_div": ptx.count("div.rn.f32")}))
+"""
+
+
+def test_every_kernel_compiles_for_a_gpu_without_fma_or_approximate_division(tmp_path):
+    """Triton's compiler (to PTX, then ptxas, both in the triton wheel) needs no GPU: every kernel
+    compiles for sm_90 in a process without the interpreter, with no fused multiply-add (the C++
+    kernels' -ffp-contract=off) and only IEEE divisions, as the bit-exactness above requires."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", COMPILE, json.dumps(KERNEL_SIGNATURES)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    compiled = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [c["kernel"] for c in compiled] == list(KERNEL_SIGNATURES)
+    assert {c["kernel"] for c in compiled if c["fma"] or c["approx_div"]} == set()
+    assert all(c["ieee_div"] > 0 for c in compiled if "minmax" in c["kernel"])  # 255 / range, range / 255
+    kernels = {name for name in dir(triton_kernels) if name.endswith("_kernel")}
+    assert kernels == {name.split("/")[0] for name in KERNEL_SIGNATURES}, "a kernel is not compiled here"
 
 
 # ---- dispatch -----------------------------------------------------------------------------------

@@ -17,6 +17,11 @@ memcpy, and each run is timed with CUDA events around it (default output
 benchmarks/results/kernels_cuda.json)::
 
     python benchmarks/kernels.py --device cuda --sizes 1M,25M,100M
+
+``--tf`` also times the TensorFlow path (TFOps, eager, on the same C++ kernels; decoders allocate
+their output, as TensorFlow tensors are immutable) and prints compress + decompress ms next to
+the torch kernels'; ``--tf-before OLD.json`` adds the TF ms of an earlier ``--tf`` run (e.g. of
+the tree before a change to the TF path) to the same lines and rows.
 """
 from __future__ import annotations
 
@@ -126,7 +131,7 @@ def tensorflow_ops(threads: Optional[int]):
 
 
 def run(sizes: list, names: list, repeat: int, skip_fallback_above: Optional[int],
-        tf_ops=None, device: str = "cpu") -> dict:
+        tf_ops=None, device: str = "cpu", tf_before: Optional[dict] = None) -> dict:
     """The kernel path is the C++ kernels on the CPU, the Triton kernels on a GPU."""
     kernels = TorchOps(kernels=True if device == "cpu" else "triton")
     fallback = TorchOps(kernels=False)
@@ -153,8 +158,12 @@ def run(sizes: list, names: list, repeat: int, skip_fallback_above: Optional[int
             if tf_ops is not None:  # TensorFlow: compress + decompress ms, next to torch's kernels
                 ct, dt = time_compressor(COMPRESSORS[name], tf_ops, x_tf, repeat)
                 row.update(torch_ms=1e3 * (ck + dk), tf_ms=1e3 * (ct + dt), tf_vs_torch=(ct + dt) / (ck + dk))
+                before = (tf_before or {}).get((n, name))
+                if before is not None:
+                    row["tf_before_ms"] = before
                 print(f"{'':>11} {name:<10} | compress+decompress ms: torch kernels {1e3 * (ck + dk):8.2f} "
-                      f"TF {1e3 * (ct + dt):8.2f}  TF/torch {(ct + dt) / (ck + dk):5.2f}", flush=True)
+                      f"TF {1e3 * (ct + dt):8.2f}  TF/torch {(ct + dt) / (ck + dk):5.2f}"
+                      + (f"  TF before {before:8.2f}" if before is not None else ""), flush=True)
             rows.append(row)
             print(format_row(row), flush=True)
     machine = {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -164,6 +173,14 @@ def run(sizes: list, names: list, repeat: int, skip_fallback_above: Optional[int
         machine.update(gpu=torch.cuda.get_device_name(), triton=triton.__version__)
     return {"machine": machine, "device": device,
             "kernels": "C++" if device == "cpu" else "triton", "repeat": repeat, "rows": rows}
+
+
+def load_tf_ms(path: Optional[str]) -> Optional[dict]:
+    """{(size, compressor): TF compress + decompress ms} of an earlier --tf run's JSON."""
+    if path is None:
+        return None
+    rows = json.loads(Path(path).read_text())["rows"]
+    return {(r["size"], r["compressor"]): r["tf_ms"] for r in rows if "tf_ms" in r}
 
 
 def format_row(r: dict) -> str:
@@ -189,6 +206,9 @@ def main() -> None:
     parser.add_argument("--tf", action="store_true",
                         help="also time the TensorFlow path (TFOps): compress + decompress ms per "
                              "compressor next to the torch kernels'")
+    parser.add_argument("--tf-before", default=None,
+                        help="a JSON written by an earlier --tf run (e.g. of the tree before a change "
+                             "to the TF path): its TF ms are shown and stored next to this run's")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: tensors on the GPU, the Triton kernels against plain torch and "
                              "a device memcpy")
@@ -205,7 +225,8 @@ def main() -> None:
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     skip = parse_size(args.skip_torch_above) if args.skip_torch_above else None
     results = run(sizes, args.compressors.split(","), args.repeat, skip,
-                  tensorflow_ops(args.threads) if args.tf else None, args.device)
+                  tensorflow_ops(args.threads) if args.tf else None, args.device,
+                  load_tf_ms(args.tf_before))
     default = "kernels.json" if args.device == "cpu" else "kernels_cuda.json"
     out = Path(args.out or Path(__file__).parent / "results" / default)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -59,6 +59,10 @@ COMPRESSORS: dict = {
     "csc": lambda: hc.from_params({"compressor": "csc", "ratio": "0.01", "min_numel": "0"}),
     "onebit+ef": lambda: hc.ErrorFeedback(hc.OneBit()),  # the generic error-feedback decorator
 }
+# Decode into their state buffer (out=residual), which TensorFlow can do only into a tf.Variable:
+# timed on TF with the tf.Variable state that TF training keeps (the others with a plain dict,
+# as torch, so that both time the same work).
+TF_VARIABLE_STATE = {"onebit+ef"}
 TARGET_EXEMPT = {"fp16", "bf16", "topk"}  # casts and exact top-k: no 3x target
 
 
@@ -95,12 +99,12 @@ def best_time(fn: Callable[[], object], repeat: int, device: str = "cpu", budget
 
 
 def time_compressor(make: Callable[[], Compressor], ops: TorchOps, x: torch.Tensor,
-                    repeat: int) -> tuple:
+                    repeat: int, state: Optional[dict] = None) -> tuple:
     """(compress seconds, decompress seconds) of one rank's gradient ``x``."""
     n = ops.numel(x)
     cols = 1000 if n % 1000 == 0 else 1
     info = TensorInfo(name="bench", numel=n, shape=(n // cols, cols))
-    comp, state = make(), {}
+    comp, state = make(), ({} if state is None else state)
     comp.init_state(ops, x, state, info)
 
     def compress():
@@ -114,6 +118,13 @@ def time_compressor(make: Callable[[], Compressor], ops: TorchOps, x: torch.Tens
     decompress = (lambda: comp.decompress_gathered(ops, packet.tensors, packet.ctx, info, 1, out=out)) \
         if not packet.summable else (lambda: comp.decompress(ops, packet.tensors, packet.ctx, info, out=out))
     return t_compress, best_time(decompress, repeat, device)
+
+
+def tf_state(name: str) -> Optional[dict]:
+    if name not in TF_VARIABLE_STATE:
+        return None
+    from hvdcompress.tensorflow.state import VariableState
+    return VariableState(f"bench/{name}")
 
 
 def tensorflow_ops(threads: Optional[int]):
@@ -156,7 +167,7 @@ def run(sizes: list, names: list, repeat: int, skip_fallback_above: Optional[int
                 row.update(compress_torch_gbs=gbs(ct), decompress_torch_gbs=gbs(dt),
                            compress_speedup=ct / ck, decompress_speedup=dt / dk)
             if tf_ops is not None:  # TensorFlow: compress + decompress ms, next to torch's kernels
-                ct, dt = time_compressor(COMPRESSORS[name], tf_ops, x_tf, repeat)
+                ct, dt = time_compressor(COMPRESSORS[name], tf_ops, x_tf, repeat, tf_state(name))
                 row.update(torch_ms=1e3 * (ck + dk), tf_ms=1e3 * (ct + dt), tf_vs_torch=(ct + dt) / (ck + dk))
                 before = (tf_before or {}).get((n, name))
                 if before is not None:

@@ -37,7 +37,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from .accounting import ByteCount
 from .backend import Ops, Tensor
@@ -145,12 +145,26 @@ class Entry:
     total: Optional[Tensor] = None
 
 
+class Send(NamedTuple):
+    """What one entry sends in a round: ``tensors`` through ``collective`` over ``comm`` (None:
+    the engine's own); ``then(entry, received, collective, out_of)`` takes what came back and
+    returns the entry's next :class:`Send`, or None when its total is set (None: the engine's
+    default, :meth:`Exchange._after`). A two-level exchange sends over two process sets."""
+
+    entry: Entry
+    tensors: list
+    collective: str
+    then: Optional[Callable] = None
+    comm: Optional[Collectives] = None
+
+
 @dataclass
 class _Round:
-    """A launched round: the entries and what each sends, the handles of the collectives."""
+    """A launched round: what each entry sends, the handles of the collectives (keyed by
+    (comm position in the round, collective)) with their comm."""
 
-    sends: list           # [(entry, tensors, collective, then)]
-    handles: dict
+    sends: list           # [Send]
+    handles: dict         # (comm position, collective) -> (comm, handle)
     number: int
 
 
@@ -161,6 +175,11 @@ class Exchange:
     by ``predivide`` (Horovod's gradient_predivide_factor; the inputs are divided by it first).
     ``collective``: 'auto', 'allgather' or 'alltoall' for per-rank payloads (see module doc).
     """
+
+    #: Whether a segment of the compressed allreduce may be a summable packet (decoded and summed
+    #: like any other): no for the flat exchange, where summable payloads take the allreduce;
+    #: yes for the intra-node level of :class:`hvdcompress.two_level.TwoLevelExchange` (fp16).
+    summable_segments: bool = False
 
     def __init__(self, compressor: Compressor, ops: Ops, comm: Collectives, average: bool = True,
                  predivide: float = 1.0, collective: str = "auto"):
@@ -177,8 +196,13 @@ class Exchange:
         self._logged = False
 
     @property
+    def ranks(self) -> int:
+        """The number of ranks whose gradients are summed (the average's divisor)."""
+        return self.comm.world
+
+    @property
     def scale(self) -> float:
-        return self.predivide / self.comm.world if self.average else 1.0
+        return self.predivide / self.ranks if self.average else 1.0
 
     # ---- compress ------------------------------------------------------------------------------
     def collective_for(self, info: TensorInfo) -> str:
@@ -219,7 +243,7 @@ class Exchange:
                 seg_info = self._segment_info(info, j, length)
                 packets.append(self.compressor.compress(self.ops, seg, PrefixedState(state, f"seg{j}."), seg_info))
                 entry.segments.append((packets[-1].ctx, seg_info))
-            if any(p.summable or p.resume is not None for p in packets):
+            if any(p.resume is not None or (p.summable and not self.summable_segments) for p in packets):
                 raise RuntimeError(f"{self.compressor!r} claims supports_alltoall but produced a "
                                    "summable or multi-round packet")
             entry.packet = Packet([self.ops.concat([p.tensors[k] for p in packets])
@@ -243,33 +267,44 @@ class Exchange:
     # ---- communicate ---------------------------------------------------------------------------
     def start(self, entries: list, number: int = 0) -> _Round:
         """Launch round ``number`` of ``entries`` (one grouped call per collective)."""
-        sends = [(e, e.packet.tensors, e.collective, None) for e in entries if e.info.numel]
+        sends = [Send(e, e.packet.tensors, e.collective) for e in entries if e.info.numel]
         return self._launch(sends, number, entries[0].info.name if entries else "empty")
 
     def _launch(self, sends: list, number: int, label: str) -> _Round:
+        """One grouped call per (comm, collective), comms in order of first use (the same on
+        every rank, so synchronous adapters such as TF's call them in the same order)."""
+        comms: list = []
+        for s in sends:
+            if not any((s.comm or self.comm) is c for c in comms):
+                comms.append(s.comm or self.comm)
         handles = {}
-        for collective in ("allreduce", "allgather", "alltoall"):
-            tensors = [t for _, ts, c, _ in sends if c == collective for t in ts]
-            if tensors:
-                handles[collective] = getattr(self.comm, collective)(
-                    tensors, f"hvdc.{label}.r{number}.{collective}")
+        for position, comm in enumerate(comms):
+            suffix = "" if comm is self.comm else f".c{position}"
+            for collective in ("allreduce", "allgather", "alltoall"):
+                tensors = [t for s in sends if (s.comm or self.comm) is comm and s.collective == collective
+                           for t in s.tensors]
+                if tensors:
+                    handles[(position, collective)] = (comm, getattr(comm, collective)(
+                        tensors, f"hvdc.{label}.r{number}{suffix}.{collective}"))
         return _Round(sends, handles, number)
 
     def finish(self, flight: _Round, out_of: Callable[[Entry], Optional[Tensor]] = lambda e: None) -> list:
         """Wait for a round, run the following rounds, decode every entry into
         ``out_of(entry)`` (a flat buffer to decode into, or None), scale it; return the entries."""
-        outputs = {c: iter(self.comm.wait(h)) for c, h in flight.handles.items()}
+        outputs = {key: iter(comm.wait(h)) for key, (comm, h) in flight.handles.items()}
+        positions = {id(comm): position for (position, _), (comm, _) in flight.handles.items()}
         follow = []
-        for entry, tensors, collective, then in flight.sends:
-            received = [next(outputs[collective]) for _ in tensors]
-            nxt = (then or self._after)(entry, received, collective, out_of)
+        for send in flight.sends:
+            stream = outputs[(positions[id(send.comm or self.comm)], send.collective)]
+            received = [next(stream) for _ in send.tensors]
+            nxt = (send.then or self._after)(send.entry, received, send.collective, out_of)
             if nxt is not None:
                 follow.append(nxt)
         if follow:
-            self.finish(self._launch(follow, flight.number + 1, follow[0][0].info.name), out_of)
-        return [s[0] for s in flight.sends]
+            self.finish(self._launch(follow, flight.number + 1, follow[0].entry.info.name), out_of)
+        return [s.entry for s in flight.sends]
 
-    def _after(self, entry: Entry, received: list, collective: str, out_of) -> Optional[tuple]:
+    def _after(self, entry: Entry, received: list, collective: str, out_of) -> Optional[Send]:
         """What follows a round of an entry: its next send, or its decoded total (None)."""
         packet, info = entry.packet, entry.info
         if collective == "alltoall":
@@ -277,7 +312,7 @@ class Exchange:
         if packet.resume is not None:
             entry.packet = packet.resume(received)
             self.step_bytes.add(0, payload_bytes(self.ops, entry.packet.tensors))
-            return entry, entry.packet.tensors, "allreduce" if entry.packet.summable else "allgather", None
+            return Send(entry, entry.packet.tensors, "allreduce" if entry.packet.summable else "allgather")
         out = out_of(entry)
         if packet.summable:
             total = self.compressor.decompress(self.ops, received, packet.ctx, info, out=out)
@@ -287,14 +322,23 @@ class Exchange:
         entry.total = self._scaled(total)
         return None
 
-    def _reduce_segment(self, entry: Entry, received: list) -> tuple:
+    def _reduce_segment(self, entry: Entry, received: list) -> Send:
         """Compressed allreduce, middle: decode and sum this rank's segment from every rank,
         compress the sum again (own state), and send it to every rank (allgather)."""
+        return self._share_segment(entry, self._segment_sum(entry, received))
+
+    def _segment_sum(self, entry: Entry, received: list) -> Tensor:
+        """The sum over ranks of this rank's segment, decoded from the all-to-all's payloads."""
+        ctx, seg_info = entry.segments[self.comm.rank]
+        return self.compressor.decompress_gathered(self.ops, received, ctx, seg_info, self.comm.world)
+
+    def _share_segment(self, entry: Entry, seg_sum: Tensor) -> Send:
+        """Compress this rank's reduced segment again (the server side's own state, ``sum.``)
+        and all-gather it; the last step decodes every segment into the entry's total, scaled."""
         me = self.comm.rank
-        ctx, seg_info = entry.segments[me]
-        seg_sum = self.compressor.decompress_gathered(self.ops, received, ctx, seg_info, self.comm.world)
+        length = self.ops.numel(seg_sum)
         server = self.compressor.server_side()
-        sum_info = self._segment_info(entry.info, me, seg_info.numel, "sum")
+        sum_info = self._segment_info(entry.info, me, length, "sum")
         packet = server.compress(self.ops, seg_sum, PrefixedState(entry.state, "sum."), sum_info)
         self.step_bytes.add(0, payload_bytes(self.ops, packet.tensors))
 
@@ -302,7 +346,7 @@ class Exchange:
             pieces = [self.ops.split(t, [self.ops.numel(t) // self.comm.world] * self.comm.world)
                       for t in gathered]
             decoded = [server.decompress(self.ops, [p[j] for p in pieces], packet.ctx,
-                                         self._segment_info(entry.info, j, seg_info.numel, "sum"))
+                                         self._segment_info(entry.info, j, length, "sum"))
                        for j in range(self.comm.world)]
             flat = self.ops.concat(decoded)
             if self.ops.numel(flat) != entry.info.numel:
@@ -310,7 +354,7 @@ class Exchange:
             entry.total = self._scaled(self.ops.into(out_of(entry), flat))
             return None
 
-        return entry, packet.tensors, "allgather", assemble
+        return Send(entry, packet.tensors, "allgather", assemble)
 
     def _scaled(self, total: Tensor) -> Tensor:
         return total if self.scale == 1.0 else self.ops.scale_(total, self.scale)
@@ -323,14 +367,22 @@ class Exchange:
         self.step_bytes = ByteCount(steps=1)
         if not self._logged and self.plan:
             self._logged = True
-            if self.comm.rank == 0:
-                log.info("hvdcompress exchange plan (P=%d, %s):\n%s", self.comm.world,
-                         self.compressor.name, self.plan_table())
+            if self._logs_plan():
+                log.info("hvdcompress exchange plan (P=%d, %s):\n%s", self.ranks,
+                         self.describe(), self.plan_table())
+
+    def describe(self) -> str:
+        """The compression, in words, for the plan's log line."""
+        return self.compressor.name
+
+    def _logs_plan(self) -> bool:
+        """Whether this rank logs the plan: rank 0 of the exchange."""
+        return self.comm.rank == 0
 
     def plan_table(self) -> str:
         """The collective chosen for each tensor, with payload and per-rank wire bytes."""
         rows = ["tensor | numel | collective | payload B | wire B/rank | dense wire B/rank"]
         for name, (numel, collective, sent, wire) in sorted(self.plan.items()):
-            dense = wire_bytes("allreduce", 4 * numel, self.comm.world)
+            dense = wire_bytes("allreduce", 4 * numel, self.ranks)
             rows.append(f"{name} | {numel} | {collective} | {sent} | {wire:.0f} | {dense:.0f}")
         return "\n".join(rows)

@@ -1,5 +1,5 @@
 """An in-process simulator of P ranks for the exchange engine (hvdcompress.exchange): the
-collectives adapter of the tests. Each rank runs in its own thread; every collective call
+collectives adapter of the tests (several process sets: :func:`run_nodes`). Each rank runs in its own thread; every collective call
 contributes the rank's tensors, waits for the other ranks at a barrier, and returns what
 Horovod would (sum, rank-order concatenation, all-to-all of equal parts)."""
 from __future__ import annotations
@@ -68,15 +68,39 @@ class SimulatedCollectives(Collectives):
 def run_ranks(size: int, body: Callable[[SimulatedCollectives], Any], timeout: float = 60.0) -> list:
     """``body(comm)`` on ``size`` simulated ranks in threads; their results in rank order."""
     world = World(size, timeout)
+    return _run_threads(size, [world], lambda rank: body(SimulatedCollectives(world, rank)), timeout)
+
+
+def run_nodes(nodes: int, per_node: int, body: Callable[..., Any], timeout: float = 60.0) -> list:
+    """``body(world_comm, node_comm, cross_comm)`` on ``nodes`` x ``per_node`` simulated ranks
+    (rank r on node r // per_node with local rank r % per_node, as horovodrun places them): one
+    World for all ranks, one per node, one per local rank across the nodes (the process sets of
+    hvdcompress.two_level). Results in rank order."""
+    size = nodes * per_node
+    everyone = World(size, timeout)
+    node_worlds = [World(per_node, timeout) for _ in range(nodes)]
+    cross_worlds = [World(nodes, timeout) for _ in range(per_node)]
+
+    def rank_body(rank: int) -> Any:
+        node, local = divmod(rank, per_node)
+        return body(SimulatedCollectives(everyone, rank),
+                    SimulatedCollectives(node_worlds[node], local),
+                    SimulatedCollectives(cross_worlds[local], node))
+    return _run_threads(size, [everyone] + node_worlds + cross_worlds, rank_body, timeout)
+
+
+def _run_threads(size: int, worlds: list, rank_body: Callable[[int], Any], timeout: float) -> list:
+    """``rank_body(rank)`` in one thread per rank; a failure aborts every world's barrier."""
     results: list = [None] * size
     errors: list = []
 
     def run(rank: int) -> None:
         try:
-            results[rank] = body(SimulatedCollectives(world, rank))
+            results[rank] = rank_body(rank)
         except BaseException as e:  # noqa: BLE001 - reported to the test below
             errors.append((rank, e))
-            world.barrier.abort()
+            for world in worlds:
+                world.barrier.abort()
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
     for t in threads:

@@ -1,0 +1,266 @@
+"""Two-level compression (BytePS, Bagua): mild compression inside a node, the aggressive
+compressor only between nodes, on the exchange engine (:mod:`hvdcompress.exchange`).
+
+P ranks on N nodes of L ranks each (rank ``r`` on node ``r // L`` with local rank ``r % L``, as
+horovodrun places them). The ranks of one node form a node-local process set; the ranks with
+the same local rank on different nodes form a cross-node set (L sets of N ranks). One step for a
+tensor of n elements, m = ⌈n / L⌉::
+
+    x_r  padded to L·m, cut into L shards x_r[j]                                      (every rank r)
+    node reduce-scatter: shard j, compressed with the mild ``intra_node`` compressor C₁, goes to
+        local rank j (all-to-all); local rank j decodes and sums:  s_j = Σ_{r in node} D₁(C₁(x_r[j]))
+    cross-node exchange of s_j with the aggressive compressor C₂ over the cross-node set, by
+        whichever collective the engine picks for m elements at N ranks (DGC's allgather, the
+        compressed allreduce, CSC's and PowerSGD's rounds, ...):  t_j = Σ_{nodes} D₂(C₂(s_j))
+    node all-gather of C₁'(t_j) (C₁'s server side: its own residual where C₁ keeps one), decode,
+        concatenate, cut to n, times predivide / P (op=Average: the global sum / P)
+
+Bytes per rank: inside the node (fast links) 2(L-1)/L · B₁ for a payload of B₁ = |C₁(x)|; between
+nodes only the shard's payload |C₂(s_j)| ≈ |C₂(x)| / L, sent by the engine's cost model for N
+ranks: inter-node bytes divide by L compared with the flat exchange of C₂ over P ranks, and the
+collective's growth with the number of ranks is in N, not P. The price: two more latency-bound
+rounds inside the node, and the node all-gather of C₁-compressed shards (with ``FP16`` the
+result is rounded to fp16, as Horovod's fp16 compression rounds its sum).
+
+With ``NoCompression`` on both levels the result is the flat allreduce's up to the order of the
+float additions ((r0 + r1) + (r2 + r3) instead of Horovod's ring order): bit-exact when the sums
+are exact (integer-valued gradients), to float rounding otherwise.
+
+State and momentum: C₂'s per-tensor state (residuals, DGC's momentum and velocity) is the state
+of the shard this rank owns, kept in the tensor's own state dict under ``cross.`` (so checkpoints
+keep it), with the shard named ``<tensor>#shard<j>`` (identical on the ranks that exchange it). A
+compressor that takes the optimizer's momentum over (DGC, CSC, ``Momentum``) applies it to the
+node-summed shard: u ← μ·u + s_j (momentum is linear, so this is the sum of the L ranks'
+momenta), and weight decay for the L ranks the shard stands for (the parameter shard is handed
+over times L: s_j + L·λ·w_j). DGC's own ``clip_norm`` then clips the node-summed shard by the
+number of nodes N. C₁'s state (if any) lives under ``seg<j>.`` and ``sum.``.
+
+Process sets: Horovod 0.28 needs them registered identically on every rank, either at
+``hvd.init(process_sets=node_process_sets(hvd))`` or, with ``HOROVOD_DYNAMIC_PROCESS_SETS=1``
+(``hvd.init(process_sets="dynamic")``), by the wrappers themselves when they are built (on every
+rank). :func:`node_process_sets` computes them from ``HOROVOD_SIZE`` / ``HOROVOD_LOCAL_SIZE``
+(set by horovodrun) before ``hvd.init``.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from .accounting import ByteCount
+from .backend import Ops, Tensor
+from .compressor import Compressor, TensorInfo
+from .compressors.cast import FP16
+from .compressors.none import NoCompression
+from .exchange import Collectives, Entry, Exchange, PrefixedState, Send, wire_bytes
+from .registry import from_params
+
+_SETS: dict = {}   # (size, ranks per node) -> [node sets..., cross sets...] made by node_process_sets
+
+
+def check_intra_node(intra_node: Any) -> Compressor:
+    """The ``intra_node`` argument of the wrappers as a compressor (a dict goes through
+    :func:`hvdcompress.from_params`); a ValueError for anything the node's reduce-scatter cannot
+    run: it needs one round of payloads of a size fixed by the shard's, decoded and summed."""
+    if isinstance(intra_node, Mapping):
+        intra_node = from_params(intra_node)
+    if not isinstance(intra_node, Compressor):
+        raise ValueError(f"intra_node={intra_node!r}: allowed: None (the flat exchange) or an "
+                         "hvdcompress Compressor for the intra-node level, e.g. NoCompression() "
+                         "(full precision), FP16(), BF16(), Int8()")
+    if intra_node.takes_over_momentum:
+        raise ValueError(f"intra_node={intra_node!r} applies momentum: momentum belongs to the "
+                         "compression= compressor (applied once, to the node-summed shard); use "
+                         "a mild stateless compressor inside the node (NoCompression, FP16, BF16)")
+    if not (isinstance(intra_node.unwrap(), (NoCompression, FP16)) or intra_node.supports_alltoall):
+        raise ValueError(f"intra_node={intra_node!r}: the node's reduce-scatter sends each shard's "
+                         "payload to one local rank (all-to-all), so it needs one round of "
+                         "payloads of a size fixed by the shard's that can be decoded and summed: "
+                         "NoCompression, FP16, BF16, Int8 or another quantiser; sparsifiers "
+                         "(variable size), PowerSGD and CSC (several rounds) and signum (votes) "
+                         "belong in compression=")
+    return intra_node
+
+
+def node_layout(size: int, ranks_per_node: int) -> tuple:
+    """``(node_ranks, cross_ranks)``: the N = size / L lists of the ranks of each node
+    (``[k·L, ..., k·L + L - 1]``) and the L lists of the ranks with local rank j
+    (``[j, j + L, ...]``). A ValueError unless 2 <= L < size and L divides size."""
+    if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) \
+            or not 2 <= ranks_per_node < size or size % ranks_per_node:
+        raise ValueError(f"ranks_per_node={ranks_per_node!r} with {size} ranks: two-level "
+                         "compression needs at least 2 nodes of at least 2 ranks, so allowed: a "
+                         f"divisor L of {size} with 2 <= L < {size} (default: Horovod's "
+                         "local_size; on one machine pass ranks_per_node= to emulate nodes, or "
+                         "use intra_node=None)")
+    nodes = size // ranks_per_node
+    return ([list(range(k * ranks_per_node, (k + 1) * ranks_per_node)) for k in range(nodes)],
+            [list(range(j, size, ranks_per_node)) for j in range(ranks_per_node)])
+
+
+def _sizes(hvd: Any, ranks_per_node: Optional[int]) -> tuple:
+    """(size, ranks per node): Horovod's once initialised, else the launcher's variables."""
+    if hvd.is_initialized():
+        return hvd.size(), ranks_per_node or hvd.local_size()
+    for size_key, local_key in (("HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE"),
+                                ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")):
+        if size_key in os.environ:
+            return int(os.environ[size_key]), ranks_per_node or int(os.environ[local_key])
+    raise ValueError("node_process_sets: Horovod is not initialised and HOROVOD_SIZE is not set; "
+                     "run under horovodrun (it sets HOROVOD_SIZE and HOROVOD_LOCAL_SIZE), or "
+                     "call it after hvd.init() with HOROVOD_DYNAMIC_PROCESS_SETS=1")
+
+
+def node_process_sets(hvd: Any, ranks_per_node: Optional[int] = None) -> list:
+    """The process sets two-level compression runs over: N node-local sets, then L cross-node
+    sets (:func:`node_layout`), as ``hvd.ProcessSet`` objects to register on every rank:
+    ``hvd.init(process_sets=node_process_sets(hvd))``. The same objects are returned on every
+    call, so the wrappers find them registered."""
+    size, per_node = _sizes(hvd, ranks_per_node)
+    key = (size, per_node)
+    if key not in _SETS:
+        nodes, cross = node_layout(size, per_node)
+        _SETS[key] = [hvd.ProcessSet(ranks) for ranks in nodes + cross]
+    return _SETS[key]
+
+
+def registered_node_sets(hvd: Any, ranks_per_node: Optional[int]) -> tuple:
+    """(this rank's node set, its cross-node set), registered with Horovod (initialised). Sets
+    not registered yet are added here when dynamic process sets are on (every rank builds the
+    wrapper, so every rank adds them, in the same order); otherwise a ValueError says how."""
+    size, per_node = hvd.size(), ranks_per_node or hvd.local_size()
+    nodes, _ = node_layout(size, per_node)
+    sets = node_process_sets(hvd, per_node)
+    if any(ps.process_set_id is None for ps in sets):
+        call = "" if ranks_per_node is None else f"ranks_per_node={ranks_per_node}"
+        if os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") not in ("", "0"):
+            for ps in sets:
+                if ps.process_set_id is None:
+                    hvd.add_process_set(ps)
+        else:
+            raise ValueError(
+                f"intra_node=... needs the node and cross-node process sets of {size} ranks in "
+                f"nodes of {per_node} registered with Horovod on every rank: call "
+                f"hvd.init(process_sets=hvdcompress.torch.node_process_sets({call})) "
+                "(or hvdcompress.tensorflow.node_process_sets) instead of hvd.init(), or run with "
+                "HOROVOD_DYNAMIC_PROCESS_SETS=1 / hvd.init(process_sets='dynamic') and the "
+                "optimizer registers them itself")
+    rank = hvd.rank()
+    if ranks_per_node is None and (hvd.local_rank(), hvd.cross_rank()) != (rank % per_node, rank // per_node):
+        raise ValueError(f"rank {rank} is local rank {hvd.local_rank()} on node {hvd.cross_rank()}, "
+                         f"not {rank % per_node} on {rank // per_node}: two-level compression needs "
+                         "ranks placed node by node (horovodrun -H host1:L,host2:L,...) with the "
+                         "same number L on every node")
+    return sets[rank // per_node], sets[len(nodes) + rank % per_node]
+
+
+class TwoLevelExchange(Exchange):
+    """The exchange engine over two process sets (see the module doc for the algorithm).
+
+    The node level is the engine's compressed allreduce over ``node`` with the mild
+    ``intra_node`` compressor (``self.compressor``; summable fp16 / full-precision shards are
+    decoded and summed like any other); between its reduce-scatter and its all-gather, the
+    node-summed shard goes through ``self.cross``, a flat :class:`Exchange` of ``compressor``
+    over ``cross``, which picks its collective for the shard's size at N ranks (``collective``:
+    'auto', 'allgather' or 'alltoall', as for the flat exchange).
+
+    ``last_step_bytes`` / ``total_bytes``: the dense bytes of this rank's gradients versus the
+    bytes it sends between nodes; ``last_node_bytes`` / ``total_node_bytes``: the payloads it
+    sends inside the node.
+    """
+
+    summable_segments = True
+
+    def __init__(self, compressor: Compressor, intra_node: Compressor, ops: Ops, node: Collectives,
+                 cross: Collectives, average: bool = True, predivide: float = 1.0,
+                 collective: str = "auto"):
+        super().__init__(check_intra_node(intra_node), ops, node, average, predivide)
+        self.cross = Exchange(compressor, ops, cross, average=False, collective=collective)
+        self.cross._logged = True   # this engine logs the plan of both levels
+        self.collective = self.cross.collective
+        self.last_node_bytes = ByteCount()
+        self.total_node_bytes = ByteCount()
+
+    @property
+    def ranks(self) -> int:
+        return self.comm.world * self.cross.comm.world
+
+    def collective_for(self, info: TensorInfo) -> str:
+        return "alltoall"   # the node's reduce-scatter, whatever the intra-node compressor
+
+    def describe(self) -> str:
+        return (f"{self.compressor.name} within nodes of {self.comm.world}, "
+                f"{self.cross.compressor.name} across {self.cross.comm.world} nodes")
+
+    # ---- the shard this rank owns ----------------------------------------------------------------
+    def _cross_info(self, info: TensorInfo, length: int) -> TensorInfo:
+        """The shard's info for the aggressive compressor: named by the local rank (the same on
+        every rank of the cross-node set), the cross set's world and rank, the optimizer's
+        momentum settings, and the parameter shard times L (weight decay for L ranks)."""
+        me, per_node = self.comm.rank, self.comm.world
+        param = None
+        if info.param is not None and self.cross.compressor.takes_over_momentum:
+            padded = info.param if length * per_node == info.numel else self.ops.concat(
+                [info.param, self.ops.zeros(length * per_node - info.numel, like=info.param)])
+            param = self.ops.split(padded, [length] * per_node)[me] * float(per_node)
+        return TensorInfo(name=f"{info.name}#shard{me}", numel=length, world=self.cross.comm.world,
+                          shape=(length,), rank=self.cross.comm.rank, param=param,
+                          momentum=info.momentum, nesterov=info.nesterov,
+                          weight_decay=info.weight_decay)
+
+    def init_state(self, x: Tensor, state, info: TensorInfo) -> None:
+        """The node level's state (``seg<j>.``, ``sum.``) and the shard's (``cross.``)."""
+        if info.numel == 0:
+            return
+        super().init_state(x, state, info)
+        length = -(-info.numel // self.comm.world)
+        self.cross.init_state(self.ops.zeros(length, like=x), PrefixedState(state, "cross."),
+                              self._cross_info(info, length))
+
+    def _reduce_segment(self, entry: Entry, received: list) -> Send:
+        """After the node's all-to-all: sum this rank's shard over the node, then run the
+        shard's cross-node exchange (its rounds ride in this entry's sends, over ``cross``);
+        its total goes on to the node's all-gather."""
+        shard = self._segment_sum(entry, received)
+        inner = self.cross.compress(entry.key, shard, PrefixedState(entry.state, "cross."),
+                                    self._cross_info(entry.info, self.ops.numel(shard)))
+        return self._relay(entry, Send(inner, inner.packet.tensors, inner.collective))
+
+    def _relay(self, entry: Entry, send: Send) -> Send:
+        """``send`` of the cross-node exchange, carried by ``entry`` over the cross-node set."""
+        def then(_: Entry, received: list, collective: str, out_of) -> Send:
+            nxt = (send.then or self.cross._after)(send.entry, received, collective, lambda e: None)
+            if nxt is not None:
+                return self._relay(entry, nxt)
+            return self._share_segment(entry, send.entry.total)
+        return Send(entry, send.tensors, send.collective, then, self.cross.comm)
+
+    # ---- bookkeeping -----------------------------------------------------------------------------
+    def end_step(self) -> None:
+        """Close the step: inter-node bytes into ``last_step_bytes``, the node's into
+        ``last_node_bytes``; log both levels' plan once (global rank 0)."""
+        node = self.step_bytes
+        self.last_node_bytes = node
+        self.total_node_bytes.merge(node)
+        self.step_bytes = ByteCount(dense=node.dense, sent=self.cross.step_bytes.sent, steps=1)
+        self.cross.end_step()
+        self.compressor.on_step()
+        super().end_step()
+
+    def _logs_plan(self) -> bool:
+        return self.comm.rank == 0 and self.cross.comm.rank == 0
+
+    def plan_table(self) -> str:
+        """Per tensor: the node level's payload, and the shard's collective, payload and wire
+        bytes between nodes, next to the flat dense allreduce's bytes per rank at P."""
+        rows = ["tensor | numel | node payload B | cross collective | cross payload B | "
+                "inter-node wire B/rank | flat dense wire B/rank"]
+        for name, (numel, _, sent, _) in sorted(self.plan.items()):
+            shard = self.cross.plan.get(f"{name}#shard{self.comm.rank}")
+            if shard is None:
+                continue
+            _, collective, cross_sent, cross_wire = shard
+            dense = wire_bytes("allreduce", 4 * numel, self.ranks)
+            rows.append(f"{name} | {numel} | {sent} | {collective} | {cross_sent} | "
+                        f"{cross_wire:.0f} | {dense:.0f}")
+        return "\n".join(rows)

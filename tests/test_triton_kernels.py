@@ -3,11 +3,12 @@ through ``TorchOps(kernels="triton")``: against the numpy references of tests/te
 (imported from there), and bit for bit against the C++ kernels' results for the same key.
 
 The interpreter needs ``TRITON_INTERPRET=1`` when triton and the kernels are defined (imported) and
-when they run: this module sets it around its imports (pytest collects it before any other module
-imports triton; if one did, the tests skip saying so) and, through the module-scoped ``triton_ops``
-fixture, while its tests run, restoring it in between, so other tests see no change. The interpreter is slow (numpy per
-program): sizes are a few thousand elements, chosen to leave partial blocks (1024 elements, or 128
-packed bytes, per program). Skipped only where triton is not installed.
+when they run: this module sets it around its imports (no other module imports triton before
+pytest collects this one; if one did, the tests skip saying so) and, through the module-scoped
+``triton_ops`` fixture, while its tests run, restoring it in between, so other tests see no
+change. The interpreter runs each program in numpy: sizes are a few thousand elements, chosen to
+leave partial blocks (1024 elements, or 128 packed bytes, per program). A last test compiles
+every kernel for a GPU (no GPU needed). Skipped only where triton is not installed.
 """
 from __future__ import annotations
 
@@ -21,8 +22,16 @@ import numpy as np
 import pytest
 import torch
 
-_TRITON_WAS_IMPORTED = "triton" in sys.modules
-_saved = os.environ.get("TRITON_INTERPRET")
+_SAVED = os.environ.get("TRITON_INTERPRET")
+
+
+def _restore_env() -> None:
+    if _SAVED is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _SAVED
+
+
 os.environ["TRITON_INTERPRET"] = "1"  # while triton and the kernels are defined (collection)
 try:
     triton = pytest.importorskip("triton", reason="triton is not installed (pip install "
@@ -30,9 +39,7 @@ try:
     from triton.runtime.interpreter import InterpretedFunction
     from hvdcompress.ops import triton_kernels
 finally:
-    _restore = (lambda: os.environ.pop("TRITON_INTERPRET", None)) if _saved is None else \
-        (lambda: os.environ.__setitem__("TRITON_INTERPRET", _saved))
-    _restore()
+    _restore_env()
 
 from hvdcompress.torch.backend import TorchOps  # noqa: E402
 from test_kernels import (LEVEL_CASES, data, decoders, np_levels, np_magnitude_keys,  # noqa: E402
@@ -49,16 +56,15 @@ def triton_ops() -> Iterator[TorchOps]:
     """``TorchOps(kernels="triton")`` under the interpreter, with TRITON_INTERPRET=1 set while
     this module's tests run (triton reads it when a kernel runs too)."""
     if not (triton_kernels.INTERPRETED and isinstance(triton.language.sum, InterpretedFunction)):
-        pytest.skip(f"triton was imported before this module without TRITON_INTERPRET=1 "
-                    f"(triton first imported earlier: {_TRITON_WAS_IMPORTED}), so its kernels are "
-                    "compiled and need CUDA; run TRITON_INTERPRET=1 pytest tests/test_triton_kernels.py")
+        pytest.skip("triton was imported before this module without TRITON_INTERPRET=1, so its "
+                    "kernels are compiled and need CUDA tensors; run this file on its own")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         ops = TorchOps(kernels="triton")
         assert ops._impl(torch.zeros(1)) is triton_kernels
         yield ops
     finally:
-        _restore()
+        _restore_env()
 
 
 @pytest.fixture(scope="module")

@@ -96,12 +96,22 @@ class Compressor(ABC):
       supports_alltoall: its per-rank payloads have a size fixed by the tensor's size and can be
         decoded, summed and compressed again, so the exchange may run the compressed allreduce
         (all-to-all of compressed segments, see :mod:`hvdcompress.exchange`).
+      supports_warmup: the algorithm (:meth:`unwrap`) ramps its sparsity with a ``warmup``
+        schedule and reports ``current_sparsity`` (:class:`hvdcompress.schedule.SparsityWarmup`).
     """
 
     name: str = "abstract"
     takes_over_momentum: bool = False
     keeps_residual: bool = False
     supports_alltoall: bool = False
+    supports_warmup: bool = False
+
+    @property
+    def explicit_momentum(self) -> Optional[float]:
+        """The momentum coefficient μ given to this compressor itself, when it applies momentum
+        (``takes_over_momentum``) with its own μ instead of the optimizer's; None otherwise.
+        Wrappers refuse an explicit μ next to an optimizer momentum (it would apply twice)."""
+        return None
 
     @property
     def carries_state(self) -> bool:

@@ -52,6 +52,10 @@ class Decorator(Compressor):
     def supports_alltoall(self) -> bool:  # type: ignore[override]
         return self.inner.supports_alltoall
 
+    @property
+    def explicit_momentum(self) -> Optional[float]:
+        return self.inner.explicit_momentum
+
     def server_side(self) -> Compressor:
         inner = self.inner.server_side()
         if inner is self.inner:
@@ -121,6 +125,10 @@ class Momentum(Decorator):
         super().__init__(inner)
         self.mu = None if mu is None else check_range("Momentum", "mu", mu, 0.0, 1.0, high_open=True)
         self.nesterov = bool(nesterov)
+
+    @property
+    def explicit_momentum(self) -> Optional[float]:
+        return self.mu
 
     def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
         super().init_state(ops, x, state, info)

@@ -13,11 +13,15 @@ fast. A warm-up starts dense and tightens to the target:
 
 ``t`` counts epochs or optimizer steps, as the owner decides (``unit``). From strings
 (``warmup_epochs``, ``warmup_steps``, ``warmup_sparsities``...) see :mod:`hvdcompress.registry`.
+
+A compressor with a warm-up mixes in :class:`SparsityWarmup` (``supports_warmup``); callers find
+it with ``compressor.unwrap()`` and ask ``supports_warmup``, never by probing attributes.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Optional, Sequence
 
+from .compressor import Compressor
 from .validation import check_choice, check_int, check_range
 
 
@@ -83,6 +87,56 @@ class ListWarmup(Schedule):
                 f"unit={self.unit!r}, to_target={self.to_target})")
 
 
+class SparsityWarmup:
+    """Mixin for a compressor whose sparsity ramps up (``supports_warmup``), and the one
+    step-counter policy for compressor-wide schedules.
+
+    Counters: ``_step`` counts optimizer steps (:meth:`on_step`, called by the framework wrapper
+    once per step after the exchange); ``_epoch`` is the epoch given to :meth:`set_epoch` (by
+    :class:`SparsityScheduler` or the Keras callback). Both are the compressor's
+    :meth:`state_dict`, identical on every rank. Per-tensor draws count their tensor's own
+    compressions instead (:func:`hvdcompress.keys.advance_step`). ``warmup`` (a
+    :class:`Schedule` or None) reads the counter of its ``unit``; the subclass gives
+    :attr:`target_sparsity`.
+    """
+
+    supports_warmup = True
+
+    def init_warmup(self, owner: str, warmup: Optional[Schedule]) -> None:
+        """Set the schedule (checked) and zero the counters."""
+        if warmup is not None and not isinstance(warmup, Schedule):
+            raise ValueError(f"{owner}: warmup={warmup!r} is not a schedule; allowed: None, "
+                             "ExponentialWarmup(...) or ListWarmup(...)")
+        self.warmup = warmup
+        self._step = 0
+        self._epoch = 0
+
+    @property
+    def target_sparsity(self) -> float:
+        """The sparsity after warm-up (the fraction of elements not sent)."""
+        raise NotImplementedError
+
+    @property
+    def current_sparsity(self) -> float:
+        """The sparsity in force now, after warm-up."""
+        if self.warmup is None:
+            return self.target_sparsity
+        t = self._epoch if self.warmup.unit == "epoch" else self._step
+        return self.warmup.sparsity(t, self.target_sparsity)
+
+    def on_step(self) -> None:
+        self._step += 1
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = check_int(f"{type(self).__name__}.set_epoch", "epoch", epoch, 0)
+
+    def state_dict(self) -> dict:
+        return {"step": self._step, "epoch": self._epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._step, self._epoch = int(state["step"]), int(state["epoch"])
+
+
 class SparsityScheduler:
     """Drives a compressor's epoch-based warm-up from a plain training loop, like an LR
     scheduler: call :meth:`step` once at the end of every epoch::
@@ -97,9 +151,9 @@ class SparsityScheduler:
     Its state (the epoch) is in :meth:`state_dict`.
     """
 
-    def __init__(self, compressor, last_epoch: int = 0):
+    def __init__(self, compressor: Any, last_epoch: int = 0):
         self.compressor = getattr(compressor, "_compression", compressor)
-        if not hasattr(self.compressor, "set_epoch"):
+        if not isinstance(self.compressor, Compressor):
             raise TypeError(f"SparsityScheduler: {compressor!r} is neither a compressor nor an "
                             "hvdcompress optimizer")
         self.last_epoch = check_int("SparsityScheduler", "last_epoch", last_epoch, 0)
@@ -109,12 +163,10 @@ class SparsityScheduler:
         self.last_epoch += 1
         self.compressor.set_epoch(self.last_epoch)
 
-    def get_sparsity(self):
+    def get_sparsity(self) -> Optional[float]:
         """The compressor's current sparsity (None for compressors without one)."""
-        inner = self.compressor
-        while not hasattr(inner, "current_sparsity") and hasattr(inner, "inner"):
-            inner = inner.inner
-        return getattr(inner, "current_sparsity", None)
+        algorithm = self.compressor.unwrap()
+        return algorithm.current_sparsity if algorithm.supports_warmup else None
 
     def state_dict(self) -> dict:
         return {"last_epoch": self.last_epoch}

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..compressor import Compressor, Packet, TensorInfo, check_float_tensor, decode_into
-from .quant import check_payload
 from ..backend import Ops, Tensor
+from .payload import check_payload
 
 
 class Cast(Compressor):

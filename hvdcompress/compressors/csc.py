@@ -47,8 +47,8 @@ from ..compressor import Packet, TensorInfo
 from ..schedule import Schedule
 from ..validation import check_int, check_range
 from .dgc import MomentumCorrection
-from .quant import check_payload
-from .topk import resolve_k
+from .density import resolve_k
+from .payload import check_payload
 
 
 @dataclass

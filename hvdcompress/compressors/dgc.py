@@ -34,18 +34,18 @@ Everything but the selection lives in :class:`MomentumCorrection`, which CSC
 from __future__ import annotations
 
 import math
-import zlib
 from typing import Any, Optional, Union
 
 from ..compressor import Packet, TensorInfo, check_float_tensor
 from ..backend import Ops, Tensor
-from ..schedule import Schedule
+from ..schedule import Schedule, SparsityWarmup
 from ..validation import check_int, check_range
 from .sparse import SparseCompressor
-from .topk import resolve_k
+from ..keys import step_key
+from .density import resolve_k
 
 
-class MomentumCorrection(SparseCompressor):
+class MomentumCorrection(SparsityWarmup, SparseCompressor):
     """DGC's machinery around the selection, shared by DGC and CSC: weight-decay correction,
     local clipping, momentum correction with the velocity as residual, factor masking, sparsity
     warm-up, small tensors and zero sparsity dense (the module doc gives the maths). Subclasses
@@ -62,38 +62,11 @@ class MomentumCorrection(SparseCompressor):
         self.clip_norm = None if clip_norm is None else check_range(owner, "clip_norm", clip_norm, 0.0, math.inf, low_open=True)
         self.weight_decay = None if weight_decay is None else check_range(owner, "weight_decay", weight_decay, 0.0, math.inf)
         self.min_numel = check_int(owner, "min_numel", min_numel, 0)
-        if warmup is not None and not isinstance(warmup, Schedule):
-            raise ValueError(f"{owner}: warmup={warmup!r} is not a schedule; allowed: None, "
-                             "ExponentialWarmup(...) or ListWarmup(...)")
-        self.warmup = warmup
-        self._step = 0
-        self._epoch = 0
-
-    # ---- schedule ------------------------------------------------------------------------------
-    @property
-    def target_sparsity(self) -> float:
-        """The sparsity after warm-up (the fraction of elements not sent)."""
-        raise NotImplementedError
+        self.init_warmup(owner, warmup)
 
     @property
-    def current_sparsity(self) -> float:
-        """The sparsity in force now, after warm-up."""
-        if self.warmup is None:
-            return self.target_sparsity
-        t = self._epoch if self.warmup.unit == "epoch" else self._step
-        return self.warmup.sparsity(t, self.target_sparsity)
-
-    def on_step(self) -> None:
-        self._step += 1
-
-    def set_epoch(self, epoch: int) -> None:
-        self._epoch = check_int(f"{type(self).__name__}.set_epoch", "epoch", epoch, 0)
-
-    def state_dict(self) -> dict:
-        return {"step": self._step, "epoch": self._epoch}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._step, self._epoch = int(state["step"]), int(state["epoch"])
+    def explicit_momentum(self) -> Optional[float]:
+        return self.momentum
 
     # ---- the shared steps ----------------------------------------------------------------------
     def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
@@ -193,7 +166,7 @@ class DGC(MomentumCorrection):
         if sampled:
             stride = max(1, n // wanted)
             stride -= 1 if stride > 1 and stride % 2 == 0 else 0
-            start = zlib.crc32(f"{self.seed}:{self._step}:{info.name}".encode()) % stride
+            start = step_key(self.seed, self._step, info.name) % stride
         samples = (n - start + stride - 1) // stride
         threshold = ops.sampled_threshold(v32, start, stride, resolve_k(density, samples))
         if math.isnan(threshold):  # NaNs fill the sample's top: send the non-finite elements

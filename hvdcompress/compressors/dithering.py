@@ -24,7 +24,9 @@ import numpy as np
 from ..backend import Ops, Tensor
 from ..compressor import TensorInfo
 from ..validation import check_choice, check_int
-from .quant import TableQuantizer, constant, next_key
+from ..keys import next_rank_key
+from .payload import constant
+from .quant import TableQuantizer
 
 
 def level_table(levels: int, natural: bool) -> np.ndarray:
@@ -63,7 +65,7 @@ class Dithering(TableQuantizer):
         return level_table(self.levels, self.partition == "natural")
 
     def encode(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Tuple[Tensor, Tensor]:
-        key = next_key(self.seed, state, info)
+        key = next_rank_key(self.seed, state, info.name, info.rank)
         norm = ops.scalar(ops.max_abs(x) if self.norm == "max" else ops.norm(x))
         natural = self.partition == "natural"
         top = np.float32(1.0 if natural else self.levels)

@@ -14,7 +14,7 @@ from typing import Tuple
 from ..backend import Ops, Tensor
 from ..compressor import TensorInfo
 from .onebit import OneBit
-from .quant import RESIDUAL, OwnResidual
+from .residual import RESIDUAL, OwnResidual
 
 
 class EFSignSGD(OwnResidual, OneBit):

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from ..backend import Ops, Tensor
 from ..compressor import Compressor, Packet, TensorInfo, decode_into
 from ..validation import check_int
-from .quant import as_float32, check_payload
+from .payload import as_float32, check_payload
 
 
 class Int8(Compressor):

@@ -14,7 +14,9 @@ import numpy as np
 from ..backend import Ops, Tensor
 from ..compressor import TensorInfo
 from ..validation import check_int
-from .quant import TableQuantizer, constant, next_key
+from ..keys import next_rank_key
+from .payload import constant
+from .quant import TableQuantizer
 
 
 def natural_table() -> np.ndarray:
@@ -39,4 +41,4 @@ class Natural(TableQuantizer):
         return natural_table()
 
     def encode(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Tuple[Tensor, Tensor]:
-        return ops.natural_pack(x, next_key(self.seed, state, info)), constant(ops, 1.0, x)
+        return ops.natural_pack(x, next_rank_key(self.seed, state, info.name, info.rank)), constant(ops, 1.0, x)

@@ -14,7 +14,8 @@ import numpy as np
 
 from ..backend import Ops, Tensor
 from ..compressor import TensorInfo
-from .quant import TableQuantizer, constant
+from .payload import constant
+from .quant import TableQuantizer
 
 
 class OneBit(TableQuantizer):

@@ -19,7 +19,6 @@ and two buffers (residual, Q) per tensor.
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -28,7 +27,9 @@ import numpy as np
 from ..backend import Ops, Tensor
 from ..compressor import Compressor, Packet, TensorInfo
 from ..validation import check_int
-from .quant import RESIDUAL, OwnResidual, as_float32, check_payload
+from ..keys import advance_step, generator, tensor_id
+from .payload import as_float32, check_payload
+from .residual import RESIDUAL, OwnResidual
 
 WARM_Q = "powersgd_q"
 
@@ -62,12 +63,11 @@ class PowerSGD(OwnResidual, Compressor):
         return (rows, cols) if self.rank * (rows + cols) < info.numel else None
 
     def _initial_q(self, ops: Ops, state: dict, info: TensorInfo, cols: int, like: Tensor) -> Tensor:
-        step = int(state.get("step", 0))
-        state["step"] = step + 1
+        step = advance_step(state)
         if self.warm_start and WARM_Q in state:
             return ops.reshape(state[WARM_Q], (cols, self.rank))
-        stream = [self.seed, zlib.crc32(info.name.encode())] + ([] if self.warm_start else [step])
-        q = np.random.default_rng(stream).standard_normal((cols, self.rank)).astype(np.float32)
+        stream = [self.seed, tensor_id(info.name)] + ([] if self.warm_start else [step])
+        q = generator(*stream).standard_normal((cols, self.rank)).astype(np.float32)
         return ops.from_numpy(q, like)
 
     def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:

@@ -1,5 +1,4 @@
-"""What the quantisers share: float32 input, reproducible random keys, payload checks, a
-compressor-owned residual, and decoding through a per-rank table.
+"""What the table quantisers share: decoding through a per-rank table.
 
 A :class:`TableQuantizer` sends ``[codes (uint8, packed bits-wide), scale (float32, 1)]`` and is
 allgathered; the value of code c from a rank with scale s is ``s * unit_table()[c]``, so all
@@ -8,66 +7,15 @@ other float dtypes are quantised as float32 and returned in their own dtype.
 """
 from __future__ import annotations
 
-import zlib
 from abc import abstractmethod
 from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from ..backend import Ops, Tensor
-from ..compressor import Compressor, Packet, TensorInfo, check_float_tensor, decode_into
+from ..compressor import Compressor, Packet, TensorInfo, decode_into
 from ..ops.layout import packed_bytes
-
-RESIDUAL = "quant_residual"
-
-
-def as_float32(ops: Ops, x: Tensor, info: TensorInfo) -> Tuple[Tensor, str]:
-    """``x`` as float32 and its original dtype (a TypeError for non-float gradients)."""
-    check_float_tensor(ops, x, info)
-    dtype = ops.dtype(x)
-    return (x if dtype == "float32" else ops.cast(x, "float32")), dtype
-
-
-def next_key(seed: int, state: dict, info: TensorInfo) -> int:
-    """A 32-bit key for this tensor's stochastic rounding at this step (advances the step).
-
-    Each rank's key differs (xor with the rank times an odd constant), so the rounding errors of
-    different ranks are independent and the average's variance falls as 1/N.
-    """
-    step = int(state.get("step", 0))
-    state["step"] = step + 1
-    return zlib.crc32(f"{seed}:{step}:{info.name}".encode()) ^ ((info.rank * 0x9E3779B1) & 0xFFFFFFFF)
-
-
-def check_payload(ops: Ops, owner: str, what: str, t: Tensor, dtype: str, expected: int) -> None:
-    """A ValueError (TypeError for the dtype) unless ``t`` is ``expected`` elements of ``dtype``."""
-    if ops.dtype(t) != dtype:
-        raise TypeError(f"{owner}: payload {what} has dtype {ops.dtype(t)}; expected {dtype}")
-    if ops.numel(t) != expected:
-        raise ValueError(f"{owner}: payload {what} has {ops.numel(t)} elements; expected {expected} "
-                         "(corrupt payload, or ranks configured differently)")
-
-
-def constant(ops: Ops, value: float, like: Tensor) -> Tensor:
-    return ops.from_numpy(np.full(1, value, dtype=np.float32), like)
-
-
-class OwnResidual:
-    """Mixin: the compressor keeps its own error-feedback residual (state ``quant_residual``),
-    updated inside its kernel. Wrapping it in ErrorFeedback would count the error twice, so that
-    is refused with a clear error."""
-
-    keeps_residual = True
-
-    def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
-        if RESIDUAL not in state:
-            ops.write(state, RESIDUAL, ops.zeros(info.numel, like=x, dtype="float32"))
-
-    def residual(self, state: dict) -> Tensor:
-        if "residual" in state:
-            raise ValueError(f"{type(self).__name__} keeps its own error-feedback residual; do not "
-                             "wrap it in ErrorFeedback (use ef='none')")
-        return state[RESIDUAL]
+from .payload import as_float32, check_payload
 
 
 class TableQuantizer(Compressor):

@@ -9,7 +9,6 @@ drops large and small elements alike, so it converges more slowly at the same k.
 """
 from __future__ import annotations
 
-import zlib
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -17,13 +16,14 @@ import numpy as np
 from ..compressor import Packet, TensorInfo, check_float_tensor
 from ..backend import Ops, Tensor
 from ..validation import check_int
-from .topk import check_k, resolve_k
+from ..keys import advance_step, generator, tensor_id
+from .density import check_k, resolve_k
 from .sparse import SparseCompressor
 
 
 def shared_indices(seed: int, step: int, name: str, numel: int, k: int) -> np.ndarray:
     """The indices every rank selects for tensor ``name`` at ``step`` (ascending int64)."""
-    rng = np.random.default_rng([seed, step, zlib.crc32(name.encode())])
+    rng = generator(seed, step, tensor_id(name))
     return np.sort(rng.choice(numel, size=k, replace=False)).astype(np.int64)
 
 
@@ -42,8 +42,7 @@ class RandomK(SparseCompressor):
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         check_float_tensor(ops, x, info)
-        step = int(state.get("step", 0))
-        state["step"] = step + 1
+        step = advance_step(state)
         k = resolve_k(self.k, info.numel)
         indices = ops.from_numpy(shared_indices(self.seed, step, info.name, info.numel, k), x)
         values = ops.gather(x, indices)

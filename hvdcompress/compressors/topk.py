@@ -11,29 +11,12 @@ the largest, so they are always sent.
 """
 from __future__ import annotations
 
-import math
 from typing import Union
 
 from ..compressor import Packet, TensorInfo, check_float_tensor
 from ..backend import Ops, Tensor
-from ..validation import check_int, check_range
+from .density import check_k, resolve_k
 from .sparse import SparseCompressor
-
-
-def resolve_k(k: Union[int, float], numel: int) -> int:
-    """Number of elements to send for a tensor of ``numel`` elements (at least 1).
-
-    A fraction is rounded up after rounding away float noise: 1 - 0.99 of 1000 is 10, not 11.
-    """
-    if isinstance(k, int):
-        return min(k, numel)
-    return min(numel, max(1, math.ceil(round(k * numel, 6))))
-
-
-def check_k(owner: str, k: Union[int, float]) -> Union[int, float]:
-    if isinstance(k, int) and not isinstance(k, bool):
-        return check_int(owner, "k", k, 1)
-    return check_range(owner, "k", k, 0.0, 1.0, low_open=True)
 
 
 class TopK(SparseCompressor):

@@ -19,7 +19,9 @@ import numpy as np
 from ..backend import Ops, Tensor
 from ..compressor import TensorInfo
 from ..validation import check_range
-from .quant import RESIDUAL, OwnResidual, TableQuantizer, constant
+from .payload import constant
+from .quant import TableQuantizer
+from .residual import RESIDUAL, OwnResidual
 
 
 class TwoBit(OwnResidual, TableQuantizer):

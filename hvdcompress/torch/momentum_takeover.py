@@ -32,9 +32,7 @@ def check_momentum(compressor: Compressor, optimizer: torch.optim.Optimizer) -> 
     """Reject settings the take-over cannot honour: dampening, or momentum on both sides."""
     if not takes_over(compressor, optimizer):
         return
-    explicit = getattr(compressor, "momentum", None)
-    if explicit is None:
-        explicit = getattr(compressor, "mu", None)
+    explicit = compressor.explicit_momentum
     for i, g in enumerate(optimizer.param_groups):
         if g.get("dampening", 0):
             raise ValueError(f"param_groups[{i}] dampening={g['dampening']!r}: {compressor.name} "

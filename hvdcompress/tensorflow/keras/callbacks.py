@@ -31,13 +31,11 @@ def _sparsifier(target: Any) -> Any:
         raise TypeError(f"SparsityWarmupCallback: {target!r} is neither an hvdcompress compressor "
                         "nor an optimizer wrapped by "
                         "hvdcompress.tensorflow.keras.DistributedOptimizer")
-    inner = compressor
-    while not hasattr(inner, "warmup") and hasattr(inner, "inner"):
-        inner = inner.inner
-    if not hasattr(inner, "warmup"):
+    algorithm = compressor.unwrap()
+    if not algorithm.supports_warmup:
         raise ValueError(f"SparsityWarmupCallback: compressor {compressor!r} has no sparsity "
-                         "warm-up; allowed: DGC")
-    return inner
+                         "warm-up; allowed: DGC or CSC")
+    return algorithm
 
 
 class SparsityWarmupCallback(tf.keras.callbacks.Callback):

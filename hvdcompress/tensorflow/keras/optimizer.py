@@ -54,9 +54,7 @@ def _take_over_momentum(compressor: Compressor, optimizer: Any, config: dict) ->
     if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
         raise ValueError(f"SGD momentum={momentum!r}: {compressor.name} takes the momentum over "
                          "and needs a constant number")
-    explicit = getattr(compressor, "momentum", None)
-    if explicit is None:
-        explicit = getattr(compressor, "mu", None)
+    explicit = compressor.explicit_momentum
     if explicit is not None and momentum:
         raise ValueError(f"SGD momentum={momentum!r} and the compressor's momentum={explicit!r}: "
                          "momentum would be applied twice; set one of them to 0 (or leave the "

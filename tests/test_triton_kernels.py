@@ -284,7 +284,7 @@ def test_sampled_threshold_rejects_a_rank_outside_the_sample(triton_ops):
 
 # ---- the same codes as the C++ kernels ---------------------------------------------------------
 def _key_ops(x: torch.Tensor) -> dict:
-    """Each packer as f(ops) -> tensors, on x."""
+    """Each packer and state update as f(ops) -> tensors, on x (with NaN, infinities, -0.0)."""
     residual = torch.from_numpy(data(x.numel(), 3)) * 0.1
     return {
         "sign_pack": lambda ops: ops.sign_pack(x)[0],
@@ -297,6 +297,9 @@ def _key_ops(x: torch.Tensor) -> dict:
         "minmax_pack": lambda ops: [ops.minmax_pack(x, chunk) for chunk in (3, 100, 2048)],
         "select_ge": lambda ops: ops.select_ge(x, 1.5),
         "sampled_threshold": lambda ops: torch.tensor(ops.sampled_threshold(x, 0, 3, 200)),
+        "momentum_correction": lambda ops: [ops.momentum_correction(residual.clone(), x.clone(), x, 0.9, nesterov)
+                                            for nesterov in (False, True)],
+        "sub_finite": lambda ops: [ops.sub_finite(x, residual), ops.sub_finite(x.clone(), residual, out=x.clone())],
     }
 
 
@@ -367,6 +370,10 @@ KERNEL_SIGNATURES = {
                                             "FIRST": first, "BLOCK": 1024} for first in (True, False)},
     **{f"_radix_select_kernel/{first}": {"state_ptr": _I32P, "hist_ptr": _I32P, "top": "i32",
                                          "SHIFT": 24 if first else 8, "FIRST": first} for first in (True, False)},
+    **{f"_momentum_kernel/{nesterov}": {"g_ptr": _P, "u_ptr": _P, "v_ptr": _P, "mu_ptr": _P, "u_out_ptr": _P,
+                                         "v_out_ptr": _P, "n": "i32", "NESTEROV": nesterov, "BLOCK": 1024}
+       for nesterov in (False, True)},
+    "_sub_finite_kernel": {"a_ptr": _P, "b_ptr": _P, "out_ptr": _P, "n": "i32", "BLOCK": 1024},
     **{f"_segment_sum_kernel/{index}": {"sorted_ptr": index, "values_ptr": _P, "out_ptr": _P, "m": "i32",
                                         "BLOCK": 1024} for index in (_I32P, _I64P)},
 }

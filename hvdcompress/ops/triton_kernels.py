@@ -22,9 +22,9 @@ returns as Python numbers (``count_ge``, ``sampled_threshold``) are 0-d tensors 
 nothing in this module reads the device except where an output's size depends on the data
 (``select_ge``) and the index check of ``sparse_sum``.
 
-Operations without a Triton kernel here (exact top-k, norms, PowerSGD's products, DGC's momentum step, ``fill_at``,
-``sub_finite``) are the plain-torch ones (the module's ``__getattr__``), so that this module is a
-complete implementation table.
+Operations without a Triton kernel here (exact top-k, norms, PowerSGD's products, ``fill_at``)
+are the plain-torch ones (the module's ``__getattr__``), so that this module is a complete
+implementation table.
 """
 from __future__ import annotations
 
@@ -292,6 +292,36 @@ def _minmax_unpack_kernel(codes_ptr, bounds_ptr, out_ptr, n, chunk, chunks, R, B
         payload += n
         bounds += 2 * chunks
     tl.store(out_ptr + offs, acc, mask=mask)
+
+
+# ---- state updates -------------------------------------------------------------------------------
+@triton.jit
+def _momentum_kernel(g_ptr, u_ptr, v_ptr, mu_ptr, u_out_ptr, v_out_ptr, n, NESTEROV: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """DGC's momentum correction in one pass: u = u mu + g, v = v + u; or (Nesterov)
+    u = (u + g) mu, v = (v + u) + g."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0)
+    v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+    mu = tl.load(mu_ptr)
+    if NESTEROV:
+        u = (u + g) * mu
+        v = (v + u) + g
+    else:
+        u = u * mu + g
+        v = v + u
+    tl.store(u_out_ptr + offs, u, mask=mask)
+    tl.store(v_out_ptr + offs, v, mask=mask)
+
+
+@triton.jit
+def _sub_finite_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    d = tl.load(a_ptr + offs, mask=mask, other=0.0) - tl.load(b_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, _finite_or_zero(d), mask=mask)
 
 
 # ---- sparsification ------------------------------------------------------------------------------
@@ -583,6 +613,32 @@ def sparse_sum(n: int, indices: Tensor, values: Tensor, out: Optional[Tensor] = 
     out.zero_()
     if m:
         _segment_sum_kernel[(triton.cdiv(m, BLOCK),)](ordered, values[order], out, m, BLOCK=BLOCK, **LAUNCH)
+    return out
+
+
+# ---- state updates
+def momentum_correction(g: Tensor, u: Tensor, v: Tensor, mu: Scalar, nesterov: bool,
+                        u_out: Optional[Tensor] = None, v_out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """``(new u, new v)``, written into ``u_out`` / ``v_out`` (which may be ``u`` / ``v``)."""
+    _check_device(g)
+    n = g.numel()
+    _check_size(u, n, "u")
+    _check_size(v, n, "v")
+    u_out, v_out = _output(u_out, n, g, "u_out"), _output(v_out, n, g, "v_out")
+    if n:
+        _momentum_kernel[(triton.cdiv(n, BLOCK),)](g, u, v, _scalar(mu, g), u_out, v_out, n,
+                                                   NESTEROV=bool(nesterov), BLOCK=BLOCK, **LAUNCH)
+    return u_out, v_out
+
+
+def sub_finite(a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    """``a - b`` with non-finite results 0, into ``out`` (which may be ``a`` or ``b``)."""
+    _check_device(a)
+    n = a.numel()
+    _check_size(b, n, "b")
+    out = _output(out, n, a)
+    if n:
+        _sub_finite_kernel[(triton.cdiv(n, BLOCK),)](a, b, out, n, BLOCK=BLOCK, **LAUNCH)
     return out
 
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .accounting import ByteCount
 from .backend import Ops, Tensor
@@ -264,3 +264,27 @@ class TwoLevelExchange(Exchange):
             rows.append(f"{name} | {numel} | {sent} | {collective} | {cross_sent} | "
                         f"{cross_wire:.0f} | {dense:.0f}")
         return "\n".join(rows)
+
+
+def build_exchange(hvd: Any, collectives: Callable[[Any], Collectives], process_set: Any,
+                   compressor: Compressor, ops: Ops, *, intra_node: Any = None,
+                   ranks_per_node: Optional[int] = None, average: bool = True,
+                   predivide: float = 1.0, collective: str = "auto") -> Exchange:
+    """The engine a framework wrapper runs: the flat :class:`Exchange` over ``process_set`` when
+    ``intra_node`` is None, else the :class:`TwoLevelExchange` over this rank's node and
+    cross-node process sets (registered, see :func:`registered_node_sets`). ``hvd`` is the
+    framework's Horovod module, ``collectives(process_set)`` its adapter."""
+    if intra_node is None:
+        if ranks_per_node is not None:
+            raise ValueError(f"ranks_per_node={ranks_per_node!r} without intra_node: the nodes "
+                             "matter to two-level compression only; pass intra_node=... (e.g. "
+                             "NoCompression() or FP16()) or leave ranks_per_node at None")
+        return Exchange(compressor, ops, collectives(process_set), average, predivide, collective)
+    intra = check_intra_node(intra_node)
+    if process_set is not hvd.global_process_set:
+        raise ValueError(f"intra_node={intra!r} with process_set={process_set}: two-level "
+                         "compression runs over all ranks (its own node and cross-node process "
+                         "sets); use process_set=hvd.global_process_set or intra_node=None")
+    node, cross = registered_node_sets(hvd, ranks_per_node)
+    return TwoLevelExchange(compressor, intra, ops, collectives(node), collectives(cross),
+                            average, predivide, collective)

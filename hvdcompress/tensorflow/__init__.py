@@ -13,6 +13,7 @@ from typing import Any
 
 from .backend import TFOps
 from .broadcast import broadcast_variables
+from .collectives import node_process_sets
 from .keras.optimizer import DistributedOptimizer as _KerasDistributedOptimizer
 from .state import CompressionState, compression_state
 from .tape import DistributedGradientTape
@@ -26,4 +27,4 @@ def DistributedOptimizer(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 __all__ = ["DistributedGradientTape", "DistributedOptimizer", "TFOps", "CompressionState",
-           "compression_state", "broadcast_variables"]
+           "compression_state", "broadcast_variables", "node_process_sets"]

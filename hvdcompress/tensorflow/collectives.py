@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Optional
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from .. import two_level
 from ..exchange import Collectives
 
 
@@ -62,3 +63,10 @@ class HorovodCollectives(Collectives):
                                                      self._name(f"{tag}.{dtype.name}"))):
                     out[i] = result
         return out
+
+
+def node_process_sets(ranks_per_node: Optional[int] = None) -> list:
+    """The process sets of two-level compression (``intra_node=``), to register on every rank:
+    ``hvd.init(process_sets=hvdcompress.tensorflow.node_process_sets())`` (see
+    :func:`hvdcompress.torch.node_process_sets` and :mod:`hvdcompress.two_level`)."""
+    return two_level.node_process_sets(hvd, ranks_per_node)

@@ -35,7 +35,7 @@ import tensorflow as tf
 from ..accounting import ByteCount
 from ..clipping import check_clip_grad_norm, local_clip_limit
 from ..compressor import Compressor, TensorInfo
-from ..exchange import Exchange
+from ..two_level import build_exchange
 from .backend import TFOps
 from .collectives import HorovodCollectives
 from .state import compression_state
@@ -56,6 +56,8 @@ class ExchangeOptions:
     process_set: Any = hvd.global_process_set
     clip_grad_norm: Any = None
     collective: str = "auto"
+    intra_node: Any = None        # two-level compression: see hvdcompress.two_level
+    ranks_per_node: Any = None
 
     def __post_init__(self) -> None:
         for key in ("device_dense", "device_sparse"):
@@ -125,11 +127,13 @@ class GradientExchange:
         self.momentum = momentum
         self.nesterov = nesterov
         self.state = compression_state(compressor)
-        self.engine = Exchange(compressor, OPS,
-                               HorovodCollectives(options.process_set, options.device_dense),
-                               average=options.op == hvd.Average,
-                               predivide=options.gradient_predivide_factor,
-                               collective=options.collective)
+        self.engine = build_exchange(hvd, lambda ps: HorovodCollectives(ps, options.device_dense),
+                                     options.process_set, compressor, OPS,
+                                     intra_node=options.intra_node,
+                                     ranks_per_node=options.ranks_per_node,
+                                     average=options.op == hvd.Average,
+                                     predivide=options.gradient_predivide_factor,
+                                     collective=options.collective)
 
     # ---- entry point --------------------------------------------------------------------------
     @tf.autograph.experimental.do_not_convert  # plain Python on Python values: nothing to convert

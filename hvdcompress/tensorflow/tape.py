@@ -43,7 +43,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             sparse_as_dense: bool = False, op=hvd.Average,
                             gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                             groups=None, process_set=hvd.global_process_set,
-                            clip_grad_norm: float = None, collective: str = "auto") -> tf.GradientTape:
+                            clip_grad_norm: float = None, collective: str = "auto",
+                            intra_node: Any = None, ranks_per_node: int = None) -> tf.GradientTape:
     """Wrap ``gradtape`` so that :meth:`gradient` returns gradients averaged over ranks.
 
     Arguments are those of ``horovod.tensorflow.DistributedGradientTape``; ``compression`` takes
@@ -53,7 +54,10 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     ``clip_grad_norm=c``: each rank clips its local gradients together to ``c / sqrt(N)``
     before compression (see :mod:`hvdcompress.clipping`); the way to clip with compression.
     ``collective``: ``"auto"`` | ``"allgather"`` | ``"alltoall"``, as on the torch optimizer
-    (see :mod:`hvdcompress.exchange`).
+    (see :mod:`hvdcompress.exchange`). ``intra_node`` / ``ranks_per_node``: two-level
+    compression, as on the torch optimizer (:mod:`hvdcompress.two_level`; register the process
+    sets with ``hvd.init(process_sets=hvdcompress.tensorflow.node_process_sets())``). The tape is
+    created every step, its exchange with it: build it with the same arguments on every rank.
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"gradtape={gradtape!r}: allowed: a tf.GradientTape")
@@ -62,7 +66,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
         groups = groups if groups is not None else num_groups
     options = ExchangeOptions(device_dense, device_sparse, sparse_as_dense, op,
                               gradient_predivide_factor, groups, process_set, clip_grad_norm,
-                              collective)
+                              collective, intra_node, ranks_per_node)
     cls = subclass_with(gradtape.__class__, _DistributedGradientTape)
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)

@@ -8,6 +8,8 @@ Migration from Horovod is the import::
 """
 from ..schedule import SparsityScheduler
 from .backend import TorchOps
+from .collectives import node_process_sets
 from .optimizer import DistributedOptimizer, broadcast_optimizer_state
 
-__all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "SparsityScheduler", "TorchOps"]
+__all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "SparsityScheduler", "TorchOps",
+           "node_process_sets"]

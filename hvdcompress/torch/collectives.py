@@ -3,10 +3,11 @@
 ``synchronize()``, so communication overlaps the backward pass."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import horovod.torch as hvd
 
+from .. import two_level
 from ..exchange import Collectives
 
 
@@ -48,3 +49,11 @@ class HorovodCollectives(Collectives):
         if isinstance(handle, list):  # alltoall: (output, received splits) per tensor
             return [hvd.synchronize(h)[0] for h in handle]
         return list(hvd.synchronize(handle))
+
+
+def node_process_sets(ranks_per_node: Optional[int] = None) -> list:
+    """The process sets of two-level compression (``intra_node=``), to register on every rank:
+    ``hvd.init(process_sets=hvdcompress.torch.node_process_sets())``. Computed from horovodrun's
+    HOROVOD_SIZE / HOROVOD_LOCAL_SIZE before ``hvd.init`` (``ranks_per_node`` overrides the local
+    size, e.g. to emulate nodes on one machine); see :mod:`hvdcompress.two_level`."""
+    return two_level.node_process_sets(hvd, ranks_per_node)

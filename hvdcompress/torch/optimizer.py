@@ -38,7 +38,7 @@ import torch
 from ..accounting import ByteCount
 from ..clipping import check_clip_grad_norm
 from ..compressor import Compressor, TensorInfo
-from ..exchange import Exchange
+from ..two_level import build_exchange
 from ..registry import as_compressor
 from .backend import TorchOps
 from .clipping import clip_local_gradients
@@ -67,7 +67,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
                  sparse_as_dense=False, process_set=hvd.global_process_set, defaults=None,
-                 clip_grad_norm=None, collective="auto"):
+                 clip_grad_norm=None, collective="auto", intra_node=None, ranks_per_node=None):
         try:
             super(self.__class__, self).__init__(params, **(defaults or {}))
         except TypeError:
@@ -87,8 +87,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._delay = {p: backward_passes_per_step for p in self._parameter_names}
         self._requires_update = set()
         self._comm = HorovodCollectives(process_set)
-        self._exchange = Exchange(compression, _OPS, self._comm, average=op == hvd.Average,
-                                  predivide=gradient_predivide_factor, collective=collective)
+        self._intra_node = intra_node
+        self._exchange = build_exchange(hvd, HorovodCollectives, process_set, compression, _OPS,
+                                        intra_node=intra_node, ranks_per_node=ranks_per_node,
+                                        average=op == hvd.Average,
+                                        predivide=gradient_predivide_factor, collective=collective)
         self._prepared = {}        # group id -> [Entry] compressed, not yet launched
         self._inflight = []        # launched rounds of the exchange engine
         self._sparse = {}          # p -> handle of Horovod's sparse allreduce
@@ -171,6 +174,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "compression": repr(self._compression),
                 "backward_passes_per_step": self.backward_passes_per_step,
                 "collective": self._exchange.collective,
+                "intra_node": repr(self._intra_node),
+                "ranks_per_node": None if self._intra_node is None else self._exchange.comm.world,
                 "op": int(self.op)}
         check_ranks_agree(mine, self.process_set, self._rank())
 
@@ -396,7 +401,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          groups=None, sparse_as_dense: bool = False,
                          process_set=hvd.global_process_set,
                          clip_grad_norm: Optional[float] = None,
-                         collective: str = "auto") -> torch.optim.Optimizer:
+                         collective: str = "auto", intra_node: Union[Compressor, Mapping, None] = None,
+                         ranks_per_node: Optional[int] = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are compressed, exchanged and averaged over ranks.
 
     Arguments are those of ``horovod.torch.DistributedOptimizer``; ``compression`` takes an
@@ -424,6 +430,18 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     otherwise), ``"allgather"`` or ``"alltoall"`` (a ValueError for a compressor that cannot run
     it). See :mod:`hvdcompress.exchange` for the cost model; rank 0 logs the plan once.
 
+    ``intra_node``: two-level compression (:mod:`hvdcompress.two_level`). None (default): the
+    flat exchange over ``process_set``. A mild compressor (``NoCompression()``: full precision,
+    ``FP16()``, ``BF16()``, ``Int8()``): each node reduce-scatters the gradients with it, each
+    local rank exchanges its shard between nodes with ``compression`` (by the collective that
+    ``collective`` picks for the shard at the number of nodes), and the node all-gathers the
+    result: inter-node bytes divide by the ranks per node. ``ranks_per_node`` (default Horovod's
+    local size) must divide the world size; the node and cross-node process sets must be
+    registered on every rank: ``hvd.init(process_sets=hvdcompress.torch.node_process_sets())``
+    (or HOROVOD_DYNAMIC_PROCESS_SETS=1, and the optimizer registers them). A compressor that
+    takes the momentum over applies it to the node-summed shard. ``last_step_bytes`` then
+    counts the bytes sent between nodes.
+
     A rank outside ``process_set`` builds the optimizer, does no collective for it, and its
     ``step()`` applies its own local gradients with the wrapped optimizer, as Horovod's does.
     """
@@ -446,7 +464,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compressor, backward_passes_per_step,
                   op, gradient_predivide_factor, groups, sparse_as_dense, process_set,
-                  dict(optimizer.defaults), clip_grad_norm, collective)
+                  dict(optimizer.defaults), clip_grad_norm, collective, intra_node, ranks_per_node)
     wrapped.state.update(optimizer.state)
     return wrapped
 

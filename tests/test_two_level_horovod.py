@@ -1,0 +1,50 @@
+"""Two-level compression under real Horovod processes (nodes emulated on one machine with
+ranks_per_node, process sets registered at hvd.init by node_process_sets): the torch optimizer at
+4 ranks (2 nodes x 2) against tests/test_two_level.py's numpy reference and against the flat
+exchange, and 16 ranks (4 x 4) with a tiny model."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import run_horovod
+from test_two_level import gradient, reference_fp16_onebit
+
+pytestmark = pytest.mark.horovod
+
+
+def integer_average(size: int, n: int, steps: int) -> np.ndarray:
+    """w after SGD lr 1 from 0 on the average of integer-valued gradients (exact in float32)."""
+    w = np.zeros(n, np.float32)
+    for step in range(steps):
+        w = w - sum(gradient(r, n, 100 * step, True) for r in range(size)) / np.float32(size)
+    return w
+
+
+def test_torch_two_level_at_2_nodes_of_2_matches_numpy_and_the_flat_allreduce():
+    results = run_horovod("torch_two_level.py", np=4, args=["2", "reference"], timeout=420)
+    assert len(results) == 4
+    w = np.zeros(999, np.float32)
+    for update in reference_fp16_onebit(2, 2, 999, 3):
+        w = w - update
+    for r in results:
+        np.testing.assert_allclose(r["w"], w, rtol=1e-5, atol=1e-6)
+        # NoCompression on both levels: the flat allreduce's bits (integer-valued gradients)
+        assert r["exact"] == r["flat"] == integer_average(4, 1001, 2).tolist()
+        assert (r["inter_node"], r["dense"]) == (-(-500 // 8) + 4, 4 * 999)  # a 1-bit shard of 500
+        assert r["dgc_state"] == ["cross.momentum", "cross.velocity"]
+    for key in ("w", "dgc_w"):
+        assert all(r[key] == results[0][key] for r in results)
+
+
+def test_torch_two_level_at_4_nodes_of_4():
+    """16 ranks: NoCompression on both levels equals the flat allreduce bit for bit (integer
+    gradients); FP16 inside + DGC across ends with identical parameters everywhere, each rank
+    sending one 1/4 shard's sparse payload between nodes."""
+    results = run_horovod("torch_two_level.py", np=16, args=["4", "scale"], timeout=600)
+    assert len(results) == 16
+    expected = integer_average(16, 4096, 2).tolist()
+    for r in results:
+        assert r["exact"] == r["flat"] == expected
+        assert r["dgc_w"] == results[0]["dgc_w"] and np.any(np.asarray(r["dgc_w"]) != 0)
+        assert r["inter_node"] < 4 * 4096 / 4 / 20   # sparse 1/4 shard (DGC 0.99: ~10 values + indices)

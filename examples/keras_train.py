@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import hvdcompress
 import hvdcompress.tensorflow.keras as hvck
-from tensorflow2_train import build_model, compare, dgc_params, load_data
+from tensorflow2_train import build_model, compare, dgc_params, load_data, two_level
 
 
 def train(args: argparse.Namespace, use_dgc: bool) -> dict:
@@ -25,7 +25,7 @@ def train(args: argparse.Namespace, use_dgc: bool) -> dict:
     model = build_model(args.hidden, args.seed)
     compression = hvdcompress.from_params(dgc_params(args)) if use_dgc else None
     opt = hvck.DistributedOptimizer(tf.keras.optimizers.SGD(args.lr, momentum=0.9),
-                                    compression=compression)
+                                    compression=compression, **two_level(args, use_dgc))
     model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], jit_compile=False)
     callbacks = [hvck.callbacks.BroadcastGlobalVariablesCallback(0)]

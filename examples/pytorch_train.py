@@ -6,7 +6,9 @@
 
 ``--params`` takes any compressor of the registry with its options, BytePS style (key=value,
 comma-separated; see ``hvdcompress.available()`` and ``hvdcompress.from_params``), e.g.
-``compressor=powersgd,rank=4`` or ``compressor=int8,chunk=1024``. The data ships inside scikit-learn (no download). Each rank trains on its own shard; rank 0
+``compressor=powersgd,rank=4`` or ``compressor=int8,chunk=1024``. ``--intra-node fp16`` adds
+two-level compression (fp16 inside each node, the compressor only between nodes;
+``--ranks-per-node 2`` emulates 2-rank nodes on one machine). The data ships inside scikit-learn (no download). Each rank trains on its own shard; rank 0
 prints a progress bar; at the end every rank reports test accuracy, mean step time and the
 gradient bytes of one step after warm-up (dense vs sent by this rank) with
 ``hvdcompress.launch.write_result``: a ``RESULT {json}`` line on stdout when run by hand as above,
@@ -28,7 +30,8 @@ from tqdm import tqdm
 import hvdcompress.torch as hvc
 from hvdcompress.launch import write_result
 
-from compression_cli import add_compression_arguments, compression_from_args  # examples/
+from compression_cli import (add_compression_arguments, compression_from_args,  # examples/
+                             init_horovod, intra_node_from_args)
 
 
 def load_data(rank: int, size: int):
@@ -58,7 +61,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args()
 
-    hvd.init()
+    init_horovod(hvd, args)
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     x_tr, y_tr, x_te, y_te = load_data(hvd.rank(), hvd.size())
@@ -67,7 +70,8 @@ def main() -> None:
     compression = compression_from_args(parser, args)
     opt = hvc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                    named_parameters=model.named_parameters(),
-                                   compression=compression)
+                                   compression=compression, intra_node=intra_node_from_args(args),
+                                   ranks_per_node=args.ranks_per_node)
     warmup = hvc.SparsityScheduler(opt)
     steps_per_epoch = len(x_tr) // args.batch_size
     bar = tqdm(total=args.epochs * steps_per_epoch, disable=hvd.rank() != 0,

@@ -26,6 +26,8 @@ import hvdcompress
 import hvdcompress.tensorflow as hvc
 from hvdcompress.registry import parse_params
 
+from compression_cli import add_intra_node_arguments, init_horovod, intra_node_from_args  # examples/
+
 
 def load_data(rank: int, size: int) -> tuple:
     """This rank's shard of the training split, and the whole test split."""
@@ -58,6 +60,14 @@ def dgc_params(args: argparse.Namespace) -> dict:
     return {"compressor": "dgc", "sparsity": args.sparsity, "warmup_epochs": args.warmup_epochs}
 
 
+def two_level(args: argparse.Namespace, use_dgc: bool) -> dict:
+    """The compressed run's ``intra_node`` / ``ranks_per_node`` from ``--intra-node`` (the dense
+    run stays flat, as Horovod's)."""
+    if not use_dgc or args.intra_node is None:
+        return {}
+    return {"intra_node": intra_node_from_args(args), "ranks_per_node": args.ranks_per_node}
+
+
 def train(args: argparse.Namespace, use_dgc: bool) -> dict:
     x_tr, y_tr, x_te, y_te = load_data(hvd.rank(), hvd.size())
     model = build_model(args.hidden, args.seed)
@@ -75,7 +85,7 @@ def train(args: argparse.Namespace, use_dgc: bool) -> dict:
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
-        tape = hvc.DistributedGradientTape(tape, compression=compression)
+        tape = hvc.DistributedGradientTape(tape, compression=compression, **two_level(args, use_dgc))
         tapes.append(tape)  # at trace time: to read its byte counts afterwards
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
@@ -118,8 +128,9 @@ def compare(train: Callable[[argparse.Namespace, bool], dict], description: str)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--seed", type=int, default=42)
+    add_intra_node_arguments(parser)
     args = parser.parse_args()
-    hvd.init()
+    init_horovod(hvd, args)
     results = [train(args, use_dgc) for use_dgc in (False, True)]
     if hvd.rank() == 0:
         for r in results:

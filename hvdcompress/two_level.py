@@ -196,15 +196,19 @@ class TwoLevelExchange(Exchange):
     def _cross_info(self, info: TensorInfo, length: int) -> TensorInfo:
         """The shard's info for the aggressive compressor: named by the local rank (the same on
         every rank of the cross-node set), the cross set's world and rank, the optimizer's
-        momentum settings, and the parameter shard times L (weight decay for L ranks)."""
+        momentum settings, and the parameter shard times L (weight decay for L ranks). A matrix
+        whose rows L divides keeps its shape for its shard of rows (PowerSGD compresses it);
+        any other shard is a vector."""
         me, per_node = self.comm.rank, self.comm.world
         param = None
         if info.param is not None and self.cross.compressor.takes_over_momentum:
             padded = info.param if length * per_node == info.numel else self.ops.concat(
                 [info.param, self.ops.zeros(length * per_node - info.numel, like=info.param)])
             param = self.ops.split(padded, [length] * per_node)[me] * float(per_node)
+        rows = info.shape[0] if len(info.shape) >= 2 else 0
+        shape = (rows // per_node, *info.shape[1:]) if rows and rows % per_node == 0 else (length,)
         return TensorInfo(name=f"{info.name}#shard{me}", numel=length, world=self.cross.comm.world,
-                          shape=(length,), rank=self.cross.comm.rank, param=param,
+                          shape=shape, rank=self.cross.comm.rank, param=param,
                           momentum=info.momentum, nesterov=info.nesterov,
                           weight_decay=info.weight_decay)
 

@@ -48,3 +48,15 @@ def test_torch_two_level_at_4_nodes_of_4():
         assert r["exact"] == r["flat"] == expected
         assert r["dgc_w"] == results[0]["dgc_w"] and np.any(np.asarray(r["dgc_w"]) != 0)
         assert r["inter_node"] < 4 * 4096 / 4 / 20   # sparse 1/4 shard (DGC 0.99: ~10 values + indices)
+
+
+def test_tf_tape_and_keras_two_level_at_2_nodes_of_2():
+    results = run_horovod("tf_two_level.py", np=4, timeout=420)
+    assert len(results) == 4
+    w = np.zeros(999, np.float32)
+    for update in reference_fp16_onebit(2, 2, 999, 3):
+        w = w - update
+    for r in results:
+        np.testing.assert_allclose(r["w"], w, rtol=1e-5, atol=1e-6)
+        assert r["exact"] == r["flat"] == integer_average(4, 1001, 2).tolist()
+    assert all(r["w"] == results[0]["w"] for r in results)

@@ -140,7 +140,8 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
                          op=hvd.Average, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
                          groups=None, process_set=hvd.global_process_set,
-                         clip_grad_norm: float = None, collective: str = "auto") -> Any:
+                         clip_grad_norm: float = None, collective: str = "auto",
+                         intra_node: Any = None, ranks_per_node: int = None) -> Any:
     """Wrap a Keras ``optimizer`` so that gradients are compressed, exchanged and averaged.
 
     Arguments are those of ``horovod.tensorflow.keras.DistributedOptimizer``; ``compression``
@@ -153,7 +154,9 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     ``clipnorm`` / ``global_clipnorm`` / ``clipvalue`` act on the exchanged update, which, with a
     compressor that applies the momentum or keeps a residual, is not the gradient: that warns.
     ``collective``: ``"auto"`` | ``"allgather"`` | ``"alltoall"``, as on the torch optimizer
-    (see :mod:`hvdcompress.exchange`).
+    (see :mod:`hvdcompress.exchange`). ``intra_node`` / ``ranks_per_node``: two-level
+    compression, as on the torch optimizer (:mod:`hvdcompress.two_level`; register the process
+    sets with ``hvd.init(process_sets=hvdcompress.tensorflow.node_process_sets())``).
     """
     if not isinstance(optimizer, _keras_classes("Optimizer")):
         raise TypeError(f"optimizer={optimizer!r}: allowed: a Keras optimizer "
@@ -167,7 +170,7 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
         groups = groups if groups is not None else num_groups
     options = ExchangeOptions(device_dense, device_sparse, sparse_as_dense, op,
                               gradient_predivide_factor, groups, process_set, clip_grad_norm,
-                              collective)
+                              collective, intra_node, ranks_per_node)
     compressor = as_compressor(compression)
     config = optimizer.get_config()
     _warn_keras_clipping(compressor, config)

@@ -13,6 +13,7 @@ import hvdcompress as hc
 from hvdcompress.compressor import TensorInfo
 from hvdcompress.exchange import Exchange
 from hvdcompress.torch.backend import TorchOps
+from hvdcompress import two_level as tl
 from hvdcompress.two_level import TwoLevelExchange, check_intra_node, node_layout
 from simulator import run_nodes
 from test_exchange import onebit
@@ -273,3 +274,84 @@ def test_node_layout():
 def test_bad_ranks_per_node_is_a_value_error(size, per_node):
     with pytest.raises(ValueError, match=rf"ranks_per_node={per_node!r} with {size} ranks.*divisor"):
         node_layout(size, per_node)
+
+
+class FakeHorovod:
+    """The few calls of Horovod's API that hvdcompress.two_level makes, for one rank."""
+
+    global_process_set = object()
+
+    class ProcessSet:
+        def __init__(self, ranks):
+            self.ranks, self.process_set_id = list(ranks), None
+
+    def __init__(self, size, local_size, rank, initialized=True, local_rank=None, cross_rank=None):
+        self._size, self._local, self._rank, self._init = size, local_size, rank, initialized
+        self._local_rank = rank % local_size if local_rank is None else local_rank
+        self._cross_rank = rank // local_size if cross_rank is None else cross_rank
+        self.added = []
+
+    def is_initialized(self): return self._init
+    def size(self): return self._size
+    def local_size(self): return self._local
+    def rank(self): return self._rank
+    def local_rank(self): return self._local_rank
+    def cross_rank(self): return self._cross_rank
+
+    def add_process_set(self, ps):
+        ps.process_set_id = len(self.added) + 1
+        self.added.append(ps.ranks)
+        return ps
+
+
+@pytest.fixture
+def fresh_sets(monkeypatch):
+    monkeypatch.setattr(tl, "_SETS", {})
+    monkeypatch.delenv("HOROVOD_DYNAMIC_PROCESS_SETS", raising=False)
+
+
+def test_node_process_sets_from_horovodrun_variables(fresh_sets, monkeypatch):
+    monkeypatch.setenv("HOROVOD_SIZE", "8")
+    monkeypatch.setenv("HOROVOD_LOCAL_SIZE", "4")
+    hvd = FakeHorovod(8, 4, 0, initialized=False)
+    sets = tl.node_process_sets(hvd)
+    assert [ps.ranks for ps in sets] == [[0, 1, 2, 3], [4, 5, 6, 7], [0, 4], [1, 5], [2, 6], [3, 7]]
+    assert tl.node_process_sets(hvd) is sets   # the same objects: registered once
+    monkeypatch.delenv("HOROVOD_SIZE")
+    monkeypatch.setattr(tl, "_SETS", {})
+    with pytest.raises(ValueError, match="HOROVOD_SIZE is not set"):
+        tl.node_process_sets(hvd)
+
+
+def test_unregistered_process_sets_are_a_value_error_that_says_how(fresh_sets):
+    with pytest.raises(ValueError, match=r"hvd.init\(process_sets=hvdcompress.torch.node_process_sets"
+                                         r"\(ranks_per_node=2\)\).*HOROVOD_DYNAMIC_PROCESS_SETS=1"):
+        tl.registered_node_sets(FakeHorovod(4, 4, 1), 2)
+
+
+def test_registered_sets_are_found_and_dynamic_ones_added(fresh_sets, monkeypatch):
+    hvd = FakeHorovod(4, 4, 3)
+    for ps in tl.node_process_sets(hvd, 2):
+        ps.process_set_id = 9
+    node, cross = tl.registered_node_sets(hvd, 2)
+    assert (node.ranks, cross.ranks, hvd.added) == ([2, 3], [1, 3], [])
+    monkeypatch.setattr(tl, "_SETS", {})
+    monkeypatch.setenv("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
+    node, cross = tl.registered_node_sets(hvd, 2)
+    assert hvd.added == [[0, 1], [2, 3], [0, 2], [1, 3]] and cross.process_set_id == 4
+
+
+def test_ranks_not_placed_node_by_node_are_a_value_error(fresh_sets, monkeypatch):
+    monkeypatch.setenv("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
+    with pytest.raises(ValueError, match="rank 1 is local rank 0 on node 1, not 1 on 0"):
+        tl.registered_node_sets(FakeHorovod(4, 2, 1, local_rank=0, cross_rank=1), None)
+
+
+def test_build_exchange_checks(fresh_sets):
+    hvd = FakeHorovod(4, 2, 0)
+    with pytest.raises(ValueError, match="ranks_per_node=2 without intra_node"):
+        tl.build_exchange(hvd, None, hvd.global_process_set, hc.DGC(), OPS, ranks_per_node=2)
+    with pytest.raises(ValueError, match="two-level compression runs over all ranks"):
+        tl.build_exchange(hvd, None, object(), hc.DGC(), OPS, intra_node=hc.FP16())
+    with pytest.raises(ValueError, match="intra_node=DGC"):
+        tl.build_exchange(hvd, None, hvd.global_process_set, hc.DGC(), OPS, intra_node=hc.DGC())

@@ -38,7 +38,6 @@ def add_compression_arguments(parser: argparse.ArgumentParser, warmup_epochs: in
     parser.add_argument("--warmup-epochs", type=int, default=warmup_epochs,
                         help="DGC's exponential sparsity warm-up: epochs below the target "
                              "(from_params' warmup_epochs; 0: none)")
-    add_intra_node_arguments(parser)
 
 
 def add_intra_node_arguments(parser: argparse.ArgumentParser) -> None:

@@ -30,8 +30,8 @@ from tqdm import tqdm
 import hvdcompress.torch as hvc
 from hvdcompress.launch import write_result
 
-from compression_cli import (add_compression_arguments, compression_from_args,  # examples/
-                             init_horovod, intra_node_from_args)
+from compression_cli import (add_compression_arguments, add_intra_node_arguments,  # examples/
+                             compression_from_args, init_horovod, intra_node_from_args)
 
 
 def load_data(rank: int, size: int):
@@ -54,6 +54,7 @@ def build_model(hidden: int) -> torch.nn.Module:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     add_compression_arguments(parser)
+    add_intra_node_arguments(parser)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.05)

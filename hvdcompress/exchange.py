@@ -28,7 +28,9 @@ depends only on the compressor, the tensor's size and the number of ranks P):
   the allgather ((P-1) · B); at P = 2 both send B.
 
 Each multi-round algorithm (PowerSGD, CSC) keeps its rounds in :attr:`Packet.resume`; the
-engine runs them in turn. The result of each entry is the sum over ranks of what their
+engine runs them in turn. Each :class:`Send` of a round may name its own process set: the
+two-level exchange (:mod:`hvdcompress.two_level`) runs the node level over one and the shard's
+exchange between nodes over another, in the same rounds. The result of each entry is the sum over ranks of what their
 payloads stand for, times ``scale`` (predivide / P for an average).
 """
 from __future__ import annotations

@@ -23,8 +23,9 @@ test-unit: setup
 	PATH=$(VENV)/bin:$$PATH $(PY) -m pytest -q -p no:cacheprovider tests -m "not horovod"
 
 # The TF tests on TensorFlow 2.18 / Keras 3 (no torch: the cross-framework comparison skips).
+# TF runs the C++ kernel library, so the stamp depends on its sources too.
 # The first run builds Horovod against TF 2.18 (about 10 minutes, 2 compile jobs; cached).
-$(KERAS3_STAMP): setup.py pyproject.toml scripts/setup_env.sh
+$(KERAS3_STAMP): setup.py pyproject.toml scripts/setup_env.sh $(wildcard hvdcompress/ops/*.cpp hvdcompress/ops/*.h)
 	bash scripts/setup_env.sh $(KERAS3_VENV) keras3
 
 test-keras3: $(KERAS3_STAMP)

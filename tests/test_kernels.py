@@ -1,5 +1,6 @@
-"""Every kernel of hvdcompress/ops on both paths (C++ extension and plain-torch fallback) against
-numpy references written here. The extension path fails (does not skip) when it is not built."""
+"""Every kernel of hvdcompress/ops on both torch paths (the C++ kernel library through
+hvdcompress.ops.native, and the plain-torch fallback) against numpy references written here. The
+C++ path fails (does not skip) when the library is not built."""
 from __future__ import annotations
 
 import os

@@ -33,7 +33,8 @@ compressor that takes the optimizer's momentum over (DGC, CSC, ``Momentum``) app
 node-summed shard: u ← μ·u + s_j (momentum is linear, so this is the sum of the L ranks'
 momenta), and weight decay for the L ranks the shard stands for (the parameter shard is handed
 over times L: s_j + L·λ·w_j). DGC's own ``clip_norm`` then clips the node-summed shard by the
-number of nodes N. C₁'s state (if any) lives under ``seg<j>.`` and ``sum.``.
+number of nodes N. Size thresholds of C₂ (DGC's and CSC's ``min_numel``: smaller tensors go
+dense) see the shard's m = n / L elements. C₁'s state (if any) lives under ``seg<j>.`` and ``sum.``.
 
 Process sets: Horovod 0.28 needs them registered identically on every rank, either at
 ``hvd.init(process_sets=node_process_sets(hvd))`` or, with ``HOROVOD_DYNAMIC_PROCESS_SETS=1``

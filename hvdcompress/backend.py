@@ -56,15 +56,9 @@ class Ops(ABC):
 
     # --- elementwise and reductions ------------------------------------------------------
     @abstractmethod
-    def abs(self, x: Tensor) -> Tensor: ...
-
-    @abstractmethod
     def magnitude(self, x: Tensor) -> Tensor:
         """``|x|`` with NaN mapped to +inf, so selection by magnitude always picks non-finite
         elements and they reach every rank, as they would with a dense allreduce."""
-
-    @abstractmethod
-    def sign(self, x: Tensor) -> Tensor: ...
 
     @abstractmethod
     def where(self, cond: Tensor, a: Tensor, b: Tensor) -> Tensor: ...
@@ -72,20 +66,10 @@ class Ops(ABC):
     @abstractmethod
     def isfinite(self, x: Tensor) -> Tensor: ...
 
-    @abstractmethod
-    def ge(self, x: Tensor, threshold: Tensor) -> Tensor: ...
-
     def norm(self, x: Tensor) -> Tensor:
         """The L2 norm as a 0-d float32 tensor (kernels.h ``l2_norm``: squares summed in
         float64), of ``x`` cast to float32 if it is not."""
         return self._impl(x).l2_norm(self._as_float32(x))
-
-    @abstractmethod
-    def min(self, x: Tensor) -> Tensor: ...
-
-    @abstractmethod
-    def count(self, mask: Tensor) -> int:
-        """Number of true elements of a boolean tensor, as a Python int."""
 
     # --- selection ------------------------------------------------------------------------
     @abstractmethod
@@ -93,23 +77,12 @@ class Ops(ABC):
         """Indices of the ``k`` largest elements of ``x`` (NaN counts as largest), ascending."""
 
     @abstractmethod
-    def topk_values(self, x: Tensor, k: int) -> Tensor:
-        """The ``k`` largest values of ``x``, in any order."""
-
-    @abstractmethod
-    def nonzero(self, mask: Tensor) -> Tensor:
-        """Ascending int64 indices of the true elements of a boolean tensor."""
-
-    @abstractmethod
     def gather(self, x: Tensor, indices: Tensor) -> Tensor: ...
 
     @abstractmethod
-    def strided(self, x: Tensor, start: int, stride: int) -> Tensor:
-        """``x[start::stride]``."""
-
-    @abstractmethod
-    def scatter_add(self, n: int, indices: Tensor, values: Tensor) -> Tensor:
-        """A dense length-``n`` tensor: zeros, plus ``values`` added at ``indices`` (repeats sum)."""
+    def _scatter_add(self, n: int, indices: Tensor, values: Tensor) -> Tensor:
+        """:meth:`sparse_sum` for values other than float32, in their dtype: a dense length-``n``
+        tensor, zeros plus ``values`` added at the int64 ``indices`` (repeats sum)."""
 
     @abstractmethod
     def fill_at(self, x: Tensor, indices: Tensor, value: float) -> Tensor:
@@ -410,9 +383,12 @@ class Ops(ABC):
 
     def sparse_sum(self, n: int, indices: Tensor, values: Tensor,
                    out: Tensor | None = None) -> Tensor:
-        """A dense float32 length-``n`` tensor: zeros plus ``values`` added at ``indices`` (int32
-        or int64, repeats summed in order); an index outside [0, n) is an IndexError raised
-        before writing (kernels.h ``scatter_add``)."""
+        """A dense length-``n`` tensor of ``values``' dtype: zeros plus ``values`` added at
+        ``indices`` (int32 or int64, repeats summed in order). Float32 values go through the
+        kernel (kernels.h ``scatter_add``: an index outside [0, n) is an IndexError raised
+        before writing); other dtypes through the framework's own scatter-add."""
+        if self.dtype(values) != "float32":
+            return self.into(out, self._scatter_add(n, self.cast(indices, "int64"), values))
         self._check_x(values, "values")
         if self.dtype(indices) not in ("int32", "int64"):
             raise TypeError(f"indices must be int32 or int64, got {self.dtype(indices)}")

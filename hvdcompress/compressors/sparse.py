@@ -30,7 +30,7 @@ class SparseCompressor(Compressor):
         values, indices = tensors
         if ops.dtype(values) == "float32":  # the kernel: bounds-checked, no index cast
             return decode_into(ops, out, "float32", lambda buf: ops.sparse_sum(info.numel, indices, values, out=buf))
-        return ops.into(out, ops.scatter_add(info.numel, ops.cast(indices, "int64"), values))
+        return ops.sparse_sum(info.numel, indices, values, out=out)
 
     def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
                             world: int, out: Optional[Tensor] = None) -> Tensor:

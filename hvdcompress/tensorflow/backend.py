@@ -90,15 +90,9 @@ class TFOps(Ops):
         return float(tf.reshape(x, [-1])[0])
 
     # --- elementwise and reductions ------------------------------------------------------
-    def abs(self, x: Tensor) -> Tensor:
-        return tf.abs(x)
-
     def magnitude(self, x: Tensor) -> Tensor:
         a = tf.abs(x)
         return tf.where(tf.math.is_nan(a), tf.constant(np.inf, a.dtype), a)
-
-    def sign(self, x: Tensor) -> Tensor:
-        return tf.sign(x)
 
     def where(self, cond: Tensor, a: Tensor, b: Tensor) -> Tensor:
         return tf.where(cond, a, b)
@@ -106,34 +100,15 @@ class TFOps(Ops):
     def isfinite(self, x: Tensor) -> Tensor:
         return tf.math.is_finite(x)
 
-    def ge(self, x: Tensor, threshold: Tensor) -> Tensor:
-        return x >= threshold
-
-    def min(self, x: Tensor) -> Tensor:
-        return tf.reduce_min(x)
-
-    def count(self, mask: Tensor) -> int:
-        return int(tf.math.count_nonzero(mask))
-
     # --- selection ------------------------------------------------------------------------
     def topk_indices(self, x: Tensor, k: int) -> Tensor:
         return tf.sort(_as_int64(tf.math.top_k(x, k, sorted=False).indices))
 
-    def topk_values(self, x: Tensor, k: int) -> Tensor:
-        return tf.math.top_k(x, k, sorted=False).values
-
-    def nonzero(self, mask: Tensor) -> Tensor:
-        return tf.reshape(tf.where(mask), [-1])
-
     def gather(self, x: Tensor, indices: Tensor) -> Tensor:
         return tf.gather(x, indices)
 
-    def strided(self, x: Tensor, start: int, stride: int) -> Tensor:
-        return x[start::stride]
-
-    def scatter_add(self, n: int, indices: Tensor, values: Tensor) -> Tensor:
-        return tf.tensor_scatter_nd_add(tf.zeros([n], values.dtype),
-                                        tf.expand_dims(_as_int64(indices), 1), values)
+    def _scatter_add(self, n: int, indices: Tensor, values: Tensor) -> Tensor:
+        return tf.tensor_scatter_nd_add(tf.zeros([n], values.dtype), tf.expand_dims(indices, 1), values)
 
     def fill_at(self, x: Tensor, indices: Tensor, value: float) -> Tensor:
         if self._is_flat_float32(x):

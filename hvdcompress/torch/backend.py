@@ -145,29 +145,18 @@ class TorchOps(Ops):
 
     def scalar(self, x): return float(x)
 
-    def abs(self, x): return x.abs()
-
     def magnitude(self, x):
         return x.abs().nan_to_num_(nan=float("inf"))
 
-    def sign(self, x): return x.sign()
     def where(self, cond, a, b): return torch.where(cond, a, b)
     def isfinite(self, x): return torch.isfinite(x)
-    def ge(self, x, threshold): return x >= threshold
-    def min(self, x): return x.min()
-    def count(self, mask): return int(mask.sum())
 
     def topk_indices(self, x, k):
         return torch.topk(x, k, sorted=False).indices.sort().values
 
-    def topk_values(self, x, k):
-        return torch.topk(x, k, sorted=False).values
-
-    def nonzero(self, mask): return torch.nonzero(mask).view(-1)
     def gather(self, x, indices): return x[indices]
-    def strided(self, x, start, stride): return x[start::stride]
 
-    def scatter_add(self, n, indices, values):
+    def _scatter_add(self, n, indices, values):
         out = torch.zeros(n, dtype=values.dtype, device=values.device)
         return out.index_add_(0, indices, values)
 

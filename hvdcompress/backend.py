@@ -14,7 +14,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
+import numpy as np
+
 Tensor = Any
+#: A scalar: a Python number, or a 0-d / 1-element tensor on the data's device.
+Scalar = Any
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -294,21 +298,24 @@ class Ops(ABC):
         if residual is not None:
             self._check_same_size(x, residual, "residual")
         out = None if residual is None else self._in_place(residual)
-        return self._impl(x).twobit_pack(x, float(threshold), residual, out=out)
+        impl = self._impl(x)
+        return impl.twobit_pack(x, self._scalar_arg(impl, threshold), residual, out=out)
 
-    def levels_pack(self, x: Tensor, scale: float, levels: int, natural: bool, key: int) -> Tensor:
+    def levels_pack(self, x: Tensor, scale: Scalar, levels: int, natural: bool, key: int) -> Tensor:
         """Stochastic rounding of ``|x| * scale`` to ``levels`` levels, one int8 code per element
         (kernels.h ``levels_pack``). Unbiased when r <= levels (linear) or r <= 1 (natural)."""
         self._check_x(x)
         self._check_range("levels_pack: levels", levels, 1, 127)
         self._check_range("levels_pack: key", key, 0, 2 ** 32 - 1)
-        return self._impl(x).levels_pack(x, float(scale), int(levels), bool(natural), int(key))
+        impl = self._impl(x)
+        return impl.levels_pack(x, self._scalar_arg(impl, scale), int(levels), bool(natural), int(key))
 
-    def ternary_pack(self, x: Tensor, scale: float, key: int) -> Tensor:
+    def ternary_pack(self, x: Tensor, scale: Scalar, key: int) -> Tensor:
         """:meth:`levels_pack` with one linear level, as 2-bit codes (kernels.h ``ternary_pack``)."""
         self._check_x(x)
         self._check_range("ternary_pack: key", key, 0, 2 ** 32 - 1)
-        return self._impl(x).ternary_pack(x, float(scale), int(key))
+        impl = self._impl(x)
+        return impl.ternary_pack(x, self._scalar_arg(impl, scale), int(key))
 
     def natural_pack(self, x: Tensor, key: int) -> Tensor:
         """Natural compression, one byte per element (kernels.h ``natural_pack``; unbiased)."""
@@ -360,20 +367,59 @@ class Ops(ABC):
         return self._decode(out, n, lambda buf: self._impl(codes).minmax_unpack_sum(
             codes, bounds, int(n), int(chunk), out=buf))
 
-    def count_ge(self, x: Tensor, threshold: float) -> int:
-        """How many elements are selected: |x[i]| >= threshold, or x[i] is NaN."""
+    def count_ge(self, x: Tensor, threshold: Scalar) -> Scalar:
+        """How many elements are selected: |x[i]| >= threshold, or x[i] is NaN. A Python int
+        from the C++ kernels; a 0-d int64 tensor on x's device from the device implementations
+        (no host read)."""
         self._check_x(x)
-        return int(self._impl(x).count_ge(x, float(threshold)))
+        impl = self._impl(x)
+        return impl.count_ge(x, self._scalar_arg(impl, threshold))
 
-    def select_ge(self, x: Tensor, threshold: float) -> tuple:
-        """``(values, indices)`` of the elements :meth:`count_ge` selects, indices ascending int64."""
+    def select_ge(self, x: Tensor, threshold: Scalar) -> tuple:
+        """``(values, indices)`` of the elements :meth:`count_ge` selects, indices ascending int64.
+        The outputs' size depends on the data: the one host read a device path needs."""
         self._check_x(x)
-        return self._impl(x).select_ge(x, float(threshold))
+        impl = self._impl(x)
+        return impl.select_ge(x, self._scalar_arg(impl, threshold))
 
-    def sampled_threshold(self, x: Tensor, start: int, stride: int, top: int) -> float:
-        """The ``top``-th largest magnitude among ``x[start::stride]`` (kernels.h)."""
+    def sampled_threshold(self, x: Tensor, start: int, stride: int, top: int) -> Scalar:
+        """The ``top``-th largest magnitude among ``x[start::stride]`` (kernels.h): a Python float
+        from the C++ kernels, a 0-d float32 tensor on x's device from the device implementations
+        (no host read)."""
         self._check_x(x)
-        return float(self._impl(x).sampled_threshold(x, int(start), int(stride), int(top)))
+        return self._impl(x).sampled_threshold(x, int(start), int(stride), int(top))
+
+    def choose(self, cond: Any, a: Scalar, b: Scalar) -> Scalar:
+        """``a if cond else b`` for scalars: on the host when ``cond`` is a Python bool (the C++
+        kernels' results), else elementwise on the device (:meth:`where`), without a host read."""
+        if isinstance(cond, bool):
+            return a if cond else b
+        like = b if isinstance(a, (int, float)) else a
+        return self.where(cond, *(self.reshape(self.zeros(1, like=like), ()) + v
+                                  if isinstance(v, (int, float)) else v for v in (a, b)))
+
+    def shared_indices(self, n: int, k: int, key: int, like: Tensor) -> Tensor:
+        """``k`` distinct indices of [0, n), ascending int64 on ``like``'s device, the same on
+        every rank, path and framework for the same ``key``: those of the ``k`` smallest sort keys
+        ``uniform24(i, key) · 2³² + i`` (kernels.h's counter-based uniforms; a keyed random
+        order, ties broken by the index). Here computed with numpy on the host and copied to the
+        device (no device read); a backend may compute them on the device (torch does)."""
+        self._check_range("shared_indices: k", k, 0, n)
+        i = np.arange(n, dtype=np.uint64)
+        low32 = np.uint64(0xFFFFFFFF)
+        h = (i * np.uint64(0x9E3779B1) + np.uint64(key & 0xFFFFFFFF)) & low32
+        for shift, multiplier in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+            h = ((h ^ (h >> np.uint64(shift))) * np.uint64(multiplier)) & low32
+        order = ((h ^ (h >> np.uint64(16))) >> np.uint64(8) << np.uint64(32)) | i
+        return self.from_numpy(np.sort(np.partition(order, k - 1)[:k] & low32).astype(np.int64)
+                               if k else np.zeros(0, np.int64), like)
+
+    def _scalar_arg(self, impl: Any, value: Scalar) -> Scalar:
+        """A scalar argument for ``impl``: kept as a device tensor for an implementation that
+        reads scalars on the device (``DEVICE_SCALARS``), else a Python float."""
+        if isinstance(value, (int, float)):
+            return float(value)
+        return value if getattr(impl, "DEVICE_SCALARS", False) else self.scalar(value)
 
     def topk_abs(self, x: Tensor, k: int) -> tuple:
         """Exact top-k by magnitude: ``(values, indices)``, indices ascending int64 (kernels.h)."""

@@ -92,14 +92,27 @@ def test_topk_sends_nan_and_inf():
     assert np.isnan(values[0]) and values[1] == -np.inf
 
 
-def test_randomk_uses_shared_numpy_stream():
+def np_shared_indices(n: int, k: int, key: int) -> np.ndarray:
+    """RandomK's indices: the k smallest of uniform24(i, key) * 2**32 + i, uniform24 being
+    kernels.h's fmix32(uint32(i) * 0x9E3779B1 + key) >> 8 (Python integers, no vectorising)."""
+    def fmix32(h: int) -> int:
+        h ^= h >> 16
+        h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+        h ^= h >> 13
+        h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+        return h ^ (h >> 16)
+    order = sorted((fmix32((i * 0x9E3779B1 + key) & 0xFFFFFFFF) >> 8, i) for i in range(n))
+    return np.array(sorted(i for _, i in order[:k]), dtype=np.int64)
+
+
+def test_randomk_draws_shared_counter_based_indices():
     x = grad(1000)
     comp = hc.RandomK(0.02, seed=7, scale=True)
     state = {}
     for step in range(2):
         (values,), dense, state, packet = roundtrip(comp, x, state, TensorInfo("layer.w", 1000))
-        rng = np.random.default_rng([7, step, zlib.crc32(b"layer.w")])
-        idx = np.sort(rng.choice(1000, size=20, replace=False))
+        idx = np_shared_indices(1000, 20, zlib.crc32(f"7:{step}:layer.w".encode()))
+        assert len(set(idx)) == 20
         assert packet.summable
         np.testing.assert_array_equal(values, x[idx] * np.float32(1000 / 20))
         np.testing.assert_array_equal(dense, np_dense(1000, idx, x[idx] * np.float32(50)))

@@ -37,6 +37,9 @@ SPECS = [
     {"compressor": "dgc", "sparsity": "0.99", "min_numel": "0", "fp16_values": "true",
      "resample": "false", "clip_norm": "1.0"},
     {"compressor": "dgc", "sparsity": "0.99"},  # below min_numel: dense
+    # tight bounds: the threshold adaptation runs (a host loop on C++, a device loop elsewhere)
+    {"compressor": "dgc", "sparsity": "0.99", "min_numel": "0", "upper": "1.01", "lower": "0.99",
+     "resample": "false", "max_adaptation_iters": "4"},
     {"compressor": "csc", "ratio": "0.1", "chunk": "64", "min_numel": "0"},
     {"compressor": "csc", "ratio": "0.05", "chunk": "100", "min_numel": "0", "momentum": "nesterov"},
     {"compressor": "csc"},  # below min_numel: dense

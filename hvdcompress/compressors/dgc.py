@@ -37,7 +37,7 @@ import math
 from typing import Any, Optional, Union
 
 from ..compressor import Packet, TensorInfo, check_float_tensor
-from ..backend import Ops, Tensor
+from ..backend import Ops, Scalar, Tensor
 from ..schedule import Schedule, SparsityWarmup
 from ..validation import check_int, check_range
 from .sparse import SparseCompressor
@@ -85,7 +85,9 @@ class MomentumCorrection(SparsityWarmup, SparseCompressor):
             g = g + info.param * wd
         if self.clip_norm is not None:
             limit = self.clip_norm / math.sqrt(info.world)
-            g = g * min(1.0, limit / (ops.scalar(ops.norm(g)) + 1e-6))
+            norm = ops.cast(ops.norm(g), "float64")  # min(1, limit / (‖g‖ + 1e-6)) in float64, on the device
+            factor = (ops.reshape(ops.zeros(1, like=norm), ()) + limit) / (norm + 1e-6)
+            g = g * ops.cast(ops.choose(factor < 1.0, factor, 1.0), ops.dtype(g))
         mu = info.momentum if self.momentum is None else self.momentum
         nesterov = info.nesterov if self.nesterov is None else self.nesterov
         if info.numel < self.min_numel or self.current_sparsity == 0.0:  # dense: a new tensor for the collective
@@ -155,6 +157,29 @@ class DGC(MomentumCorrection):
         values, indices = tensors
         return super().decompress(ops, [ops.cast(values, ctx), indices], ctx, info, out)
 
+    def adapt(self, ops: Ops, v32: Tensor, threshold: Scalar, k: int) -> Scalar:
+        """The sampled threshold adapted to the count it selects: while that count is below
+        ``lower·k`` (or above ``upper·k`` without ``resample``) the threshold is scaled by
+        ``lower`` (``upper``) and the count taken again, at most ``max_adaptation_iters`` times.
+
+        On the host (the C++ kernels' Python numbers) the loop stops at the first count in
+        range. On a device the threshold and the counts are 0-d tensors and the loop is restated
+        without a host read: every iteration runs, and once a count is in range the threshold
+        and count are frozen (``active`` stays false), which gives the host loop's result at
+        the price of ``max_adaptation_iters`` counting passes instead of usually one."""
+        count = ops.count_ge(v32, threshold)
+        active = True
+        for _ in range(self.max_adaptation_iters):
+            too_many = (count > k * self.upper) & (not self.resample)
+            too_few = count < k * self.lower
+            active = active & (too_many | too_few)
+            if active is False:
+                break
+            threshold = ops.choose(active & too_few, threshold * self.lower,
+                                   ops.choose(active & too_many, threshold * self.upper, threshold))
+            count = ops.choose(active, ops.count_ge(v32, threshold), count)
+        return threshold
+
     def select(self, ops: Ops, v: Tensor, density: float, info: TensorInfo) -> tuple:
         """``(values, indices)`` of about ``⌈n·density⌉`` largest-magnitude elements of ``v``
         (see the module doc); magnitudes are compared in float32."""
@@ -169,20 +194,14 @@ class DGC(MomentumCorrection):
             start = step_key(self.seed, self._step, info.name) % stride
         samples = (n - start + stride - 1) // stride
         threshold = ops.sampled_threshold(v32, start, stride, resolve_k(density, samples))
-        if math.isnan(threshold):  # NaNs fill the sample's top: send the non-finite elements
-            threshold = math.inf
-        values, indices = ops.select_ge(v32, threshold)  # usually final: one pass, no count
-        selected_at, count = threshold, ops.numel(values)
-        for _ in range(self.max_adaptation_iters if sampled else 0):
-            if count > k * self.upper and not self.resample:
-                threshold *= self.upper
-            elif count < k * self.lower:
-                threshold *= self.lower
-            else:
-                break
-            count = ops.count_ge(v32, threshold)
-        if threshold != selected_at:
-            values, indices = ops.select_ge(v32, threshold)
+        if not isinstance(threshold, float):  # a device tensor: scaled in float64, as a Python float
+            threshold = ops.cast(threshold, "float64")  # (rounded to float32 where compared, as in C++)
+        # NaNs fill the sample's top: send the non-finite elements
+        threshold = ops.choose(threshold != threshold, math.inf, threshold)
+        if sampled and self.max_adaptation_iters:
+            threshold = self.adapt(ops, v32, threshold, k)
+        values, indices = ops.select_ge(v32, threshold)
+        count = ops.numel(values)  # the selection's size: the one host read on a device
         if sampled and self.resample and count > k * self.upper:
             values, best = ops.topk_abs(values, k)
             indices = ops.gather(indices, best)

@@ -25,7 +25,6 @@ from ..backend import Ops, Tensor
 from ..compressor import TensorInfo
 from ..validation import check_choice, check_int
 from ..keys import next_rank_key
-from .payload import constant
 from .quant import TableQuantizer
 
 
@@ -66,12 +65,13 @@ class Dithering(TableQuantizer):
 
     def encode(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Tuple[Tensor, Tensor]:
         key = next_rank_key(self.seed, state, info.name, info.rank)
-        norm = ops.scalar(ops.max_abs(x) if self.norm == "max" else ops.norm(x))
+        norm = ops.reshape(ops.max_abs(x) if self.norm == "max" else ops.norm(x), (1,))
         natural = self.partition == "natural"
-        top = np.float32(1.0 if natural else self.levels)
-        inv = float(top / np.float32(norm)) if np.isfinite(norm) and norm > 0 else 0.0
+        zero = ops.zeros(1, like=norm)
+        top = zero + (1.0 if natural else float(self.levels))  # a tensor: top / norm is IEEE division
+        inv = ops.where(ops.isfinite(norm) & (norm > 0), top / norm, zero)  # on the device: no host read
         if self.levels == 1:
             codes = ops.ternary_pack(x, inv, key)
         else:
             codes = ops.levels_pack(x, inv, self.levels, natural, key)
-        return codes, constant(ops, norm, x)
+        return codes, norm

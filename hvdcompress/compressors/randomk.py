@@ -1,8 +1,10 @@
 """Random-k sparsification with a shared seed (Stich et al. 2018; GRACE's randomk).
 
-Every rank draws the same k indices from ``numpy.random.default_rng([seed, step, tensor_id])``
-(without replacement, ascending), so only the k values travel and they can be summed by
-allreduce: 4k bytes per rank, with no index bytes and no allgather growth with the number of
+Every rank draws the same k indices (without replacement, ascending) from the key
+``step_key(seed, step, name)``: the k smallest of ``uniform24(i, key)·2³² + i``, kernels.h's
+counter-based hash (:meth:`hvdcompress.backend.Ops.shared_indices`), computed on the tensor's
+device (torch) or with numpy (TensorFlow), bit-identical, with no host read. So only the k values
+travel and they can be summed by allreduce: 4k bytes per rank, with no index bytes and no allgather growth with the number of
 ranks. Unbiased only with ``scale=True`` (values multiplied by n/k, which raises the variance by
 the same factor); without it, pair it with error feedback. Cheaper than top-k (no sort) but it
 drops large and small elements alike, so it converges more slowly at the same k.
@@ -11,20 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-import numpy as np
-
 from ..compressor import Packet, TensorInfo, check_float_tensor
 from ..backend import Ops, Tensor
 from ..validation import check_int
-from ..keys import advance_step, generator, tensor_id
+from ..keys import advance_step, step_key
 from .density import check_k, resolve_k
 from .sparse import SparseCompressor
-
-
-def shared_indices(seed: int, step: int, name: str, numel: int, k: int) -> np.ndarray:
-    """The indices every rank selects for tensor ``name`` at ``step`` (ascending int64)."""
-    rng = generator(seed, step, tensor_id(name))
-    return np.sort(rng.choice(numel, size=k, replace=False)).astype(np.int64)
 
 
 class RandomK(SparseCompressor):
@@ -44,7 +38,7 @@ class RandomK(SparseCompressor):
         check_float_tensor(ops, x, info)
         step = advance_step(state)
         k = resolve_k(self.k, info.numel)
-        indices = ops.from_numpy(shared_indices(self.seed, step, info.name, info.numel, k), x)
+        indices = ops.shared_indices(info.numel, k, step_key(self.seed, step, info.name), like=x)
         values = ops.gather(x, indices)
         if self.scale:
             values = values * (info.numel / k)

@@ -17,6 +17,10 @@ from .layout import SHIFTS, packed_bytes
 
 Tensor = torch.Tensor
 
+#: Scalar arguments (thresholds, ``inv``) may be 0-d or 1-element tensors on the data's device,
+#: and ``count_ge`` and ``sampled_threshold`` return 0-d tensors there: no host reads.
+DEVICE_SCALARS = True
+
 def _pack(codes: Tensor, bits: int) -> Tensor:
     """Integer codes (< 2**bits) packed first-element-in-the-highest-bits, as uint8."""
     per = 8 // bits
@@ -59,6 +63,14 @@ def uniform24(n: int, key: int, device) -> Tensor:
     h = _mul32(h ^ (h >> 16), _M1)
     h = _mul32(h ^ (h >> 13), _M2)
     return (h ^ (h >> 16)) >> 8
+
+
+def shared_indices(n: int, k: int, key: int, device) -> Tensor:
+    """``k`` distinct indices of [0, n), ascending int64: those of the ``k`` smallest sort keys
+    ``uniform24(i, key) · 2³² + i`` (a keyed random order, ties broken by the index), computed
+    on ``device`` in integer arithmetic, so every device, rank and path gives the same set."""
+    order = (uniform24(n, key, device) << 32) | torch.arange(n, dtype=torch.int64, device=device)
+    return (torch.topk(order, k, largest=False, sorted=False).values & _LOW32).sort().values
 
 
 def _uniform(n: int, key: int, device) -> Tensor:
@@ -215,8 +227,8 @@ def _selected(x: Tensor, t: float) -> Tensor:
     return ~(x.abs() < t)
 
 
-def count_ge(x: Tensor, t: float) -> int:
-    return int(_selected(x, t).sum())
+def count_ge(x: Tensor, t: float) -> Tensor:
+    return _selected(x, t).sum()
 
 
 def select_ge(x: Tensor, t: float) -> Tuple[Tensor, Tensor]:
@@ -229,10 +241,10 @@ def _keys(x: Tensor) -> Tensor:
     return x.view(torch.int32) & 0x7FFFFFFF
 
 
-def sampled_threshold(x: Tensor, start: int, stride: int, top: int) -> float:
+def sampled_threshold(x: Tensor, start: int, stride: int, top: int) -> Tensor:
     keys = _keys(x[start::stride].contiguous())
     kth = torch.topk(keys, top).values[-1]
-    return float(kth.view(1).view(torch.float32))
+    return kth.view(1).view(torch.float32).view(())
 
 
 def topk_abs(x: Tensor, k: int) -> Tuple[Tensor, Tensor]:

@@ -44,6 +44,9 @@ Scalar = Union[float, Tensor]
 #: True when the kernels were defined under ``TRITON_INTERPRET=1`` (they then run on CPU tensors).
 INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 
+#: Scalar arguments may be device tensors, and scalar results are device tensors (see above).
+DEVICE_SCALARS = True
+
 BLOCK = 1024      # elements per program of the elementwise kernels
 PACK_BYTES = 128  # output bytes per program of the 1- and 2-bit packers (1024 or 512 elements)
 LAUNCH = {"enable_fp_fusion": False}  # no FMA contraction: the C++ results, bit for bit

@@ -145,6 +145,10 @@ class TorchOps(Ops):
 
     def scalar(self, x): return float(x)
 
+    def shared_indices(self, n, k, key, like):
+        self._check_range("shared_indices: k", k, 0, n)
+        return torch_fallback.shared_indices(n, k, key, like.device)  # on the device
+
     def magnitude(self, x):
         return x.abs().nan_to_num_(nan=float("inf"))
 

@@ -7,6 +7,9 @@ importable. The torch.Tensor methods that read a tensor on the host are wrapped;
 when hvdcompress/ is on its stack (the test's own calls and Horovod's are not counted). Wrapping
 the methods, not a TorchFunctionMode, because compression runs in autograd hooks, which a mode
 does not see. Reports, per compressor, the counts of the measured steps and where they came from.
+
+Usage: torch_host_sync.py STEPS SPECS (SPECS: a JSON list of from_params specs); the first step
+of each compressor is a warm-up and not counted.
 """
 import collections
 import json

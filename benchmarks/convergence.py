@@ -248,9 +248,11 @@ def print_lm_table(results: dict) -> None:
     """Final validation bits/byte per method and rank count, the difference to hvd-dense and
     the compression ratio (dense bytes / sent bytes of one rank, over the whole run)."""
     nps = sorted(results, key=int)
-    print(f"\n{'method':<44}" + "".join(f"{'np' + n + ' bpb':>10}{'vs dense':>10}{'ratio':>9}"
-                                        for n in nps))
-    for m in dict.fromkeys(m for n in nps for m in results[n]):
+    methods = list(dict.fromkeys(m for n in nps for m in results[n]))
+    width = max(map(len, ["method", *methods])) + 2
+    print(f"\n{'method':<{width}}" + "".join(f"{'np' + n + ' bpb':>10}{'vs dense':>10}{'ratio':>9}"
+                                            for n in nps))
+    for m in methods:
         cells = ""
         for n in nps:
             row, dense = results[n].get(m), results[n].get("hvd-dense")
@@ -260,7 +262,7 @@ def print_lm_table(results: dict) -> None:
             diff = f"{row['final_bpb'] - dense['final_bpb']:>+10.3f}" if dense else f"{'-':>10}"
             ratio = f"{row['bytes']['ratio']:>9.1f}" if row["bytes"] else f"{1:>9.1f}"
             cells += f"{row['final_bpb']:>10.3f}{diff}{ratio}"
-        print(f"{m:<44}{cells}")
+        print(f"{m:<{width}}{cells}")
 
 
 def plot_lm(results: dict, path: Path) -> None:

@@ -296,7 +296,7 @@ def _key_ops(x: torch.Tensor) -> dict:
         "natural_pack": lambda ops: ops.natural_pack(x, 31337),
         "minmax_pack": lambda ops: [ops.minmax_pack(x, chunk) for chunk in (3, 100, 2048)],
         "select_ge": lambda ops: ops.select_ge(x, 1.5),
-        "sampled_threshold": lambda ops: torch.tensor(ops.sampled_threshold(x, 0, 3, 200)),
+        "sampled_threshold": lambda ops: torch.as_tensor(ops.sampled_threshold(x, 0, 3, 200)),
         "momentum_correction": lambda ops: [ops.momentum_correction(residual.clone(), x.clone(), x, 0.9, nesterov)
                                             for nesterov in (False, True)],
         "sub_finite": lambda ops: [ops.sub_finite(x, residual), ops.sub_finite(x.clone(), residual, out=x.clone())],

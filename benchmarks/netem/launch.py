@@ -1,8 +1,11 @@
-"""Run N Horovod (Gloo) ranks, each in its own network namespace on a shaped private link.
+"""Run Horovod (Gloo) ranks on H emulated hosts of S slots: one network namespace per host on a
+shaped private link, the S ranks of a host inside its namespace (see :mod:`.links`).
 
 The launcher plays horovodrun's part with horovodrun's own public pieces: it starts
 :class:`horovod.runner.http.http_server.RendezvousServer` in the host namespace (on the bridge
-address the ranks can reach), plans the slots with ``get_host_assignments`` (one host per rank)
+address the ranks can reach), plans the slots with ``get_host_assignments`` over the host list
+``hvdcP-host0:S,hvdcP-host1:S,...`` (as ``horovodrun -H`` would: ranks placed host by host, so
+each rank gets its local rank / size and cross rank / size, and its host's rendezvous scopes)
 and builds each rank's environment with ``create_run_env_vars`` / ``create_slot_env_vars``,
 binding Gloo to the namespace's ``eth0``. The same environment carries MASTER_ADDR, MASTER_PORT,
 RANK, WORLD_SIZE and GLOO_SOCKET_IFNAME, so a script may use ``torch.distributed`` (Gloo) on the
@@ -15,6 +18,7 @@ Command line (as root, from the repository root)::
 
     python -m benchmarks.netem --np 2 --rate 100mbit [--delay-ms 1] [--json out.json] -- \\
         python train.py ...
+    python -m benchmarks.netem --hosts 2 --slots 2 --rate 100mbit -- python train.py ...
 """
 from __future__ import annotations
 
@@ -44,7 +48,8 @@ KILL_GRACE_S = 5.0
 @dataclass
 class LaunchResult:
     """What a launch produced: exit codes, each rank's output and the records it wrote with
-    :func:`hvdcompress.launch.write_result` (``results[r]``), the bytes that crossed each link."""
+    :func:`hvdcompress.launch.write_result` (``results[r]``), the bytes that crossed each host's
+    link (``link_bytes[h]``; one per rank on a flat network)."""
 
     returncodes: list
     outputs: list
@@ -54,6 +59,7 @@ class LaunchResult:
     rate_bps: int
     delay_ms: float
     failed_rank: Optional[int] = None
+    slots: int = 1
 
     @property
     def ok(self) -> bool:
@@ -142,8 +148,9 @@ def _run_ranks(net: Network, command: Sequence[str], env: dict, timeout: Optiona
                echo: bool, results_dir: str) -> LaunchResult:
     rendezvous = RendezvousServer()
     port = rendezvous.start()
-    slots = get_host_assignments(parse_hosts(",".join(f"{l.hostname}:1" for l in net.links)),
-                                 net.ranks)
+    slots = get_host_assignments(
+        parse_hosts(",".join(f"{l.hostname}:{net.slots}" for l in net.links)), net.ranks)
+    link_of = {l.hostname: l for l in net.links}
     rendezvous.init(slots)
     procs: list = []
     outputs: list = [[] for _ in slots]
@@ -151,8 +158,8 @@ def _run_ranks(net: Network, command: Sequence[str], env: dict, timeout: Optiona
     before = net.counters()
     start = time.monotonic()
     try:
-        for link, slot in zip(net.links, slots):
-            p = subprocess.Popen(["ip", "netns", "exec", link.netns, *command],
+        for slot in slots:
+            p = subprocess.Popen(["ip", "netns", "exec", link_of[slot.hostname].netns, *command],
                                  env=rank_env(net, slot, port, env),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  start_new_session=True)
@@ -171,12 +178,16 @@ def _run_ranks(net: Network, command: Sequence[str], env: dict, timeout: Optiona
     link_bytes = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before)]
     return LaunchResult([p.returncode for p in procs], ["".join(o) for o in outputs],
                         read_results(results_dir, net.ranks), link_bytes,
-                        time.monotonic() - start, net.rate_bps, net.delay_ms, failed)
+                        time.monotonic() - start, net.rate_bps, net.delay_ms, failed, net.slots)
 
 
 def launch(command: Sequence[str], np: int, rate: str, delay_ms: float = 0.0,
            env: Optional[dict] = None, timeout: Optional[float] = None,
-           echo: bool = True) -> LaunchResult:
-    """Build the network, run the ranks, tear everything down (even on failure or a signal)."""
-    with signals_raise(), Network(np, rate, delay_ms) as net:
+           echo: bool = True, slots: int = 1) -> LaunchResult:
+    """Build the network of np / ``slots`` hosts with ``slots`` ranks each (the flat network of
+    ``np`` ranks by default), run the ``np`` ranks, tear everything down (even on failure or a
+    signal)."""
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1 or np % slots:
+        raise ValueError(f"slots={slots!r} with np={np}: allowed: an int >= 1 that divides np")
+    with signals_raise(), Network(np // slots, rate, delay_ms, slots=slots) as net:
         return run_ranks(net, command, env=env, timeout=timeout, echo=echo)

@@ -1,21 +1,25 @@
-"""Private emulated network: one network namespace per rank, veth pairs to a bridge, `tc` limits.
+"""Private emulated network: one network namespace per host, veth pairs to a bridge, `tc` limits.
 
-Layout for N ranks (the launcher's pid ``P`` in every name, so concurrent launchers never clash)::
+Layout for H hosts of S slots (the launcher's pid ``P`` in every name, so concurrent launchers
+never clash)::
 
-    host namespace:  bridge hvdcP  (10.77.S.1/24)  <- hvdcPh0, hvdcPh1, ...  (host ends of veths)
-    namespace hvdcPr0: eth0 10.77.S.10/24 ;  namespace hvdcPr1: eth0 10.77.S.11/24 ; ...
+    host namespace:  bridge hvdcP  (10.77.X.1/24)  <- hvdcPh0, hvdcPh1, ...  (host ends of veths)
+    namespace hvdcPr0: eth0 10.77.X.10/24 ;  namespace hvdcPr1: eth0 10.77.X.11/24 ; ...
 
-``S`` is the first 10.77.S.0/24 subnet no interface on the host uses. The namespaces have no
-default route, so a rank can reach only its peers and the bridge address (where the launcher's
-rendezvous server listens). Both ends of each veth get the same egress shaping: `tbf` at the
-link rate, under a `netem` delay when one is asked for, so every rank has a full-duplex link of
-that speed to the switch.
+``X`` is the first 10.77.X.0/24 subnet no interface on the host uses. The S ranks of one emulated
+host run in its namespace and share its address: traffic between them goes over the namespace's
+loopback (not rate-limited, like the fast links inside a node), traffic to other hosts over its
+shaped ``eth0``. With S = 1 every rank has its own link (the flat network). The namespaces have
+no default route, so a rank can reach only its peers and the bridge address (where the
+launcher's rendezvous server listens). Both ends of each veth get the same egress shaping: `tbf`
+at the link rate, under a `netem` delay when one is asked for, so every host has a full-duplex
+link of that speed to the switch.
 
 Every object is recorded as it is created and :meth:`Network.close` removes them in reverse
-order, including the ``/etc/netns/NS/hosts`` files that map the hostname to the namespace's own
-address (Horovod 0.28.1's process-set Gloo contexts connect to the address the hostname
-resolves to, ignoring HOROVOD_GLOO_IFACE; ``ip netns exec`` bind-mounts that file over
-/etc/hosts).
+order, including the ``/etc/netns/NS/hosts`` files that map the machine's hostname to the
+namespace's own address and every host's name (``hvdcP-hostI``) to its address (Horovod
+0.28.1's process-set Gloo contexts connect to the address the hostname resolves to, ignoring
+HOROVOD_GLOO_IFACE; ``ip netns exec`` bind-mounts that file over /etc/hosts).
 """
 from __future__ import annotations
 
@@ -113,10 +117,10 @@ def shaping_commands(dev: str, rate_bps: int, delay_ms: float, netns: Optional[s
 
 
 @dataclass
-class RankLink:
-    """One rank's namespace and link."""
+class HostLink:
+    """One emulated host's namespace and link (shared by the ranks of that host)."""
 
-    rank: int
+    host: int
     netns: str
     host_iface: str
     address: str
@@ -124,10 +128,16 @@ class RankLink:
 
 
 class Network:
-    """N namespaces on a shaped, private bridge. Use as a context manager; always cleans up."""
+    """``hosts`` namespaces on a shaped, private bridge, ``slots`` ranks per namespace (the
+    flat network of ``hosts`` ranks by default). Use as a context manager; always cleans up."""
 
-    def __init__(self, ranks: int, rate: str, delay_ms: float = 0.0, tag: Optional[str] = None):
-        self.ranks = ranks
+    def __init__(self, hosts: int, rate: str, delay_ms: float = 0.0, tag: Optional[str] = None,
+                 slots: int = 1):
+        for name, value in (("hosts", hosts), ("slots", slots)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: allowed: an int >= 1")
+        self.hosts, self.slots = hosts, slots
+        self.ranks = hosts * slots
         self.rate_bps = parse_rate(rate)
         self.delay_ms = delay_ms
         self.tag = f"{PREFIX}{tag if tag is not None else os.getpid()}"
@@ -164,9 +174,9 @@ class Network:
                  "ip", "link", "add", self.bridge, "type", "bridge")
         self._do(None, "ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         self._do(None, "ip", "link", "set", self.bridge, "up")
-        for r in range(self.ranks):
-            link = RankLink(r, f"{self.tag}r{r}", f"{self.tag}h{r}", f"10.77.{subnet}.{10 + r}",
-                            f"{self.tag}-rank{r}")
+        for h in range(self.hosts):
+            link = HostLink(h, f"{self.tag}r{h}", f"{self.tag}h{h}", f"10.77.{subnet}.{10 + h}",
+                            f"{self.tag}-host{h}")
             ns, host = link.netns, link.host_iface
             self._do(lambda ns=ns: sh("ip", "netns", "del", ns, check=False), "ip", "netns", "add", ns)
             self._do(lambda h=host: sh("ip", "link", "del", h, check=False),
@@ -180,16 +190,17 @@ class Network:
             for cmd in shaping_commands(host, self.rate_bps, self.delay_ms) + \
                     shaping_commands(RANK_IFACE, self.rate_bps, self.delay_ms, netns=ns):
                 self._do(None, *cmd)
-            self._write_hosts(link, hostname)
             self.links.append(link)
+        for link in self.links:
+            self._write_hosts(link, hostname)
 
-    def _write_hosts(self, link: RankLink, hostname: str) -> None:
+    def _write_hosts(self, link: HostLink, hostname: str) -> None:
         folder = NETNS_ETC / link.netns
         folder.mkdir(parents=True, exist_ok=True)
         self._undo.append(lambda: shutil.rmtree(folder, ignore_errors=True))
         (folder / "hosts").write_text(
             f"127.0.0.1 localhost\n{link.address} {hostname} {link.hostname}\n"
-            + "".join(f"{o.address} {o.hostname}\n" for o in self.links))
+            + "".join(f"{o.address} {o.hostname}\n" for o in self.links if o is not link))
 
     def close(self) -> None:
         """Remove everything this network created, newest first; never raises. Termination
@@ -206,8 +217,8 @@ class Network:
 
     # ---- measurement ---------------------------------------------------------------------------
     def counters(self) -> list:
-        """Per rank ``{"sent": bytes, "received": bytes}`` so far, read on the host end of its veth
-        (what the rank sent is what the host end received)."""
+        """Per host ``{"sent": bytes, "received": bytes}`` so far, read on the host end of its
+        veth (what the host's ranks sent to other hosts is what the host end received)."""
         return [{"sent": read_counter(l.host_iface, "rx_bytes"),
                  "received": read_counter(l.host_iface, "tx_bytes")} for l in self.links]
 

@@ -6,6 +6,9 @@ same processes, one after the other, so ratios come from one run on a shared, no
     sudo .venv/bin/python benchmarks/e2e.py                          # full sweep
     sudo .venv/bin/python benchmarks/e2e.py --models mlp --nps 2 --rates 100mbit \\
         --methods nocomm,hvd-dense,dgc
+    sudo .venv/bin/python benchmarks/e2e.py --models mlp-s --nps 2,4,8 --hosts-slots 2x2,4x4 \\
+        --rates 100mbit --methods nocomm,hvd-dense,int8-ag,int8-a2a,dgc-2l \\
+        --json benchmarks/results/e2e_scale.json --scale-plots      # ranks / hosts x slots sweep
 
 Methods (``--methods``, comma separated):
   nocomm        forward, backward and SGD step with no communication: the floor
@@ -13,9 +16,17 @@ Methods (``--methods``, comma separated):
   hvd-fp16      the same with hvd.Compression.fp16
   ddp-powersgd  torch DistributedDataParallel (gloo, same links) with its PowerSGD comm hook
   anything else an hvdcompress compressor: a short name from :data:`HVDC_METHODS`, or
-                ``compressor[:key=value...]`` for :func:`hvdcompress.from_params`
-                (e.g. ``topk:k=0.001``). Methods that from_params rejects here (compressor
-                not registered yet, wrong parameter) are skipped with the reason.
+                ``compressor[:key=value...][@option=value...]``: the compressor for
+                :func:`hvdcompress.from_params` (e.g. ``topk:k=0.001``), then the
+                DistributedOptimizer's ``collective`` (``int8@collective=alltoall``) or
+                ``intra_node`` (a compressor name: ``dgc@intra_node=fp16``, two-level, run
+                only on hosts x slots with ranks per node from Horovod). Methods that
+                from_params rejects here (compressor not registered yet, wrong parameter) are
+                skipped with the reason.
+
+``--hosts-slots HxS,...`` adds launches on H emulated hosts of S ranks each (loopback inside a
+host, the rate-limited link between hosts); there the measured wire bytes are the host link's
+(inter-node traffic) divided by S.
 
 Per method: step time (wall time of the timed steps / steps, all ranks aligned by a barrier),
 the split of a step (forward+backward incl. compression in the hooks, synchronize+update),
@@ -56,6 +67,13 @@ HVDC_METHODS = {  # short names for hvdcompress configurations (also used by con
     "topk-ef-mom": "topk:k=0.01:ef=vanilla:momentum=plain",
     "onebit-ef-mom": "onebit:ef=vanilla:momentum=plain",
     "randomk-ef-mom": "randomk:k=0.01:ef=vanilla:momentum=plain",
+    # issue 12: the collective forced, CSC, two-level
+    "int8-ag": "int8@collective=allgather",
+    "int8-a2a": "int8@collective=alltoall",
+    "onebit-ef-ag": "onebit:ef=vanilla@collective=allgather",
+    "onebit-ef-a2a": "onebit:ef=vanilla@collective=alltoall",
+    "csc": "csc",
+    "dgc-2l": "dgc:sparsity=0.999@intra_node=fp16",
 }
 DEFAULT_METHODS = ",".join([*BUILTIN, "fp16", "bf16", "dgc", "topk", "onebit-ef", "int8",
                             "randomk", "powersgd"])
@@ -67,25 +85,30 @@ DDP_BUCKET_MB = 1024
 
 
 # ---- models -----------------------------------------------------------------------------------
+MLP_WIDTH = {"mlp": 4096, "mlp-s": 1024}
+
+
 def build_model(name: str):
-    """``mlp``: 4096-4096-4096-10 ReLU MLP, 33.6M parameters, input 4096.
+    """``mlp``: 4096-4096-4096-10 ReLU MLP, 33.6M parameters, input 4096; ``mlp-s`` the same at
+    width 1024, 2.1M parameters (16 ranks on a few cores stay feasible).
     ``cnn``: 4 conv blocks (32-64-128-256 channels) + 2 linear layers on 3x32x32, 2.6M params."""
     import torch.nn as nn
-    if name == "mlp":
-        return nn.Sequential(nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
-                             nn.Linear(4096, 10))
+    if name in MLP_WIDTH:
+        w = MLP_WIDTH[name]
+        return nn.Sequential(nn.Linear(w, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(),
+                             nn.Linear(w, 10))
     if name == "cnn":
         blocks = []
         for cin, cout in ((3, 32), (32, 64), (64, 128), (128, 256)):
             blocks += [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
         return nn.Sequential(*blocks, nn.Flatten(), nn.Linear(256 * 2 * 2, 2048), nn.ReLU(),
                              nn.Linear(2048, 10))
-    raise ValueError(f"model {name!r}: allowed: mlp, cnn")
+    raise ValueError(f"model {name!r}: allowed: {', '.join(MLP_WIDTH)}, cnn")
 
 
 def model_input_shape(name: str) -> tuple:
     """Shape of one input sample of :func:`build_model`'s model."""
-    return (4096,) if name == "mlp" else (3, 32, 32)
+    return (MLP_WIDTH[name],) if name in MLP_WIDTH else (3, 32, 32)
 
 
 # ---- methods ------------------------------------------------------------------------------------
@@ -93,11 +116,31 @@ def hvdc_params(method: str) -> dict:
     """``'topk:k=0.01'`` (or a short name from HVDC_METHODS) -> from_params dict.
     ``warmup=E`` becomes an :class:`~hvdcompress.ExponentialWarmup` over E epochs."""
     from hvdcompress import ExponentialWarmup
-    name, *pairs = HVDC_METHODS.get(method, method).split(":")
+    name, *pairs = HVDC_METHODS.get(method, method).split("@")[0].split(":")
     params = {"compressor": name, **dict(p.split("=", 1) for p in pairs)}
     if "warmup" in params:
         params["warmup"] = ExponentialWarmup(int(params["warmup"]), unit="epoch")
     return params
+
+
+def optimizer_options(method: str) -> dict:
+    """The DistributedOptimizer keywords after ``@`` in a method: ``collective`` as given,
+    ``intra_node`` as a compressor (``@intra_node=fp16`` -> ``from_params({"compressor": "fp16"})``)."""
+    import hvdcompress
+    _, *pairs = HVDC_METHODS.get(method, method).split("@")
+    options = dict(p.split("=", 1) for p in pairs)
+    unknown = set(options) - {"collective", "intra_node"}
+    if unknown:
+        raise ValueError(f"method {method!r}: optimizer option(s) {sorted(unknown)}: allowed: "
+                         "collective, intra_node")
+    if "intra_node" in options:
+        options["intra_node"] = hvdcompress.from_params({"compressor": options["intra_node"]})
+    return options
+
+
+def two_level(method: str) -> bool:
+    """Whether ``method`` runs the two-level exchange (needs hosts x slots)."""
+    return method not in BUILTIN and "intra_node" in HVDC_METHODS.get(method, method)
 
 
 def method_problem(method: str) -> Optional[str]:
@@ -108,6 +151,7 @@ def method_problem(method: str) -> Optional[str]:
     import hvdcompress
     try:
         hvdcompress.from_params(hvdc_params(method))
+        optimizer_options(method)
     except (ValueError, TypeError) as e:
         return str(e)
     return None
@@ -180,7 +224,8 @@ def make_optimizer(method: str, model, timer: CodecTimer, lr: float = 0.01,
     compressor = hvdcompress.from_params(hvdc_params(method))
     compressor.__class__ = timer.timed_class(type(compressor),
                                              ("compress", "decompress", "decompress_gathered"))
-    return model, hvc.DistributedOptimizer(opt, named_parameters=named, compression=compressor)
+    return model, hvc.DistributedOptimizer(opt, named_parameters=named, compression=compressor,
+                                           **optimizer_options(method))
 
 
 def accounted_bytes(method: str, model, opt) -> int:
@@ -260,7 +305,11 @@ def worker(args) -> None:
     import torch
     from hvdcompress.launch import write_result
     torch.set_num_threads(args.threads)
-    hvd.init()
+    if any(two_level(m) for m in args.methods):
+        import hvdcompress.torch as hvc
+        hvd.init(process_sets=hvc.node_process_sets())
+    else:
+        hvd.init()
     if "ddp-powersgd" in args.methods:
         import torch.distributed as dist
         dist.init_process_group("gloo", init_method="env://")
@@ -270,28 +319,30 @@ def worker(args) -> None:
 
 
 # ---- driver ---------------------------------------------------------------------------------------
-def aggregate(rank_results: list) -> dict:
-    """One row from every rank's numbers: slowest rank's times, mean bytes and codec time."""
+def aggregate(rank_results: list, slots: int = 1) -> dict:
+    """One row from every rank's numbers: slowest rank's times, mean bytes and codec time. With
+    ``slots`` ranks per host, each rank counted its host link's bytes: the row keeps 1/slots."""
     first = rank_results[0]
     row = {k: first[k] for k in ("method", "steps", "params", "accounted_bytes")}
     for key in ("step_s", "fwd_bwd_s", "sync_update_s"):
         row[key] = max(r[key] for r in rank_results)
     row["codec_s"] = None if first["codec_s"] is None else \
         sum(r["codec_s"] for r in rank_results) / len(rank_results)
-    row["wire_bytes"] = sum(r["wire_bytes"] for r in rank_results) / len(rank_results)
+    row["wire_bytes"] = sum(r["wire_bytes"] for r in rank_results) / len(rank_results) / slots
     return row
 
 
-def add_ratios(rows: list, rate_bps: int) -> None:
+def add_ratios(rows: list, rate_bps: int, slots: int = 1) -> None:
     """Speedup over hvd-dense, slowdown over nocomm (when they ran in the same launch), and where
     the step goes: ``compute_s`` (the nocomm step), ``codec_s``, ``wire_s`` (the bytes this rank
-    sent at the link rate) and ``other_s``, the rest: latency, waiting on peers and on Horovod's
-    cycle, communication not overlapped, CPU contention."""
+    sent at the link rate; with hosts x slots: what the host link carried) and ``other_s``, the
+    rest: latency, waiting on peers and on Horovod's cycle, communication not overlapped, CPU
+    contention."""
     by = {r["method"]: r for r in rows}
     for r in rows:
         r["speedup_vs_dense"] = by["hvd-dense"]["step_s"] / r["step_s"] if "hvd-dense" in by else None
         r["x_nocomm"] = r["step_s"] / by["nocomm"]["step_s"] if "nocomm" in by else None
-        r["wire_s"] = r["wire_bytes"] * 8 / rate_bps
+        r["wire_s"] = r["wire_bytes"] * slots * 8 / rate_bps
         r["compute_s"] = by["nocomm"]["step_s"] if "nocomm" in by else None
         r["other_s"] = None if r["compute_s"] is None else \
             r["step_s"] - r["compute_s"] - (r["codec_s"] or 0.0) - r["wire_s"]
@@ -353,21 +404,25 @@ def run_sweep(args) -> dict:
     out = Path(args.json)
     results = json.loads(out.read_text()) if out.exists() else {}
     methods = runnable(args.methods, "e2e")
+    layouts = [(np_, 1) for np_ in args.nps] + args.hosts_slots
     for model in args.models:
-        for np_ in args.nps:
+        for hosts, slots in layouts:
+            np_ = hosts * slots
+            here = [m for m in methods if slots > 1 or not two_level(m)]
             for rate in args.rates:
-                key = f"{model}/np{np_}/{rate}"
+                key = f"{model}/np{np_}/{rate}" if slots == 1 else f"{model}/{hosts}x{slots}/{rate}"
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", model,
-                       "--methods", ",".join(methods), *worker_flags(args)]
+                       "--methods", ",".join(here), *worker_flags(args)]
                 res = launch(cmd, np_, rate, args.delay_ms, timeout=args.timeout, echo=args.verbose,
-                             env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+                             env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)), slots=slots)
                 if not res.ok:
                     print(f"e2e: {key} failed (rank {res.failed_rank}):\n{res.outputs[res.failed_rank][-4000:]}")
                     continue
-                rows = [aggregate(list(ranks)) for ranks in zip(*res.results)]
-                add_ratios(rows, res.rate_bps)
+                rows = [aggregate(list(ranks), slots) for ranks in zip(*res.results)]
+                add_ratios(rows, res.rate_bps, slots)
                 print_table(key, rows)
-                results[key] = {"model": model, "np": np_, "rate": rate, "rate_bps": res.rate_bps,
+                results[key] = {"model": model, "np": np_, "hosts": hosts, "slots": slots,
+                                "rate": rate, "rate_bps": res.rate_bps,
                                 "delay_ms": args.delay_ms, "batch": args.batch,
                                 "threads": args.threads, "rows": rows,
                                 "link_bytes": res.link_bytes, "launch_s": res.seconds}
@@ -417,6 +472,58 @@ def plot(results: dict, out_dir: Path) -> list:
     return files
 
 
+def plot_scale(results: dict, out_dir: Path, stem: str) -> list:
+    """``<stem>_<model>_bytes.png`` (wire bytes per rank per step vs ranks, log scale) and
+    ``<stem>_<model>_step.png`` (step time vs ranks): flat networks as lines, hosts x slots as
+    open markers (bytes: the host link's share per rank)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    files = []
+    for model in sorted({v["model"] for v in results.values()}):
+        entries = sorted((v for v in results.values() if v["model"] == model),
+                         key=lambda v: (v.get("slots", 1), v["np"]))
+        methods = list(dict.fromkeys(r["method"] for v in entries for r in v["rows"]))
+        for what, field, label in (("bytes", "wire_bytes", "bytes sent per rank per step"),
+                                   ("step", "step_s", "step time (s)")):
+            fig, ax = plt.subplots(figsize=(8, 5.5))
+            colors = dict(zip(methods, plt.cm.tab20.colors))
+            for m in methods:
+                for flat in (True, False):
+                    pts = [(v["np"], r[field]) for v in entries if (v.get("slots", 1) == 1) == flat
+                           for r in v["rows"] if r["method"] == m and (r[field] or what == "step")]
+                    if pts:
+                        ax.plot(*zip(*pts), "o-" if flat else "s--", color=colors[m],
+                                mfc=None if flat else "none",
+                                label=m if flat else f"{m} (hosts x slots)")
+            ax.set(xscale="log", yscale="log", xlabel="ranks P", ylabel=label,
+                   title=f"{model}, {entries[0]['rate']} links; open squares: "
+                         + ", ".join(sorted({f"{v['hosts']}x{v['slots']}" for v in entries
+                                             if v.get("slots", 1) > 1})))
+            ax.set_xticks(sorted({v["np"] for v in entries}))
+            ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=6, ncol=2)
+            fig.tight_layout()
+            path = out_dir / f"{stem}_{model}_{what}.png"
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            files.append(path)
+    return files
+
+
+def layout(text: str) -> tuple:
+    """``'4x4'`` -> ``(4, 4)``: hosts x slots."""
+    try:
+        hosts, slots = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: HOSTSxSLOTS, e.g. 2x2") from None
+    if hosts < 1 or slots < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: hosts >= 1 and slots >= 2 "
+                                         "(one slot per host: use --nps)")
+    return hosts, slots
+
+
 def comma_list(text: str) -> list:
     """``'a,b,,c'`` -> ``['a', 'b', 'c']``."""
     return [x for x in text.split(",") if x]
@@ -440,6 +547,10 @@ def parse_args(argv=None):
     """Command line of both the driver and the worker (``--worker``)."""
     ap = shared_parser(__doc__, DEFAULT_METHODS, [2, 4], RESULTS / "e2e.json")
     ap.add_argument("--models", type=comma_list, default=["mlp", "cnn"])
+    ap.add_argument("--hosts-slots", type=lambda s: [layout(x) for x in comma_list(s)], default=[],
+                    help="also launch on emulated hosts x slots, e.g. 2x2,4x4")
+    ap.add_argument("--scale-plots", action="store_true",
+                    help="plot bytes and step time vs ranks instead of speedup vs link rate")
     ap.add_argument("--rates", type=comma_list, default=["100mbit", "1gbit", "10gbit"])
     ap.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay on each link end")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
@@ -466,12 +577,17 @@ def main(argv=None) -> None:
     if args.report:
         results = json.loads(Path(args.json).read_text())
         for key, entry in results.items():
-            add_ratios(entry["rows"], entry["rate_bps"])
+            add_ratios(entry["rows"], entry["rate_bps"], entry.get("slots", 1))
             print_table(key, entry["rows"])
     else:
         results = run_sweep(args)
-    print_crossovers(results)
-    for path in plot(results, Path(args.json).parent):
+    out = Path(args.json)
+    if args.scale_plots:
+        files = plot_scale(results, out.parent, out.stem)
+    else:
+        print_crossovers(results)
+        files = plot(results, out.parent)
+    for path in files:
         print(f"e2e: wrote {path}")
 
 

@@ -1,0 +1,67 @@
+"""Explicit capabilities (issue 11): ``explicit_momentum``, the warm-up interface found through
+``unwrap()``, and the one module that derives random keys (:mod:`hvdcompress.keys`), pinned to
+the values the per-compressor derivations of 7bd925a gave."""
+import numpy as np
+import pytest
+
+import hvdcompress
+from hvdcompress import keys
+from hvdcompress.compressors.csc import CSC
+from hvdcompress.compressors.dgc import DGC
+from hvdcompress.compressors.topk import TopK
+from hvdcompress.memory import ErrorFeedback, Momentum
+from hvdcompress.schedule import ExponentialWarmup, SparsityScheduler
+
+
+@pytest.mark.parametrize("compressor, expected", [
+    (DGC(0.99), None), (DGC(0.99, momentum=0.9), 0.9), (CSC(momentum=0.5), 0.5),
+    (Momentum(TopK(0.1)), None), (Momentum(TopK(0.1), mu=0.8), 0.8),
+    (ErrorFeedback(TopK(0.1)), None), (TopK(0.1), None)])
+def test_explicit_momentum(compressor, expected):
+    assert compressor.explicit_momentum == expected
+
+
+def test_from_params_momentum_is_explicit():
+    c = hvdcompress.from_params({"compressor": "topk", "k": "0.1", "momentum": "plain",
+                                 "momentum_mu": "0.7"})
+    assert c.explicit_momentum == pytest.approx(0.7)
+
+
+def test_warmup_found_through_decorators():
+    dgc = DGC(0.99, warmup=ExponentialWarmup(2, unit="epoch"))
+    assert dgc.supports_warmup and not TopK(0.1).supports_warmup
+    sched = SparsityScheduler(dgc)
+    assert sched.get_sparsity() == pytest.approx(1 - 0.01 ** 0.5)  # epoch 0 of 2: density 0.01^(1/2)
+    sched.step()
+    assert sched.get_sparsity() == pytest.approx(0.99)
+    assert SparsityScheduler(ErrorFeedback(TopK(0.1))).get_sparsity() is None
+    assert SparsityScheduler(Momentum(CSC(ratio=0.25))).get_sparsity() == pytest.approx(0.75)
+
+
+def test_scheduler_rejects_non_compressors():
+    with pytest.raises(TypeError, match="neither a compressor nor an hvdcompress optimizer"):
+        SparsityScheduler(object())
+
+
+def test_keys_match_the_previous_derivations():
+    state = {}
+    got = [keys.next_rank_key(7, state, "layer.w", rank) for rank in (0, 1, 3)]
+    assert got == [3400293513, 1138766203, 1056708892] and state == {"step": 3}  # quant.next_key
+    assert keys.step_key(7, 5, "layer.w") == 2151356870  # DGC's sample start key
+    q = keys.generator(7, keys.tensor_id("layer.w")).standard_normal(3).astype(np.float32)
+    np.testing.assert_array_equal(q, np.float32([0.10481088608503342, 0.08937598019838333,
+                                                 -0.3691730797290802]))  # PowerSGD's warm-start Q
+    q = keys.generator(7, keys.tensor_id("layer.w"), 4).standard_normal(2).astype(np.float32)
+    np.testing.assert_array_equal(q, np.float32([-0.9382971525192261, 1.8462153673171997]))
+
+
+def test_rank_keys_are_distinct_32_bit():
+    base = keys.step_key(0, 0, "x")
+    ranked = {keys.rank_key(base, r) for r in range(1024)}
+    assert len(ranked) == 1024 and all(0 <= k < 2 ** 32 for k in ranked)
+    assert keys.rank_key(base, 0) == base
+
+
+def test_advance_step_counts_from_zero():
+    state = {}
+    assert [keys.advance_step(state) for _ in range(3)] == [0, 1, 2] and state["step"] == 3

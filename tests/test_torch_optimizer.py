@@ -98,13 +98,20 @@ def test_error_feedback_loses_nothing():
         assert r["max_error"] < 1e-5      # ...and nothing was lost
 
 
-@pytest.mark.parametrize("case", ["dgc_sampled_warmup", "topk_ef_nesterov", "randomk_ef"])
-def test_state_dict_round_trip_gives_the_same_next_steps(case):
-    results = run_horovod("torch_resume.py", np=2, args=[case])
+@pytest.mark.parametrize("case,np,keys", [
+    ("dgc_sampled_warmup", 2, []), ("topk_ef_nesterov", 2, []), ("randomk_ef", 2, []),
+    # the compressed allreduce's client residual per segment and server residual (issue 12.1)
+    ("onebit_ef_alltoall", 3, ["seg0.residual", "seg1.residual", "seg2.residual", "sum.residual"]),
+    # two-level, 2 nodes x 2: the shard's compressed allreduce across the nodes, under cross.
+    ("two_level_onebit_ef", 4, ["cross.seg0.residual", "cross.seg1.residual", "cross.sum.residual"]),
+])
+def test_state_dict_round_trip_gives_the_same_next_steps(case, np, keys):
+    results = run_horovod("torch_resume.py", np=np, args=[case])
+    assert len(results) == np
     for r in results:
         assert r["diff"] == 0.0, r
         assert r["diff_without_state"] > 1e-6, "the compressor state made no difference"
-    assert results[0]["state_keys"]
+        assert r["state_keys"] and set(keys) <= set(r["state_keys"]), r["state_keys"]
 
 
 @pytest.mark.parametrize("case,message", [

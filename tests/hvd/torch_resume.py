@@ -1,4 +1,9 @@
-"""A state_dict round trip mid-training gives the same next steps as no round trip."""
+"""A state_dict round trip mid-training gives the same next steps as no round trip.
+
+argv[1] names a case: the compressor and the optimizer's keyword arguments. The compressed
+allreduce cases keep their error-feedback residuals per segment (``seg<j>.residual``) and of
+the reduced segment (``sum.residual``), under ``cross.`` for two-level (np=4, 2 ranks per
+node, whose process sets are registered at hvd.init)."""
 import copy
 import sys
 
@@ -10,8 +15,6 @@ import hvdcompress.torch as hvc
 from common import result
 from torch_common import batches, flat, mlp
 
-hvd.init()
-torch.set_num_threads(1)
 CASES = {
     "dgc_sampled_warmup": lambda: hvdcompress.DGC(
         0.99, min_numel=1000, warmup=hvdcompress.ListWarmup([0.9, 0.99], begin=1, length=4)),
@@ -19,14 +22,24 @@ CASES = {
         {"compressor": "topk", "k": "0.05", "ef": "vanilla", "momentum": "nesterov"}),
     "randomk_ef": lambda: hvdcompress.from_params(
         {"compressor": "randomk", "k": "0.1", "ef": "vanilla", "seed": "5"}),
+    "onebit_ef_alltoall": lambda: hvdcompress.ErrorFeedback(hvdcompress.OneBit()),
+    "two_level_onebit_ef": lambda: hvdcompress.ErrorFeedback(hvdcompress.OneBit()),
+}
+OPTIONS = {  # the optimizer's keyword arguments besides compression=
+    "onebit_ef_alltoall": lambda: {"collective": "alltoall"},
+    "two_level_onebit_ef": lambda: {"collective": "alltoall", "intra_node": hvdcompress.FP16(),
+                                    "ranks_per_node": 2},
 }
 case = sys.argv[1]
+per_node = OPTIONS.get(case, dict)().get("ranks_per_node")
+hvd.init(process_sets=hvc.node_process_sets(ranks_per_node=per_node) if per_node else None)
+torch.set_num_threads(1)
 
 
 def make(model):
     return hvc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                     named_parameters=model.named_parameters(),
-                                    compression=CASES[case]())
+                                    compression=CASES[case](), **OPTIONS.get(case, dict)())
 
 
 data = list(batches(hvd.rank(), 8, seed=9))

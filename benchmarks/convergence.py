@@ -25,7 +25,8 @@ unit of DGC's warm-up: ``dgc-warmup`` ramps over 4 of them)::
 ``hvd-dense`` clips with Horovod's documented pattern (``opt.synchronize()``,
 ``clip_grad_norm_``, ``with opt.skip_synchronize(): opt.step()``), every hvdcompress method with
 ``DistributedOptimizer(..., clip_grad_norm=...)`` (each rank clips its local gradients to
-``clip / sqrt(N)`` before compression). A method may end in ``@lr=X`` and/or ``@clip=X`` to
+``clip * sqrt(N)`` before compression; ``clip / sqrt(N)`` in runs made before that was fixed,
+see benchmarks/README.md). A method may end in ``@lr=X`` and/or ``@clip=X`` to
 override ``--lr`` / ``--clip`` for it alone. Writes ``results/lm_convergence.json`` and
 ``lm_convergence.png`` (validation bits/byte over steps).
 """

@@ -6,7 +6,7 @@
 
 Clipping with compression is ``clip_grad_norm=`` of ``hvdcompress.torch.DistributedOptimizer``:
 each rank clips its own gradients (all parameters together, by their global L2 norm) to
-``c / sqrt(N)`` before error feedback, momentum correction and compression, the local gradient
+``c * sqrt(N)`` (the DGC paper's c / sqrt(N) on each rank's share g / N) before error feedback, momentum correction and compression, the local gradient
 clipping of the DGC paper. Do not clip ``p.grad`` between ``synchronize()`` and ``step()`` with a
 compressor that owns the momentum (DGC, ``momentum=``) or keeps a residual (``ef=``): there
 ``p.grad`` is the exchanged update, not the gradient.

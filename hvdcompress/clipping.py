@@ -3,17 +3,20 @@
 Clipping ``p.grad`` after the exchange clips the aggregated update. With a compressor that owns
 the momentum (DGC, the Momentum decorator) or keeps a residual (error feedback), that update is
 not the gradient: it is the momentum-corrected, residual-carrying result of compression, so
-clipping it is a different algorithm. The DGC paper (Lin et al., ICLR 2018, sec. 3.3, "local
-gradient clipping") clips instead each rank's own gradient, before it is added to the residual
-or the momentum, with the threshold scaled by N^-1/2:
+clipping it is a different algorithm. The DGC paper (Lin et al., ICLR 2018, sec. 3.3 and
+Algorithm 1, "local gradient clipping") clips instead each rank's own contribution, before it is
+added to the residual or the momentum, with the threshold scaled by N^-1/2. In the paper rank k
+contributes G_k = g_k / N (g_k: its local mean gradient; the update is the sum of the G_k), and
+G_k is clipped to c / sqrt(N):
 
-    g_r <- g_r * min(1, c / (sqrt(N) * ||g_r||))        ||.||: L2 norm over all tensors
+    op=Average (p.grad is g_k, the update their mean):  g_k <- g_k · min(1, c·sqrt(N) / ||g_k||)
+    op=Sum     (p.grad is G_k, the update their sum):   G_k <- G_k · min(1, c / (sqrt(N)·||G_k||))
 
-If the N ranks' gradients were independent (orthogonal) with equal norms, the norm of their sum
-would be sqrt(N) times one rank's, so clipping each to c / sqrt(N) clips the sum (the aggregated
-gradient the paper reasons about) to about c. The trade-off:
-clipping needs the global norm of all of a rank's gradients, so compression waits for the last
-gradient of the backward pass instead of overlapping with it.
+(||.||: the L2 norm over all of the rank's tensors.) If the N contributions were independent with
+equal norms, the norm of their sum would be sqrt(N) times one's, so each at c / sqrt(N) puts
+the aggregated update near c, as the dense clip would. The trade-off: clipping needs the global
+norm of all of a rank's gradients, so compression waits for the last gradient of the backward
+pass instead of overlapping with it.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ def check_clip_grad_norm(value: Optional[float], compressor=None) -> Optional[fl
     return float(value)
 
 
-def local_clip_limit(clip_grad_norm: float, world: int) -> float:
-    """The norm each of ``world`` ranks clips its local gradients to: c / sqrt(N)."""
-    return clip_grad_norm / math.sqrt(world)
+def local_clip_limit(clip_grad_norm: float, world: int, average: bool = True) -> float:
+    """The norm each of ``world`` ranks clips its local gradients to: c · sqrt(N) when the
+    exchange averages them (its ``p.grad`` is the paper's N · G_k), c / sqrt(N) when it sums."""
+    return clip_grad_norm * math.sqrt(world) if average else clip_grad_norm / math.sqrt(world)

@@ -1,5 +1,6 @@
 """Clipping with compression: ``clip_grad_norm`` clips each rank's local gradients together to
-c / sqrt(N) before compression (and before error feedback), and the clipping trap (changing
+c * sqrt(N) (op=Average: the DGC paper's c / sqrt(N) on each rank's share g / N) before
+compression (and before error feedback), and the clipping trap (changing
 p.grad between synchronize() and step() with a compressor that carries state) warns once.
 Expected values are computed here in numpy."""
 from __future__ import annotations
@@ -24,7 +25,7 @@ def local_grads(rank: int, step: int, part: int = 0) -> tuple:
 
 def clip(a: np.ndarray, b: np.ndarray) -> tuple:
     norm = np.sqrt(np.sum(a * a) + np.sum(b * b))
-    coef = min(1.0, C / np.sqrt(WORLD) / (norm + 1e-6))
+    coef = min(1.0, C * np.sqrt(WORLD) / (norm + 1e-6))
     return a * coef, b * coef
 
 
@@ -84,9 +85,9 @@ def test_clip_grad_norm_equals_hand_computed_local_clip(cases, case, compress, p
 
 
 def test_the_local_clip_is_active_in_this_toy():
-    """The toy's gradients are larger than c / sqrt(N), so the tests above test the clip."""
+    """The toy's gradients are larger than c * sqrt(N), so the tests above test the clip."""
     a, b = local_grads(0, 0)
-    assert np.sqrt(np.sum(a * a) + np.sum(b * b)) > 3 * C / np.sqrt(WORLD)
+    assert np.sqrt(np.sum(a * a) + np.sum(b * b)) > 3 * C * np.sqrt(WORLD)
 
 
 @pytest.mark.parametrize("case", ["warn_dgc_trap", "warn_ef_trap"])
@@ -101,3 +102,11 @@ def test_clipping_after_synchronize_with_state_warns_once(cases, case):
 def test_recommended_paths_do_not_warn(cases, case):
     for r in range(WORLD):
         assert cases[case][r]["warnings"] == []
+
+
+def test_local_clip_limit_is_the_papers_per_rank_rule():
+    """The paper clips each rank's share G_k = g_k / N to c / sqrt(N): on the local mean
+    gradient g_k (op=Average) that is c * sqrt(N); on G_k itself (op=Sum) c / sqrt(N)."""
+    from hvdcompress.clipping import local_clip_limit
+    assert local_clip_limit(2.0, 4, average=True) == 4.0
+    assert local_clip_limit(2.0, 4, average=False) == 1.0

@@ -171,7 +171,7 @@ def test_tf_function_step_does_not_retrace_on_sparsity_or_lr_change():
 
 
 def test_tape_clip_grad_norm_and_process_set_exclusion():
-    """clip_grad_norm clips each rank's gradients together to c / sqrt(N) before compression
+    """clip_grad_norm clips each rank's gradients together to c * sqrt(N) before compression
     (numpy reference below); a rank outside the process set keeps its own gradients."""
     def vectors(rank):  # as tf_clip_psets.py draws them: a (60) then b (40) from one stream
         rng = np.random.default_rng(1000 + rank)
@@ -184,7 +184,7 @@ def test_tape_clip_grad_norm_and_process_set_exclusion():
     def clipped(rank):
         a, b = vectors(rank)
         norm = np.sqrt(np.sum(a * a) + np.sum(b * b))
-        limit = 1.5 / np.sqrt(2)
+        limit = 1.5 * np.sqrt(2)
         assert norm > 2 * limit  # the clip is active
         return a * limit / norm, b * limit / norm
 

@@ -174,13 +174,15 @@ class GradientExchange:
 
     # ---- pieces ---------------------------------------------------------------------------------
     def _clip(self, grads: Sequence[Any]) -> list:
-        """This rank's gradients clipped together to ``clip_grad_norm / sqrt(N)`` (see
+        """This rank's gradients clipped together to ``clip_grad_norm * sqrt(N)`` (op=Average;
+        ``/ sqrt(N)`` for op=Sum; see
         :mod:`hvdcompress.clipping`), before compression; unchanged without ``clip_grad_norm``."""
         out = list(grads)
         if self.options.clip_grad_norm is None:
             return out
         present = [i for i, g in enumerate(grads) if g is not None]
-        limit = local_clip_limit(self.options.clip_grad_norm, self.options.process_set.size())
+        limit = local_clip_limit(self.options.clip_grad_norm, self.options.process_set.size(),
+                                 average=self.options.op == hvd.Average)
         clipped, _ = tf.clip_by_global_norm([grads[i] for i in present], limit)
         for i, g in zip(present, clipped):
             out[i] = g

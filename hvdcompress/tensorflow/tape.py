@@ -51,7 +51,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     an hvdcompress compressor (default: none) or a dict for :func:`hvdcompress.from_params`.
     The returned tape is an instance of ``gradtape``'s class sharing its recording; its
     ``exchange`` attribute has ``last_step_bytes`` / ``total_bytes`` (dense vs sent bytes).
-    ``clip_grad_norm=c``: each rank clips its local gradients together to ``c / sqrt(N)``
+    ``clip_grad_norm=c``: each rank clips its local gradients together to ``c * sqrt(N)``
+    (op=Average; ``c / sqrt(N)`` for op=Sum)
     before compression (see :mod:`hvdcompress.clipping`); the way to clip with compression.
     ``collective``: ``"auto"`` | ``"allgather"`` | ``"alltoall"``, as on the torch optimizer
     (see :mod:`hvdcompress.exchange`). ``intra_node`` / ``ranks_per_node``: two-level

@@ -209,7 +209,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for q in params:
                 if q.grad is None:
                     q.grad = torch.zeros_like(q)
-            clip_local_gradients([q.grad for q in params], self.clip_grad_norm, self._world())
+            clip_local_gradients([q.grad for q in params], self.clip_grad_norm, self._world(),
+                                 average=self.op == hvd.Average)
             for q in sorted(params, key=lambda q: self._parameter_names[q]):
                 self._prepare(q)
 
@@ -416,9 +417,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
 
     ``clip_grad_norm=c``: the way to clip gradients with compression. Each rank clips its own
     local gradients (all of this optimizer's, after ``backward_passes_per_step`` accumulations)
-    by their global L2 norm to ``c / sqrt(N)`` (N ranks in the process set), before error
-    feedback, momentum correction and compression: the local gradient clipping of the DGC
-    paper (Lin et al. 2018, sec. 3.3). Compression then waits until the last gradient of the
+    by their global L2 norm, before error feedback, momentum correction and compression: the
+    local gradient clipping of the DGC paper (Lin et al. 2018, sec. 3.3), whose limit c/sqrt(N)
+    on each rank's share g/N of the update is ``c * sqrt(N)`` on ``p.grad`` with op=Average
+    (``c / sqrt(N)`` with op=Sum; N ranks in the process set; :mod:`hvdcompress.clipping`). Compression then waits until the last gradient of the
     step is ready, so it no longer overlaps the backward pass. Clipping ``p.grad`` between
     ``synchronize()`` and ``step()`` (Horovod's pattern) is right for stateless compressors,
     but with one that owns the momentum or keeps a residual it clips the exchanged update:

@@ -75,7 +75,8 @@ def unsegment(s: np.ndarray, n: int = N) -> np.ndarray:
 
 def test_the_compressors_that_run_the_compressed_allreduce():
     """Every registered compressor is classified here: a new one must get its bound."""
-    supporting = sorted(n for n in hc.available() if hc.from_params({"compressor": n}).supports_alltoall)
+    supporting = sorted(name for name in hc.available()
+                        if hc.from_params({"compressor": name}).supports_alltoall)
     assert supporting == sorted(DETERMINISTIC + STOCHASTIC)
 
 
@@ -132,12 +133,12 @@ def onebit_bounds(xs: list) -> tuple:
     return gather, a2a
 
 
-@pytest.mark.parametrize("name,compressor,bounds", [
-    ("int8", hc.Int8(chunk=128), lambda xs: int8_bounds(xs, 128)),
-    ("int8", hc.Int8(), lambda xs: int8_bounds(xs, 2048)),
-    ("bf16", hc.BF16(), bf16_bounds),
-])
-def test_elementwise_bound(name, compressor, bounds):
+@pytest.mark.parametrize("compressor,bounds", [
+    (hc.Int8(chunk=128), lambda xs: int8_bounds(xs, 128)),
+    (hc.Int8(), lambda xs: int8_bounds(xs, 2048)),
+    (hc.BF16(), bf16_bounds),
+], ids=["int8-chunk128", "int8", "bf16"])
+def test_elementwise_bound(compressor, bounds):
     """Both forms lie within their per-element bound of the exact average (hence within the sum
     of the two bounds of each other), and the bound is not vacuous: the error reaches at least
     a tenth of it somewhere."""
@@ -220,5 +221,6 @@ def test_stochastic_compressors_are_unbiased_in_both_forms(name):
         mean, sd = results.mean(axis=0), results.std(axis=0, ddof=1)
         assert np.all(sd > 0), collective  # every element really random
         z = (mean - exact) / (sd / np.sqrt(steps))
-        summary = (collective, float(np.mean(z)), float(np.sqrt(np.mean(z ** 2))), float(np.max(np.abs(z))))
+        summary = (collective, float(np.mean(z)), float(np.sqrt(np.mean(z ** 2))),
+                   float(np.max(np.abs(z))))
         assert abs(summary[1]) <= 0.5 and summary[2] <= 1.5 and summary[3] <= 7, summary

@@ -26,6 +26,7 @@ allgathered (and divided by N for op=Average).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -97,6 +98,16 @@ class ExchangeOptions:
         listed = [[where[id(v)] for v in group if id(v) in where] for group in self.groups]
         seen = {i for bundle in listed for i in bundle}
         return [b for b in listed if b] + [[i] for i in range(n) if i not in seen]
+
+
+def exchange_options(num_groups: int = 0, **kwargs: Any) -> ExchangeOptions:
+    """:class:`ExchangeOptions` from Horovod's keyword arguments, with the deprecated
+    ``num_groups`` folded into ``groups`` (as Horovod does, with a DeprecationWarning)."""
+    if num_groups:
+        warnings.warn("num_groups is deprecated, use groups", DeprecationWarning, stacklevel=3)
+        if kwargs.get("groups") is None:
+            kwargs["groups"] = num_groups
+    return ExchangeOptions(**kwargs)
 
 
 def source_names(sources: Sequence[Any]) -> list:

@@ -15,7 +15,6 @@ step); checkpoint it with :func:`hvdcompress.tensorflow.compression_state`.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -23,7 +22,7 @@ import tensorflow as tf
 
 from .subclass import subclass_with
 from ..registry import as_compressor
-from .exchange import ExchangeOptions, GradientExchange
+from .exchange import GradientExchange, exchange_options
 
 
 class _DistributedGradientTape:
@@ -62,12 +61,12 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"gradtape={gradtape!r}: allowed: a tf.GradientTape")
-    if num_groups:
-        warnings.warn("num_groups is deprecated, use groups", DeprecationWarning)
-        groups = groups if groups is not None else num_groups
-    options = ExchangeOptions(device_dense, device_sparse, sparse_as_dense, op,
-                              gradient_predivide_factor, groups, process_set, clip_grad_norm,
-                              collective, intra_node, ranks_per_node)
+    options = exchange_options(device_dense=device_dense, device_sparse=device_sparse,
+                               sparse_as_dense=sparse_as_dense, op=op,
+                               gradient_predivide_factor=gradient_predivide_factor,
+                               num_groups=num_groups, groups=groups, process_set=process_set,
+                               clip_grad_norm=clip_grad_norm, collective=collective,
+                               intra_node=intra_node, ranks_per_node=ranks_per_node)
     cls = subclass_with(gradtape.__class__, _DistributedGradientTape)
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)

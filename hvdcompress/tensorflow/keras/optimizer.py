@@ -36,7 +36,7 @@ import tensorflow as tf
 from ...compressor import Compressor
 from ..subclass import subclass_with
 from ...registry import as_compressor
-from ..exchange import ExchangeOptions, GradientExchange
+from ..exchange import GradientExchange, exchange_options
 
 
 def _keras_classes(name: str) -> tuple:
@@ -166,12 +166,12 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
             or backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step={backward_passes_per_step!r}: allowed: an "
                          "integer >= 1")
-    if num_groups:
-        warnings.warn("num_groups is deprecated, use groups", DeprecationWarning)
-        groups = groups if groups is not None else num_groups
-    options = ExchangeOptions(device_dense, device_sparse, sparse_as_dense, op,
-                              gradient_predivide_factor, groups, process_set, clip_grad_norm,
-                              collective, intra_node, ranks_per_node)
+    options = exchange_options(device_dense=device_dense, device_sparse=device_sparse,
+                               sparse_as_dense=sparse_as_dense, op=op,
+                               gradient_predivide_factor=gradient_predivide_factor,
+                               num_groups=num_groups, groups=groups, process_set=process_set,
+                               clip_grad_norm=clip_grad_norm, collective=collective,
+                               intra_node=intra_node, ranks_per_node=ranks_per_node)
     compressor = as_compressor(compression)
     config = optimizer.get_config()
     _warn_keras_clipping(compressor, config)

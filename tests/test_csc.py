@@ -113,8 +113,7 @@ def test_three_steps_match_numpy_bit_exact(world, nesterov, masking, wd):
         norms, values = got["rounds"]
         for r in range(world):  # round 0: float32 sums, added in another order than numpy's
             np.testing.assert_allclose(norms[r], ref_norms[r], rtol=1e-5)
-        sent = sum(min(chunk, n - c * chunk) for c in chosen)
-        assert [a.size for a in values] == [sent] * world
+        assert [a.size for a in values] == [len(chosen) * chunk] * world  # fixed size: K chunks
         for r in range(world):
             np.testing.assert_array_equal(got["dense"][r], ref_dense)
             np.testing.assert_array_equal(states[r]["momentum"].numpy(), us[r])
@@ -266,8 +265,7 @@ def np_toy_training(cfg: dict, world: int) -> tuple:
             ub = payload = [u * np.float32(mu) + g for u, g in zip(ub, d)]
         w = w - lr * (dense * np.float32(1 / world))
         b = b - lr * (rank_sum(payload) * np.float32(1 / world))
-        values = sum(min(chunk, n - i * chunk) for i in chosen)
-        sent.append(4 * (-(-n // chunk) + values + bias))
+        sent.append(4 * (-(-n // chunk) + len(chosen) * chunk + bias))
     return w, b, sent
 
 

@@ -32,15 +32,9 @@ VARIABLE_SIZE = {"dgc", "threshold"}
 EXTRA = {"dgc": {"min_numel": "1000"}}
 
 
-# Not yet within budget: CSC reads its last chosen chunk index (csc.py, positions()) to trim the
-# positions past the end when the tensor's length is not a multiple of ``chunk``: one read per
-# such tensor per step (the test MLP has one).
-KNOWN_OVER = {"csc": STEPS}
-
-
 def budget(name: str) -> int:
     """The most device-to-host reads allowed over STEPS steps (one group, one round per step)."""
-    return KNOWN_OVER.get(name, STEPS if name in VARIABLE_SIZE else 0)
+    return STEPS if name in VARIABLE_SIZE else 0
 
 
 @pytest.mark.horovod

@@ -91,17 +91,29 @@ class CSC(MomentumCorrection):
         return ops.reshape(ops.matmul(ops.reshape(mag, (nchunks, self.chunk)), ones), (nchunks,))
 
     def positions(self, ops: Ops, chosen: Tensor, nchunks: int, n: int, like: Tensor) -> Tensor:
-        """Ascending int64 element positions of the chunks ``chosen`` (ascending chunk indices):
-        ``chosen[j] * chunk + i`` for ``i < chunk``, less the positions past ``n`` when the last,
-        shorter chunk is chosen. Built from the ``K`` starts, not from a pass over the tensor."""
+        """Int64 element positions of the chunks ``chosen`` (ascending chunk indices):
+        ``chosen[j] * chunk + i`` for ``i < chunk``, K·chunk of them whichever chunks were chosen,
+        so the payload's size never depends on the choice and nothing is read on the host. Built
+        from the ``K`` starts, not from a pass over the tensor. The positions past ``n`` (only in
+        the last, shorter chunk) are kept: :meth:`padded` reads zeros there."""
         k = ops.numel(chosen)
         offsets = ops.reshape(ops.from_numpy(np.arange(self.chunk, dtype=np.int64), like), (1, self.chunk))
         starts = ops.reshape(ops.cast(chosen, "int64") * self.chunk, (k, 1))
-        found = ops.reshape(starts + offsets, (k * self.chunk,))  # broadcast: (k, 1) + (1, chunk)
+        return ops.reshape(starts + offsets, (k * self.chunk,))  # broadcast: (k, 1) + (1, chunk)
+
+    def padded(self, ops: Ops, x: Tensor, nchunks: int, n: int) -> Tensor:
+        """``x`` followed by zeros up to ``nchunks * chunk`` elements."""
         pad = nchunks * self.chunk - n
-        if pad and int(ops.scalar(ops.split(chosen, [k - 1, 1])[1])) == nchunks - 1:
-            found = ops.split(found, [k * self.chunk - pad, pad])[0]
-        return found
+        return ops.concat([x, ops.zeros(pad, like=x)]) if pad else x
+
+    def in_range(self, ops: Ops, positions: Tensor, nchunks: int, n: int) -> Tensor:
+        """``positions`` with those past the end moved to ``n - 1`` (they carry zeros: adding them
+        there, or clearing ``n - 1`` with the rest of the last chunk, changes nothing), on the
+        device: p - [p >= n] · (p - n + 1)."""
+        if nchunks * self.chunk == n:
+            return positions
+        past = ops.cast(positions >= n, "int64")
+        return positions - past * (positions - (n - 1))
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         corrected = self.correct(ops, x, state, info)
@@ -115,8 +127,9 @@ class CSC(MomentumCorrection):
         def second_round(outputs: list) -> Packet:
             check_payload(ops, self.name, "chunk norms", outputs[0], "float32", nchunks)
             _, chosen = ops.topk_abs(outputs[0], k)  # norms are >= 0; ties to the lower index
-            indices = self.positions(ops, chosen, nchunks, n, v)
-            values = ops.gather(v, indices)
+            found = self.positions(ops, chosen, nchunks, n, v)
+            values = ops.gather(self.padded(ops, v, nchunks, n), found)
+            indices = self.in_range(ops, found, nchunks, n)
             self.release(ops, state, u, v, indices)
             return Packet([values], _Chosen(indices, ops.dtype(v)), summable=True)
 

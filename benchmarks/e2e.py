@@ -487,8 +487,8 @@ def plot_scale(results: dict, out_dir: Path, stem: str) -> list:
         for what, field, label in (("bytes", "wire_bytes", "bytes sent per rank per step"),
                                    ("step", "step_s", "step time (s)")):
             fig, ax = plt.subplots(figsize=(8, 5.5))
-            colors = dict(zip(methods, plt.cm.tab20.colors))
-            for m in methods:
+            colors = dict(zip(methods, plt.cm.tab10.colors + plt.cm.Dark2.colors))
+            for m in methods if what == "step" else [m for m in methods if m != "nocomm"]:
                 for flat in (True, False):
                     pts = [(v["np"], r[field]) for v in entries if (v.get("slots", 1) == 1) == flat
                            for r in v["rows"] if r["method"] == m and (r[field] or what == "step")]
@@ -502,6 +502,7 @@ def plot_scale(results: dict, out_dir: Path, stem: str) -> list:
                                              if v.get("slots", 1) > 1})))
             ax.set_xticks(sorted({v["np"] for v in entries}))
             ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=6, ncol=2)
             fig.tight_layout()

@@ -25,7 +25,8 @@ depends only on the compressor, the tensor's size and the number of ranks P):
   and the compressed sums are all-gathered and decoded. 2(P-1)/P · B bytes per rank: flat in P.
   The price: a second compression of the sum (more error unless error feedback catches it) and
   one more latency-bound round. ``auto`` takes it for P >= 3, where it sends fewer bytes than
-  the allgather ((P-1) · B); at P = 2 both send B.
+  the allgather ((P-1) · B; at P = 2 both send B), for each tensor whose measured segment
+  payloads keep it so (per-segment scales and padding make it lose on tiny tensors).
 
 Each multi-round algorithm (PowerSGD, CSC) keeps its rounds in :attr:`Packet.resume`; the
 engine runs them in turn. Each :class:`Send` of a round may name its own process set: the
@@ -196,6 +197,7 @@ class Exchange:
         self.total_bytes = ByteCount()
         self.plan: dict = {}   # tensor name -> (numel, collective, payload bytes, wire bytes)
         self._logged = False
+        self._auto: dict = {}  # tensor name -> the collective 'auto' measured for it
 
     @property
     def ranks(self) -> int:
@@ -207,15 +209,41 @@ class Exchange:
         return self.predivide / self.ranks if self.average else 1.0
 
     # ---- compress ------------------------------------------------------------------------------
-    def collective_for(self, info: TensorInfo) -> str:
-        """The collective this tensor's per-rank payloads take (same on every rank)."""
-        return choose_collective(self.collective, self.compressor, self.comm.world)
+    def collective_for(self, info: TensorInfo, like: Tensor) -> str:
+        """The collective this tensor's per-rank payloads take (same on every rank: payload
+        sizes depend only on the tensor's size). With ``auto``, the compressed allreduce only
+        where its measured payloads put fewer bytes on the link than the allgather's: each of
+        its P segments carries its own scale or bounds and a tensor is padded to P segments, so
+        on tiny tensors (biases) it loses. Decided once per tensor (:meth:`_cheaper`)."""
+        choice = choose_collective(self.collective, self.compressor, self.comm.world)
+        if choice != "alltoall" or self.collective == "alltoall":
+            return choice
+        if info.name not in self._auto:
+            self._auto[info.name] = self._cheaper(info, like)
+        return self._auto[info.name]
+
+    def _cheaper(self, info: TensorInfo, like: Tensor) -> str:
+        """'alltoall' or 'allgather', whichever sends fewer bytes for this tensor's size, from one
+        trial compression of zeros of each shape (the algorithm under any decorators, with a
+        throwaway state: decorators do not change payload sizes)."""
+        world, algorithm = self.comm.world, self.compressor.unwrap()
+        length = -(-info.numel // world)
+
+        def payload(seg_info: TensorInfo) -> int:
+            zeros, state = self.ops.zeros(seg_info.numel, like=like), {}
+            algorithm.init_state(self.ops, zeros, state, seg_info)
+            return payload_bytes(self.ops, algorithm.compress(self.ops, zeros, state, seg_info).tensors)
+
+        segments = world * payload(self._segment_info(info, 0, length))
+        whole = payload(info)
+        return "alltoall" if wire_bytes("alltoall", segments, world) < wire_bytes("allgather", whole, world) \
+            else "allgather"
 
     def init_state(self, x: Tensor, state: MutableMapping, info: TensorInfo) -> None:
         """Create the tensor's compressor state (and its segments' for the compressed allreduce)."""
         if info.numel == 0:
             return
-        if self.collective_for(info) != "alltoall":
+        if self.collective_for(info, x) != "alltoall":
             self.compressor.init_state(self.ops, x, state, info)
             return
         length = -(-info.numel // self.comm.world)
@@ -235,7 +263,7 @@ class Exchange:
             entry.packet = Packet([], None, summable=True)
             return entry
         self.init_state(x, state, info)
-        entry.collective = self.collective_for(info)
+        entry.collective = self.collective_for(info, x)
         if entry.collective == "alltoall":
             length = -(-info.numel // self.comm.world)
             padded = x if length * self.comm.world == info.numel else \
@@ -256,8 +284,8 @@ class Exchange:
                 entry.collective = "allreduce"
         sent = payload_bytes(self.ops, entry.packet.tensors)
         self.step_bytes.add(dense, sent)
-        self.plan.setdefault(info.name, (info.numel, entry.collective, sent,
-                                         wire_bytes(entry.collective, sent, self.comm.world)))
+        self.plan[info.name] = (info.numel, entry.collective, sent,  # the latest step's
+                                wire_bytes(entry.collective, sent, self.comm.world))
         return entry
 
     @staticmethod

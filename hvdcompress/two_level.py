@@ -186,7 +186,7 @@ class TwoLevelExchange(Exchange):
     def ranks(self) -> int:
         return self.comm.world * self.cross.comm.world
 
-    def collective_for(self, info: TensorInfo) -> str:
+    def collective_for(self, info: TensorInfo, like: Tensor) -> str:
         return "alltoall"   # the node's reduce-scatter, whatever the intra-node compressor
 
     def describe(self) -> str:

@@ -78,7 +78,7 @@ def run_engine(world: int, n: int, steps: int, compressor, collective: str = "au
 @pytest.mark.parametrize("ef", [False, True])
 def test_compressed_allreduce_matches_numpy(world, n, ef):
     compressor = hc.ErrorFeedback(hc.OneBit()) if ef else hc.OneBit()
-    runs = run_engine(world, n, steps=3, compressor=compressor)
+    runs = run_engine(world, n, steps=3, compressor=compressor, collective="alltoall")
     want = reference(world, n, steps=3, ef=ef)
     for results, engine, log in runs:
         assert [c for c, _, _ in log][:2] == ["alltoall", "allgather"]
@@ -91,7 +91,7 @@ def test_error_feedback_keeps_both_residuals_in_the_tensor_state():
     """Client residuals per segment and the server residual of this rank's segment live in the
     tensor's own state dict, so checkpoints carry them."""
     def body(comm):
-        engine = Exchange(hc.ErrorFeedback(hc.OneBit()), OPS, comm)
+        engine = Exchange(hc.ErrorFeedback(hc.OneBit()), OPS, comm, collective="alltoall")
         state = {}
         info = TensorInfo(name="w", numel=10, world=3, shape=(10,), rank=comm.rank)
         engine.finish(engine.start([engine.compress("w", torch.ones(10), state, info)]))
@@ -148,3 +148,17 @@ def test_simulated_allgather_path_equals_the_sum_of_decoded_payloads():
     for results, _, log in runs:
         assert [c for c, _, _ in log] == ["allgather"]
         np.testing.assert_allclose(results[0], expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("compressor,numel,expected", [
+    (hc.Int8(), 4, "allgather"), (hc.OneBit(), 12, "allgather"),  # per-segment scales and padding
+    (hc.Int8(), 4096, "alltoall"), (hc.ErrorFeedback(hc.OneBit()), 1000, "alltoall"),
+])
+def test_auto_measures_both_forms_for_the_tensors_size(compressor, numel, expected):
+    """At 16 ranks, auto takes the compressed allreduce only where its measured bytes are fewer:
+    tiny tensors (biases) stay on the allgather, and 'auto' then never sends more than either."""
+    plans = {}
+    for collective in ("auto", "allgather", "alltoall"):
+        plans[collective] = run_engine(16, numel, 1, compressor, collective=collective)[0][1].plan["w"]
+    assert plans["auto"][1] == expected
+    assert plans["auto"][3] == min(plans["allgather"][3], plans["alltoall"][3])

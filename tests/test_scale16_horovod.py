@@ -25,9 +25,12 @@ def test_sixteen_ranks_end_with_identical_parameters():
     elapsed = time.monotonic() - began
     assert sorted(r["rank"] for r in results) == list(range(RANKS))
     assert all(r["size"] == RANKS for r in results)
-    for name, collective in (("dense", "allreduce"), ("dgc", "allgather"), ("int8", "alltoall")):
+    # int8: the compressed allreduce where it sends fewer bytes; the 4-element bias (smaller
+    # than 16 segments, each with its own bounds) stays on the allgather
+    int8 = {"allgather" if name.endswith("2.bias") else "alltoall" for name in results[0]["int8"]["plan"]}
+    for name, collectives in (("dense", {"allreduce"}), ("dgc", {"allgather"}), ("int8", int8)):
         first = results[0][name]
-        assert set(first["plan"].values()) == {collective}, (name, first["plan"])
+        assert set(first["plan"].values()) == collectives, (name, first["plan"])
         assert len(first["plan"]) == 4  # two weights, two biases (4 elements < 16 ranks)
         assert first["moved"] > 1e-3, (name, first["moved"])
         for r in results[1:]:

@@ -165,12 +165,13 @@ def test_fp16_inside_onebit_with_error_feedback_across_matches_numpy(nodes, per_
 
 def test_collectives_of_one_step_and_state_keys():
     """Node all-to-all, cross-node rounds, node all-gather; the shard's state under 'cross.'
-    (segments of the compressed allreduce at 4 nodes), in the tensor's own state dict."""
+    (segments of the compressed allreduce at 4 nodes: 250-element shards, large enough for it
+    to send fewer bytes than the allgather), in the tensor's own state dict."""
     def body(world, node, cross):
         engine = TwoLevelExchange(hc.ErrorFeedback(hc.OneBit()), hc.FP16(), OPS, node, cross)
         state = {}
-        info = TensorInfo(name="w", numel=100, world=16, shape=(100,), rank=world.rank)
-        engine.finish(engine.start([engine.compress("w", torch.ones(100), state, info)]))
+        info = TensorInfo(name="w", numel=1000, world=16, shape=(1000,), rank=world.rank)
+        engine.finish(engine.start([engine.compress("w", torch.ones(1000), state, info)]))
         return [c for c, _, _ in node.log], [c for c, _, _ in cross.log], sorted(state)
     node_log, cross_log, keys = run_nodes(4, 4, body)[5]
     assert node_log == ["alltoall", "allgather"] and cross_log == ["alltoall", "allgather"]

@@ -11,10 +11,34 @@ horovodrun fails or runs past ``timeout``.
 """
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+
+def _import_triton_first() -> None:
+    """Import triton before anything imports horovod.tensorflow: a process that imports
+    horovod.tensorflow (0.28.1) and then triton (3.9.0) aborts at exit with "free(): invalid
+    pointer", which fails the whole pytest run after every test passed; the other order exits
+    cleanly. TRITON_INTERPRET=1 while importing, as tests/test_triton_kernels.py needs (triton
+    reads it at import), then restored."""
+    if importlib.util.find_spec("triton") is None:
+        return
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton  # noqa: F401
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+_import_triton_first()
 
 HERE = Path(__file__).parent
 HVD_SCRIPTS = HERE / "hvd"

@@ -1,7 +1,8 @@
 """Local gradient clipping for the torch optimizer (see :mod:`hvdcompress.clipping`)."""
 from __future__ import annotations
 
-from typing import Sequence
+import warnings
+from typing import Iterable, Mapping, Sequence
 
 import torch
 
@@ -25,3 +26,39 @@ def clip_local_gradients(grads: Sequence[torch.Tensor], clip_grad_norm: float, w
     coef = torch.clamp(local_clip_limit(clip_grad_norm, world, average) / (total + 1e-6), max=1.0)
     for g in grads:
         g.mul_(coef.to(g.dtype))
+
+
+class GradientWatch:
+    """Warns once when gradients are changed between ``synchronize()`` and ``step()`` (Horovod's
+    clipping pattern) while the compressor owns the momentum or keeps a residual
+    (:attr:`~hvdcompress.Compressor.carries_state`): ``p.grad`` is then the exchanged update,
+    not the gradient, so the change is a different algorithm from the one the user meant. It
+    sees the change through the gradient's version counter."""
+
+    def __init__(self, compressor):
+        self.compressor = compressor
+        self.versions: dict = {}   # p -> p.grad._version when synchronize() wrote it
+        self.warned = False
+
+    def record(self, params: Iterable[torch.Tensor]) -> None:
+        """After ``synchronize()`` wrote the gradients."""
+        self.versions = {p: p.grad._version for p in params
+                         if p.grad is not None and not p.grad.is_sparse}
+
+    def check(self, names: Mapping[torch.Tensor, str]) -> None:
+        """At ``step()`` after ``skip_synchronize()``."""
+        if self.warned or not self.compressor.carries_state:
+            return
+        changed = [names[p] for p, v in self.versions.items()
+                   if p.grad is not None and not p.grad.is_sparse and p.grad._version != v]
+        if changed:
+            self.warned = True
+            kind = ("applies the momentum itself" if self.compressor.takes_over_momentum
+                    else "keeps an error-feedback residual")
+            warnings.warn(
+                f"gradients of {len(changed)} parameter(s) (e.g. '{changed[0]}') were modified "
+                f"between optimizer.synchronize() and optimizer.step(); with "
+                f"{self.compressor.name}, which {kind}, p.grad there is the exchanged update, not "
+                "the gradient, so clipping it is a different algorithm. To clip gradients, pass "
+                "clip_grad_norm=... to hvdcompress.torch.DistributedOptimizer (it clips each "
+                "rank's local gradients before compression).", stacklevel=4)

@@ -41,7 +41,7 @@ from ..compressor import Compressor, TensorInfo
 from ..two_level import build_exchange
 from ..registry import as_compressor
 from .backend import TorchOps
-from .clipping import clip_local_gradients
+from .clipping import GradientWatch, clip_local_gradients
 from .collectives import HorovodCollectives
 from .momentum_takeover import check_momentum, momentum_fields, suspended, takes_over
 from .rank_agreement import check_ranks_agree
@@ -81,8 +81,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.process_set = process_set
         self.clip_grad_norm = clip_grad_norm
         self._awaiting_clip = []   # parameters whose gradient is complete, held for the clip
-        self._synced_versions = {}  # p -> p.grad._version when synchronize() wrote it
-        self._warned_modified = False
+        self._watch = GradientWatch(compression)  # the clip-after-synchronize trap
         self._tensor_state = {name: {} for name in self._parameter_names.values()}
         self._delay = {p: backward_passes_per_step for p in self._parameter_names}
         self._requires_update = set()
@@ -283,8 +282,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
         self._exchange.end_step()
-        self._synced_versions = {p: p.grad._version for p in self._requires_update
-                                 if p.grad is not None and not p.grad.is_sparse}
+        self._watch.record(self._requires_update)
         self._synchronized = True
 
     def _handled(self) -> set:
@@ -309,35 +307,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.synchronize(); this synchronizes twice")
             self.synchronize()
         else:
-            self._check_unmodified()
+            self._watch.check(self._parameter_names)
         self._synchronized = False
         result = self._wrapped_step(closure)
         self._compression.on_step()
         return result
-
-    def _check_unmodified(self) -> None:
-        """Warn once when gradients were changed between ``synchronize()`` and ``step()`` (e.g.
-        Horovod's clipping pattern) while the compressor owns the momentum or keeps a residual:
-        ``p.grad`` is then the exchanged update, not the gradient, so the change is a different
-        algorithm from the one the user meant."""
-        if self._warned_modified or not self._compression.carries_state:
-            return
-        changed = [self._parameter_names[p] for p, v in self._synced_versions.items()
-                   if p.grad is not None and not p.grad.is_sparse and p.grad._version != v]
-        if changed:
-            self._warned_modified = True
-            warnings.warn(
-                f"gradients of {len(changed)} parameter(s) (e.g. '{changed[0]}') were modified "
-                f"between optimizer.synchronize() and optimizer.step(); with "
-                f"{self._compression.name}, which {self._state_kind()}, p.grad there is the "
-                "exchanged update, not the gradient, so clipping it is a different algorithm. "
-                "To clip gradients, pass clip_grad_norm=... to hvdcompress.torch."
-                "DistributedOptimizer (it clips each rank's local gradients before compression).",
-                stacklevel=3)
-
-    def _state_kind(self) -> str:
-        return ("applies the momentum itself" if self._compression.takes_over_momentum
-                else "keeps an error-feedback residual")
 
     def _wrapped_step(self, closure):
         """The wrapped optimizer's own step, with the settings the compressor took over at 0."""

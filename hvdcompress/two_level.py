@@ -54,6 +54,7 @@ from .compressor import Compressor, TensorInfo
 from .compressors.cast import FP16
 from .compressors.none import NoCompression
 from .exchange import Collectives, Entry, Exchange, PrefixedState, Send, wire_bytes
+from .exit_guard import guard_exit
 from .registry import from_params
 
 _SETS: dict = {}   # (size, ranks per node) -> [node sets..., cross sets...] made by node_process_sets
@@ -174,8 +175,9 @@ class TwoLevelExchange(Exchange):
 
     def __init__(self, compressor: Compressor, intra_node: Compressor, ops: Ops, node: Collectives,
                  cross: Collectives, average: bool = True, predivide: float = 1.0,
-                 collective: str = "auto"):
+                 collective: str = "auto", everyone: Optional[Collectives] = None):
         super().__init__(check_intra_node(intra_node), ops, node, average, predivide)
+        self.everyone = everyone   # the global set's collectives: the exit barrier (exit_guard)
         self.cross = Exchange(compressor, ops, cross, average=False, collective=collective)
         self.cross._logged = True   # this engine logs the plan of both levels
         self.collective = self.cross.collective
@@ -217,6 +219,8 @@ class TwoLevelExchange(Exchange):
         """The node level's state (``seg<j>.``, ``sum.``) and the shard's (``cross.``)."""
         if info.numel == 0:
             return
+        if self.everyone is not None:
+            guard_exit(self.everyone, self.ops.zeros(1, like=x))
         super().init_state(x, state, info)
         length = -(-info.numel // self.comm.world)
         self.cross.init_state(self.ops.zeros(length, like=x), PrefixedState(state, "cross."),
@@ -292,4 +296,4 @@ def build_exchange(hvd: Any, collectives: Callable[[Any], Collectives], process_
                          "sets); use process_set=hvd.global_process_set or intra_node=None")
     node, cross = registered_node_sets(hvd, ranks_per_node)
     return TwoLevelExchange(compressor, intra, ops, collectives(node), collectives(cross),
-                            average, predivide, collective)
+                            average, predivide, collective, collectives(hvd.global_process_set))

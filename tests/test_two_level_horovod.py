@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import run_horovod
+from conftest import run_horovod, run_horovod_failing
 from test_two_level import gradient, reference_fp16_onebit
 
 pytestmark = pytest.mark.horovod
@@ -42,6 +42,22 @@ def test_torch_two_level_at_2_nodes_of_2_matches_numpy_and_the_flat_allreduce():
         assert r["dgc_state"] == ["cross.momentum", "cross.velocity"]
     for key in ("w", "dgc_w"):
         assert all(r[key] == results[0][key] for r in results)
+
+
+def test_a_slow_node_finishes_its_last_step_after_the_other_node_exits():
+    """Node 1 exits while node 0 (delayed) has its last node-local all-gather to run: the exit
+    barrier (hvdcompress.exit_guard) lets it finish; every rank has the flat result."""
+    results = run_horovod("torch_two_level.py", np=4, args=["2", "late"], timeout=300)
+    assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
+    for r in results:
+        assert r["w"] == integer_average(4, 1001, 2).tolist()
+
+
+def test_without_the_exit_barrier_the_slow_node_is_shut_down():
+    """The failure the barrier prevents, shown with it turned off: node 0's last step fails."""
+    out = run_horovod_failing("torch_two_level.py", np=4, args=["2", "late"], timeout=300,
+                              env={"HVDCOMPRESS_EXIT_WAIT_SECONDS": "0"})
+    assert "Horovod has been shut down" in out or "has not been registered" in out, out[-3000:]
 
 
 def test_torch_two_level_at_4_nodes_of_4():

@@ -7,9 +7,14 @@ from w = 0 on loss = sum(w * g_r), so w = -(sum of the averaged updates): the te
 with tests/test_two_level.py's numpy reference. Then NoCompression on both levels next to the
 flat NoCompression optimizer on integer-valued gradients (bit-exact), and DGC with the SGD's
 momentum and weight decay (the shard's state in the checkpoint).
+argv[2] "late" (2 nodes x 2): the ranks of node 0 are slow (2 s before each node-local
+all-gather), so node 1 finishes its last step and exits while node 0's last all-gather is still
+to run; they report before exiting, node 0 after its step (hvdcompress.exit_guard keeps node 1's
+exit from shutting Horovod down under node 0).
 argv[2] "scale" (e.g. 4 nodes x 4): a tiny model, NoCompression on both levels next to the flat
 allreduce (integer-valued gradients, bit-exact), then FP16 + DGC for a few steps."""
 import sys
+import time
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -51,6 +56,16 @@ if MODE == "reference":
     result(rank, w=w.tolist(), exact=exact.tolist(), flat=flat.tolist(),
            inter_node=opt.last_step_bytes.sent, dense=opt.last_step_bytes.dense,
            dgc_w=float(np.abs(dgc_w).sum()), dgc_state=sorted(dgc.state_dict()["hvdcompress"]["tensors"]["w"]))
+elif MODE == "late":
+    if rank < PER_NODE:
+        slow = hvc.collectives.HorovodCollectives.allgather
+
+        def allgather(self, tensors, tag):
+            time.sleep(2.0)
+            return slow(self, tensors, tag)
+        hvc.collectives.HorovodCollectives.allgather = allgather
+    w, _ = train(1001, 2, True, intra_node=hc.NoCompression())
+    result(rank, w=w.tolist())
 else:
     exact, _ = train(4096, 2, True, intra_node=hc.NoCompression())
     flat, _ = train(4096, 2, True)

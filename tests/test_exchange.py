@@ -87,6 +87,36 @@ def test_compressed_allreduce_matches_numpy(world, n, ef):
     assert all(np.array_equal(a, b) for a, b in zip(runs[0][0], runs[1][0]))
 
 
+@pytest.mark.parametrize("compressor", [hc.Int8(), hc.ErrorFeedback(hc.OneBit()), hc.BF16()])
+def test_a_rounds_alltoall_is_one_tensor_per_dtype_with_the_per_tensor_results(compressor):
+    """Three tensors in one round: one all-to-all carrying one tensor per payload dtype (not one
+    per tensor), each tensor's result bit-identical to exchanging it alone."""
+    sizes = (997, 40, 1000)
+
+    def body(comm):
+        together = Exchange(compressor, OPS, comm, collective="alltoall")
+        states = [{} for _ in sizes]
+        entries = [together.compress(f"w{i}", torch.from_numpy(rank_vector(comm.rank, n, i)),
+                                     states[i], TensorInfo(name=f"w{i}", numel=n, world=4,
+                                                           shape=(n,), rank=comm.rank))
+                   for i, n in enumerate(sizes)]
+        dtypes = {t.dtype for e in entries for t in e.packet.tensors}
+        together.finish(together.start(entries))
+        calls = [numels for c, _, numels in comm.log if c == "alltoall"]
+        alone = []
+        for i, n in enumerate(sizes):
+            engine = Exchange(compressor, OPS, comm, collective="alltoall")
+            entry = engine.compress(f"w{i}", torch.from_numpy(rank_vector(comm.rank, n, i)), {},
+                                    TensorInfo(name=f"w{i}", numel=n, world=4, shape=(n,), rank=comm.rank))
+            engine.finish(engine.start([entry]))
+            alone.append(entry.total)
+        return calls[0], len(dtypes), [e.total for e in entries], alone
+    for first_call, dtypes, together, alone in run_ranks(4, body):
+        assert len(first_call) == dtypes
+        for a, b in zip(together, alone):
+            assert torch.equal(a, b)
+
+
 def test_error_feedback_keeps_both_residuals_in_the_tensor_state():
     """Client residuals per segment and the server residual of this rank's segment live in the
     tensor's own state dict, so checkpoints carry them."""

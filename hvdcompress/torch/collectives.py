@@ -13,7 +13,8 @@ from ..exchange import Collectives
 
 class HorovodCollectives(Collectives):
     """``hvd.grouped_allreduce_async_`` (op=Sum), ``hvd.grouped_allgather_async`` and
-    ``hvd.alltoall_async`` (one per tensor: Horovod has no grouped alltoall) over ``process_set``.
+    ``hvd.alltoall_async`` (one per tensor given: Horovod has no grouped alltoall; the engine
+    hands it one tensor per dtype and round) over ``process_set``.
 
     The global process set is asked through ``horovod.torch`` itself: a ProcessSet answers
     through whichever Horovod framework module was imported last, so a process that also

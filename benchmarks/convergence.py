@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
 
-from e2e import CodecTimer, hvdc_params, make_optimizer, runnable, shared_parser
+from e2e import (CodecTimer, hvdc_params, make_optimizer, optimizer_options, runnable,
+                 shared_parser, two_level)
 from hvdcompress.launch import LaunchError, run_script, write_result
 
 HERE = Path(__file__).resolve().parent
@@ -50,7 +52,7 @@ TASKS = {  # --task: default methods, rank counts and results file
     "digits": (DEFAULT_METHODS, [2, 4], RESULTS / "convergence.json"),
     "lm": (LM_METHODS, [2, 8], RESULTS / "lm_convergence.json"),
 }
-LM_FLAGS = ("steps", "epoch_steps", "seq_len", "clip", "embed", "hidden", "val_bytes")
+LM_FLAGS = ("steps", "epoch_steps", "seq_len", "clip", "embed", "hidden", "val_bytes", "schedule")
 sys.path.insert(0, str(HERE.parent / "examples"))  # lm_train: the language model of --task lm
 
 
@@ -129,7 +131,9 @@ def lm_method(method: str) -> tuple:
 
 def train_lm(method: str, args, data) -> dict:
     """Train the language model of ``examples/lm_train.py`` with one method for ``args.steps``
-    steps, gradients clipped; validation bits/byte every ``args.epoch_steps`` steps."""
+    steps, gradients clipped; validation bits/byte every ``args.epoch_steps`` steps. With
+    ``--schedule cosine`` the learning rate follows lr·(1 + cos(π·t/T))/2 over the T steps (with a
+    constant rate this model overfits: dense bottoms out near step 800 of 3000 and rises after)."""
     import horovod.torch as hvd
     import torch
     import hvdcompress
@@ -156,6 +160,9 @@ def train_lm(method: str, args, data) -> dict:
     curve = [(0, evaluate())]
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
+        if args.schedule == "cosine":
+            for group in sgd.param_groups:
+                group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / args.steps))
         x, y = sample_batch(train_text, args.batch, args.seq_len, gen)
         opt.zero_grad()
         lm_loss(model, x, y).backward()
@@ -180,7 +187,15 @@ def worker(args) -> None:
     import horovod.torch as hvd
     import torch
     torch.set_num_threads(1)
-    hvd.init()
+    per_node = {optimizer_options(m).get("ranks_per_node") for m in args.methods if two_level(m)}
+    if len(per_node) > 1:
+        raise SystemExit(f"convergence: two-level methods with different ranks_per_node {per_node}: "
+                         "one launch registers one set of node process sets")
+    if per_node:
+        import hvdcompress.torch as hvc
+        hvd.init(process_sets=hvc.node_process_sets(ranks_per_node=per_node.pop()))
+    else:
+        hvd.init()
     if args.task == "lm":
         from lm_train import load_corpus
         task_train, data = train_lm, load_corpus()
@@ -246,23 +261,24 @@ def plot(results: dict, path: Path) -> None:
 
 
 def print_lm_table(results: dict) -> None:
-    """Final validation bits/byte per method and rank count, the difference to hvd-dense and
-    the compression ratio (dense bytes / sent bytes of one rank, over the whole run)."""
+    """Final validation bits/byte per method and rank count, the difference to hvd-dense, the
+    best bits/byte seen during the run and the compression ratio (dense bytes / sent bytes of one rank, over the whole run)."""
     nps = sorted(results, key=int)
     methods = list(dict.fromkeys(m for n in nps for m in results[n]))
     width = max(map(len, ["method", *methods])) + 2
-    print(f"\n{'method':<{width}}" + "".join(f"{'np' + n + ' bpb':>10}{'vs dense':>10}{'ratio':>9}"
-                                            for n in nps))
+    print(f"\n{'method':<{width}}" + "".join(f"{'np' + n + ' bpb':>10}{'vs dense':>10}{'best':>8}"
+                                            f"{'ratio':>9}" for n in nps))
     for m in methods:
         cells = ""
         for n in nps:
             row, dense = results[n].get(m), results[n].get("hvd-dense")
             if row is None:
-                cells += f"{'-':>10}{'-':>10}{'-':>9}"
+                cells += f"{'-':>10}{'-':>10}{'-':>8}{'-':>9}"
                 continue
             diff = f"{row['final_bpb'] - dense['final_bpb']:>+10.3f}" if dense else f"{'-':>10}"
             ratio = f"{row['bytes']['ratio']:>9.1f}" if row["bytes"] else f"{1:>9.1f}"
-            cells += f"{row['final_bpb']:>10.3f}{diff}{ratio}"
+            best = min(bpb for _, bpb in row["curve"])
+            cells += f"{row['final_bpb']:>10.3f}{diff}{best:>8.3f}{ratio}"
         print(f"{m:<{width}}{cells}")
 
 
@@ -310,13 +326,15 @@ def parse_args(argv=None):
     lm.add_argument("--clip", type=float, default=0.25, help="gradient clipping norm (> 0)")
     lm.add_argument("--embed", type=int, default=64)
     lm.add_argument("--hidden", type=int, default=128)
+    lm.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
+                    help="learning rate over the run")
     lm.add_argument("--val-bytes", type=int, default=65536,
                     help="validation text measured (all of it: 43932 bytes with torch 2.13)")
     if task == "lm":
         ap.set_defaults(batch=16)
     args = ap.parse_args(argv)
     if task == "lm":
-        for k in LM_FLAGS:
+        for k in LM_FLAGS[:-1]:
             if not getattr(args, k) > 0:
                 ap.error(f"--{k.replace('_', '-')} {getattr(args, k)}: allowed: a number > 0")
     return args

@@ -74,6 +74,9 @@ HVDC_METHODS = {  # short names for hvdcompress configurations (also used by con
     "onebit-ef-a2a": "onebit:ef=vanilla@collective=alltoall",
     "csc": "csc",
     "dgc-2l": "dgc:sparsity=0.999@intra_node=fp16",
+    # two-level on one machine: nodes of 4 ranks emulated (convergence.py at 8 ranks: 2 x 4)
+    "dgc-2l4": "dgc:sparsity=0.999@intra_node=fp16@ranks_per_node=4",
+    "dgc-warmup-2l4": "dgc:sparsity=0.999:warmup=4@intra_node=fp16@ranks_per_node=4",
 }
 DEFAULT_METHODS = ",".join([*BUILTIN, "fp16", "bf16", "dgc", "topk", "onebit-ef", "int8",
                             "randomk", "powersgd"])
@@ -125,16 +128,19 @@ def hvdc_params(method: str) -> dict:
 
 def optimizer_options(method: str) -> dict:
     """The DistributedOptimizer keywords after ``@`` in a method: ``collective`` as given,
-    ``intra_node`` as a compressor (``@intra_node=fp16`` -> ``from_params({"compressor": "fp16"})``)."""
+    ``intra_node`` as a compressor (``@intra_node=fp16`` -> ``from_params({"compressor": "fp16"})``),
+    ``ranks_per_node`` as an int (nodes emulated on one machine)."""
     import hvdcompress
     _, *pairs = HVDC_METHODS.get(method, method).split("@")
     options = dict(p.split("=", 1) for p in pairs)
-    unknown = set(options) - {"collective", "intra_node"}
+    unknown = set(options) - {"collective", "intra_node", "ranks_per_node"}
     if unknown:
         raise ValueError(f"method {method!r}: optimizer option(s) {sorted(unknown)}: allowed: "
-                         "collective, intra_node")
+                         "collective, intra_node, ranks_per_node")
     if "intra_node" in options:
         options["intra_node"] = hvdcompress.from_params({"compressor": options["intra_node"]})
+    if "ranks_per_node" in options:
+        options["ranks_per_node"] = int(options["ranks_per_node"])
     return options
 
 

@@ -1,6 +1,7 @@
 """Clipping with compression: ``clip_grad_norm`` clips each rank's local gradients together to
 c * sqrt(N) (op=Average: the DGC paper's c / sqrt(N) on each rank's share g / N) before
-compression (and before error feedback), and the clipping trap (changing
+compression (and before error feedback) when the compressor carries state, and the exchanged
+average to c (Horovod's clip) when it does not; the clipping trap (changing
 p.grad between synchronize() and step() with a compressor that carries state) warns once.
 Expected values are computed here in numpy."""
 from __future__ import annotations
@@ -23,9 +24,9 @@ def local_grads(rank: int, step: int, part: int = 0) -> tuple:
     return rank_vector(rank, 60, seed).astype(np.float64), rank_vector(rank, 40, seed + 5).astype(np.float64)
 
 
-def clip(a: np.ndarray, b: np.ndarray) -> tuple:
+def clip(a: np.ndarray, b: np.ndarray, limit: float = C * np.sqrt(WORLD)) -> tuple:
     norm = np.sqrt(np.sum(a * a) + np.sum(b * b))
-    coef = min(1.0, C * np.sqrt(WORLD) / (norm + 1e-6))
+    coef = min(1.0, limit / (norm + 1e-6))
     return a * coef, b * coef
 
 
@@ -44,17 +45,23 @@ def cases():
     return out
 
 
-def expected_run(compress, steps: int = 2, passes: int = 1) -> tuple:
+def expected_run(compress, steps: int = 2, passes: int = 1, local: bool = True) -> tuple:
+    """SGD from 0: with ``local``, each rank's gradients clipped to C·sqrt(N) before ``compress``
+    (the DGC paper's rule, for compressors with state); else the average clipped to C (Horovod's
+    clip after synchronize(), for stateless ones)."""
     w = [np.zeros(60), np.zeros(40)]
     residual = {r: [np.zeros(60), np.zeros(40)] for r in range(WORLD)}
     for step in range(steps):
         sent = []
         for r in range(WORLD):
             parts = [local_grads(r, step, p) for p in range(passes)]
-            g = clip(sum(p[0] for p in parts), sum(p[1] for p in parts))
-            sent.append(compress(g, residual[r]))
+            g = (sum(p[0] for p in parts), sum(p[1] for p in parts))
+            sent.append(compress(clip(*g) if local else g, residual[r]))
+        update = [np.mean([s[i] for s in sent], axis=0) for i in range(2)]
+        if not local:
+            update = clip(*update, limit=C)
         for i in range(2):
-            w[i] = w[i] - LR * np.mean([s[i] for s in sent], axis=0)
+            w[i] = w[i] - LR * update[i]
     return w
 
 
@@ -71,23 +78,31 @@ def topk_ef(g, residual):
     return out
 
 
-@pytest.mark.parametrize("case,compress,passes,steps", [
-    ("clip_none", no_compression, 1, 2),
-    ("clip_topk_ef", topk_ef, 1, 2),
-    ("clip_bpps2", no_compression, 2, 1),
+@pytest.mark.parametrize("case,compress,passes,steps,local", [
+    ("clip_none", no_compression, 1, 2, False),
+    ("clip_topk_ef", topk_ef, 1, 2, True),
+    ("clip_bpps2", no_compression, 2, 1, False),
+    ("clip_bpps2_topk_ef", topk_ef, 2, 1, True),
 ])
-def test_clip_grad_norm_equals_hand_computed_local_clip(cases, case, compress, passes, steps):
-    a, b = expected_run(compress, steps=steps, passes=passes)
+def test_clip_grad_norm_equals_the_hand_computed_clip(cases, case, compress, passes, steps, local):
+    """Local clip before compression with state (top-k + EF), Horovod's clip of the average
+    without (none); backward_passes_per_step=2 clips the accumulated gradient either way."""
+    a, b = expected_run(compress, steps=steps, passes=passes, local=local)
     for r in range(WORLD):
         np.testing.assert_allclose(cases[case][r]["a"], a, rtol=2e-5, atol=1e-6)
         np.testing.assert_allclose(cases[case][r]["b"], b, rtol=2e-5, atol=1e-6)
     assert cases[case][0]["a"] == cases[case][1]["a"]
 
 
-def test_the_local_clip_is_active_in_this_toy():
-    """The toy's gradients are larger than c * sqrt(N), so the tests above test the clip."""
+def test_both_clips_are_active_and_differ_in_this_toy():
+    """The toy's gradients are larger than c * sqrt(N) and their average larger than c, so the
+    tests above test the clip, and the two rules give different weights."""
     a, b = local_grads(0, 0)
     assert np.sqrt(np.sum(a * a) + np.sum(b * b)) > 3 * C * np.sqrt(WORLD)
+    mean = [np.mean([local_grads(r, 0)[i] for r in range(WORLD)], axis=0) for i in range(2)]
+    assert np.sqrt(sum(np.sum(m * m) for m in mean)) > 2 * C
+    local, exact = expected_run(no_compression), expected_run(no_compression, local=False)
+    assert not np.allclose(local[0], exact[0], rtol=1e-3)
 
 
 @pytest.mark.parametrize("case", ["warn_dgc_trap", "warn_ef_trap"])

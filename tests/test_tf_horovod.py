@@ -172,7 +172,8 @@ def test_tf_function_step_does_not_retrace_on_sparsity_or_lr_change():
 
 def test_tape_clip_grad_norm_and_process_set_exclusion():
     """clip_grad_norm clips each rank's gradients together to c * sqrt(N) before compression
-    (numpy reference below); a rank outside the process set keeps its own gradients."""
+    with state (top-k + EF), the exchanged average to c without (none), numpy reference below;
+    a rank outside the process set keeps its own gradients."""
     def vectors(rank):  # as tf_clip_psets.py draws them: a (60) then b (40) from one stream
         rng = np.random.default_rng(1000 + rank)
         return [rng.standard_normal(n).astype(np.float32).astype(np.float64) for n in (60, 40)]
@@ -194,8 +195,14 @@ def test_tape_clip_grad_norm_and_process_set_exclusion():
         out[idx] = x[idx]
         return out
 
+    def clipped_mean():  # stateless compression: Horovod's clip of the average, to c
+        mean = [np.mean([vectors(r)[i] for r in range(2)], axis=0) for i in range(2)]
+        norm = np.sqrt(sum(np.sum(m * m) for m in mean))
+        assert norm > 2 * 1.5  # active, and a different result from the local clip
+        return [m * 1.5 / norm for m in mean]
+
     local = [clipped(r) for r in range(2)]
-    expected = {"tf_clip_none": [np.mean([g[i] for g in local], axis=0) for i in range(2)],
+    expected = {"tf_clip_none": clipped_mean(),
                 "tf_clip_topk_ef": [np.mean([topk(g[i]) for g in local], axis=0) for i in range(2)]}
     for case, (a, b) in expected.items():
         for r in range(2):

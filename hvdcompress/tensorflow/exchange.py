@@ -34,7 +34,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..accounting import ByteCount
-from ..clipping import check_clip_grad_norm, local_clip_limit
+from ..clipping import check_clip_grad_norm, clips_before_exchange, local_clip_limit
 from ..compressor import Compressor, TensorInfo
 from ..two_level import build_exchange
 from .backend import TFOps
@@ -155,8 +155,19 @@ class GradientExchange:
         (as Horovod does)."""
         if not self.options.process_set.included():
             return list(grads)
+        c = self.options.clip_grad_norm
+        if c is None:
+            return self._reduce(list(grads), sources)
+        if clips_before_exchange(self.compressor, self.options.intra_node):
+            limit = local_clip_limit(c, self.options.process_set.size(),
+                                     average=self.options.op == hvd.Average)
+            return self._reduce(self._clip(grads, limit), sources)
+        return self._clip(self._reduce(list(grads), sources), c)
+
+    def _reduce(self, grads: list, sources: Sequence[Any]) -> list:
+        """The exchange of ``grads`` (see :meth:`__call__`)."""
         names = source_names(sources)
-        out = self._clip(grads)
+        out = list(grads)
         dense = []
         for i, g in enumerate(grads):
             if isinstance(g, tf.IndexedSlices):
@@ -184,16 +195,12 @@ class GradientExchange:
         return out
 
     # ---- pieces ---------------------------------------------------------------------------------
-    def _clip(self, grads: Sequence[Any]) -> list:
-        """This rank's gradients clipped together to ``clip_grad_norm * sqrt(N)`` (op=Average;
-        ``/ sqrt(N)`` for op=Sum; see
-        :mod:`hvdcompress.clipping`), before compression; unchanged without ``clip_grad_norm``."""
+    @staticmethod
+    def _clip(grads: Sequence[Any], limit: float) -> list:
+        """``grads`` (None kept) scaled together to a global L2 norm of at most ``limit``
+        (``tf.clip_by_global_norm``)."""
         out = list(grads)
-        if self.options.clip_grad_norm is None:
-            return out
         present = [i for i, g in enumerate(grads) if g is not None]
-        limit = local_clip_limit(self.options.clip_grad_norm, self.options.process_set.size(),
-                                 average=self.options.op == hvd.Average)
         clipped, _ = tf.clip_by_global_norm([grads[i] for i in present], limit)
         for i, g in zip(present, clipped):
             out[i] = g

@@ -50,9 +50,10 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     an hvdcompress compressor (default: none) or a dict for :func:`hvdcompress.from_params`.
     The returned tape is an instance of ``gradtape``'s class sharing its recording; its
     ``exchange`` attribute has ``last_step_bytes`` / ``total_bytes`` (dense vs sent bytes).
-    ``clip_grad_norm=c``: each rank clips its local gradients together to ``c * sqrt(N)``
-    (op=Average; ``c / sqrt(N)`` for op=Sum)
-    before compression (see :mod:`hvdcompress.clipping`); the way to clip with compression.
+    ``clip_grad_norm=c``: the way to clip with compression. With a compressor that carries
+    state each rank clips its local gradients together to ``c * sqrt(N)`` (op=Average;
+    ``c / sqrt(N)`` for op=Sum) before compression; with a stateless one the exchanged
+    gradients are clipped to ``c``, as Horovod's clip (see :mod:`hvdcompress.clipping`).
     ``collective``: ``"auto"`` | ``"allgather"`` | ``"alltoall"``, as on the torch optimizer
     (see :mod:`hvdcompress.exchange`). ``intra_node`` / ``ranks_per_node``: two-level
     compression, as on the torch optimizer (:mod:`hvdcompress.two_level`; register the process

@@ -36,12 +36,12 @@ import horovod.torch as hvd
 import torch
 
 from ..accounting import ByteCount
-from ..clipping import check_clip_grad_norm
+from ..clipping import check_clip_grad_norm, clips_before_exchange
 from ..compressor import Compressor, TensorInfo
 from ..two_level import build_exchange
 from ..registry import as_compressor
 from .backend import TorchOps
-from .clipping import GradientWatch, clip_local_gradients
+from .clipping import GradientWatch, clip_gradients, clip_local_gradients
 from .collectives import HorovodCollectives
 from .momentum_takeover import check_momentum, momentum_fields, suspended, takes_over
 from .rank_agreement import check_ranks_agree
@@ -80,7 +80,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
         self.clip_grad_norm = clip_grad_norm
-        self._awaiting_clip = []   # parameters whose gradient is complete, held for the clip
+        self._clip_before = clip_grad_norm is not None and clips_before_exchange(compression, intra_node)
+        self._awaiting_clip = []   # parameters whose gradient is complete, held for the local clip
         self._watch = GradientWatch(compression)  # the clip-after-synchronize trap
         self._tensor_state = {name: {} for name in self._parameter_names.values()}
         self._delay = {p: backward_passes_per_step for p in self._parameter_names}
@@ -198,8 +199,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _ready(self, p: torch.Tensor) -> None:
         """``p``'s gradient is complete for this step: compress it now, or, with
-        ``clip_grad_norm``, once every gradient is complete (the clip needs their global norm)."""
-        if self.clip_grad_norm is None:
+        ``clip_grad_norm`` before the exchange, once every gradient is complete (the clip needs
+        their global norm)."""
+        if not self._clip_before:
             self._prepare(p)
             return
         self._awaiting_clip.append(p)
@@ -279,6 +281,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p, finish in self._sparse.items():
             p.grad = finish()  # Horovod's sparse allreduce hands back a function
         self._sparse.clear()
+        if self.clip_grad_norm is not None and not self._clip_before:  # Horovod's clip, exactly
+            clip_gradients([p.grad for p in self._requires_update if p.grad is not None], self.clip_grad_norm)
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
         self._exchange.end_step()
@@ -389,16 +393,20 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     ``_parameter_names`` maps each parameter to its name, as on Horovod's optimizer
     (``allreduce.noname.{i}`` without ``named_parameters``).
 
-    ``clip_grad_norm=c``: the way to clip gradients with compression. Each rank clips its own
-    local gradients (all of this optimizer's, after ``backward_passes_per_step`` accumulations)
-    by their global L2 norm, before error feedback, momentum correction and compression: the
-    local gradient clipping of the DGC paper (Lin et al. 2018, sec. 3.3), whose limit c/sqrt(N)
-    on each rank's share g/N of the update is ``c * sqrt(N)`` on ``p.grad`` with op=Average
-    (``c / sqrt(N)`` with op=Sum; N ranks in the process set; :mod:`hvdcompress.clipping`). Compression then waits until the last gradient of the
-    step is ready, so it no longer overlaps the backward pass. Clipping ``p.grad`` between
-    ``synchronize()`` and ``step()`` (Horovod's pattern) is right for stateless compressors,
-    but with one that owns the momentum or keeps a residual it clips the exchanged update:
-    that case warns once.
+    ``clip_grad_norm=c``: the way to clip gradients with compression. With a compressor that
+    owns the momentum or keeps a residual (DGC, CSC, error feedback, PowerSGD, ``Momentum``),
+    each rank clips its own local gradients (all of this optimizer's, after
+    ``backward_passes_per_step`` accumulations) by their global L2 norm, before error feedback,
+    momentum correction and compression: the local gradient clipping of the DGC paper (Lin et
+    al. 2018, sec. 3.3), whose limit c/sqrt(N) on each rank's share g/N of the update is
+    ``c * sqrt(N)`` on ``p.grad`` with op=Average (``c / sqrt(N)`` with op=Sum; N ranks in the
+    process set); compression then waits until the last gradient of the step is ready, so it no
+    longer overlaps the backward pass. With a stateless compressor the exchanged gradients
+    are clipped to ``c`` at the end of ``synchronize()``, exactly Horovod's
+    ``clip_grad_norm_`` after ``synchronize()`` (:mod:`hvdcompress.clipping` says why). Clipping
+    ``p.grad`` between ``synchronize()`` and ``step()`` yourself is right for stateless
+    compressors, but with one that owns the momentum or keeps a residual it clips the exchanged
+    update: that case warns once.
 
     ``collective``: how payloads that cannot be summed travel: ``"auto"`` (default: the
     compressed allreduce, all-to-all of compressed segments, for the quantisers at 3 ranks or

@@ -1,4 +1,5 @@
-"""The TF tape under 2 ranks: clip_grad_norm (local clip to c * sqrt(N) before compression) and
+"""The TF tape under 2 ranks: clip_grad_norm (local clip to c * sqrt(N) before compression with
+top-k + EF, the exchanged average clipped to c with none) and
 a rank outside the process set (its own gradients, no collective). Gradients are exact:
 loss = sum(a * ca) + sum(b * cb). tests/test_tf_horovod.py recomputes the results in numpy."""
 import horovod.tensorflow as hvd

@@ -4,7 +4,7 @@ Model: two parameters a (60) and b (40) with loss = sum(a * ca) + sum(b * cb), s
 gradient is exactly its vectors; tests/test_clipping.py recomputes every result in numpy.
 Cases:
   clip_<spec>:  DistributedOptimizer(clip_grad_norm=C) for 2 steps, SGD lr 0.1 (no momentum)
-  clip_bpps2:   the same with backward_passes_per_step=2 (two accumulated passes, one clip)
+  clip_bpps2*:  the same with backward_passes_per_step=2 (two accumulated passes, one clip)
   warn_*:       which warnings the clipping trap and the recommended path raise"""
 import warnings
 
@@ -53,8 +53,9 @@ def run(compression, passes=1, steps=2, momentum=0.0, **kw):
 for label, comp in (("none", hc.NoCompression()), ("topk_ef", hc.ErrorFeedback(hc.TopK(10)))):
     model = run(comp, clip_grad_norm=C)
     result(rank, case=f"clip_{label}", a=model.a.detach().tolist(), b=model.b.detach().tolist())
-model = run(hc.NoCompression(), passes=2, steps=1, clip_grad_norm=C)
-result(rank, case="clip_bpps2", a=model.a.detach().tolist(), b=model.b.detach().tolist())
+for label, comp in (("", hc.NoCompression()), ("_topk_ef", hc.ErrorFeedback(hc.TopK(10)))):
+    model = run(comp, passes=2, steps=1, clip_grad_norm=C)
+    result(rank, case=f"clip_bpps2{label}", a=model.a.detach().tolist(), b=model.b.detach().tolist())
 
 
 def trap(compression, clip_after: bool, **kw):

@@ -149,9 +149,10 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     :func:`hvdcompress.from_params`. Returns a new optimizer of the same class and config
     (momentum moved into the compressor where it takes it over, see the module doc).
 
-    ``clip_grad_norm=c``: each rank clips its local gradients together to ``c * sqrt(N)`` (op=Average;
-    ``c / sqrt(N)`` for op=Sum) before
-    compression (see :mod:`hvdcompress.clipping`); the way to clip with compression. Keras's own
+    ``clip_grad_norm=c``: the way to clip with compression. With a compressor that carries
+    state each rank clips its local gradients together to ``c * sqrt(N)`` (op=Average;
+    ``c / sqrt(N)`` for op=Sum) before compression; with a stateless one the exchanged
+    gradients are clipped to ``c``, as Horovod's clip (see :mod:`hvdcompress.clipping`). Keras's own
     ``clipnorm`` / ``global_clipnorm`` / ``clipvalue`` act on the exchanged update, which, with a
     compressor that applies the momentum or keeps a residual, is not the gradient: that warns.
     ``collective``: ``"auto"`` | ``"allgather"`` | ``"alltoall"``, as on the torch optimizer

@@ -72,6 +72,7 @@ HVDC_METHODS = {  # short names for hvdcompress configurations (also used by con
     "int8-a2a": "int8@collective=alltoall",
     "onebit-ef-ag": "onebit:ef=vanilla@collective=allgather",
     "onebit-ef-a2a": "onebit:ef=vanilla@collective=alltoall",
+    "onebit-ef-mom-a2a": "onebit:ef=vanilla:momentum=plain@collective=alltoall",
     "csc": "csc",
     "dgc-2l": "dgc:sparsity=0.999@intra_node=fp16",
     # two-level on one machine: nodes of 4 ranks emulated (convergence.py at 8 ranks: 2 x 4)

@@ -52,10 +52,12 @@ def guard_exit(everyone: Collectives, token: Any) -> None:
     """Register the exit barrier over ``everyone`` (the global process set's collectives),
     allreducing ``token`` (a one-element zero tensor of the framework). Once per process."""
     global _guarded
-    seconds = exit_wait_seconds()
-    if _guarded or seconds == 0:
+    if _guarded:  # called at each tensor's first step: register (and read the variable) once
         return
+    seconds = exit_wait_seconds()
     _guarded = True
+    if seconds == 0:
+        return
     atexit.register(_wait_for_every_rank, everyone, token, seconds)
 
 

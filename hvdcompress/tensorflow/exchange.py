@@ -157,14 +157,14 @@ class GradientExchange:
             return list(grads)
         c = self.options.clip_grad_norm
         if c is None:
-            return self._reduce(list(grads), sources)
+            return self._reduce(grads, sources)
         if clips_before_exchange(self.compressor, self.options.intra_node):
             limit = local_clip_limit(c, self.options.process_set.size(),
                                      average=self.options.op == hvd.Average)
             return self._reduce(self._clip(grads, limit), sources)
-        return self._clip(self._reduce(list(grads), sources), c)
+        return self._clip(self._reduce(grads, sources), c)
 
-    def _reduce(self, grads: list, sources: Sequence[Any]) -> list:
+    def _reduce(self, grads: Sequence[Any], sources: Sequence[Any]) -> list:
         """The exchange of ``grads`` (see :meth:`__call__`)."""
         names = source_names(sources)
         out = list(grads)

@@ -93,6 +93,11 @@ class Ops(ABC):
         """``x`` with ``x[indices] = value``; may work in place and return ``x``."""
 
     @abstractmethod
+    def put(self, x: Tensor, indices: Tensor, values: Tensor) -> Tensor:
+        """``x`` with ``x[indices] = values`` (same dtype; a repeated index must carry one value);
+        may work in place and return ``x``."""
+
+    @abstractmethod
     def concat(self, xs: Sequence[Tensor]) -> Tensor: ...
 
     @abstractmethod

@@ -54,12 +54,26 @@ def check_clip_grad_norm(value: Optional[float], compressor=None) -> Optional[fl
     return float(value)
 
 
+def state_carrier(compressor, intra_node=None):
+    """The compressor that carries state (owns the momentum or keeps a residual):
+    ``compressor``, else the two-level ``intra_node`` compressor, else None."""
+    inner = None if intra_node is None else check_intra_node(intra_node)
+    return next((c for c in (compressor, inner) if c is not None and c.carries_state), None)
+
+
 def clips_before_exchange(compressor, intra_node=None) -> bool:
     """Whether ``clip_grad_norm`` clips each rank's gradients before compression (the DGC
     paper's local clip, :func:`local_clip_limit`): when ``compressor`` or the two-level
     ``intra_node`` compressor carries state. Otherwise the wrappers clip the exchanged (averaged
     or summed) gradients to ``clip_grad_norm`` itself, as Horovod's documented pattern does."""
-    return compressor.carries_state or (intra_node is not None and check_intra_node(intra_node).carries_state)
+    return state_carrier(compressor, intra_node) is not None
+
+
+def what_it_keeps(compressor) -> str:
+    """How a compressor that carries state makes the exchanged update differ from the gradient,
+    for the warnings about clipping after the exchange."""
+    return ("applies the momentum itself" if compressor.takes_over_momentum
+            else "keeps an error-feedback residual")
 
 
 def local_clip_limit(clip_grad_norm: float, world: int, average: bool = True) -> float:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import hvdcompress as hc
+
 from conftest import run_horovod
 
 pytestmark = pytest.mark.horovod
@@ -125,3 +127,26 @@ def test_local_clip_limit_is_the_papers_per_rank_rule():
     from hvdcompress.clipping import local_clip_limit
     assert local_clip_limit(2.0, 4, average=True) == 4.0
     assert local_clip_limit(2.0, 4, average=False) == 1.0
+
+
+@pytest.mark.parametrize("compression,intra_node,warns", [
+    (hc.FP16(), None, False), (hc.FP16(), hc.FP16(), False),
+    (hc.FP16(), hc.ErrorFeedback(hc.OneBit()), True), (hc.DGC(0.99), hc.FP16(), True)])
+def test_the_trap_watch_sees_state_at_either_level(compression, intra_node, warns):
+    """GradientWatch (torch) warns when a gradient changes between synchronize() and step() and
+    the compressor, or the two-level intra_node one, carries state; clipping is then applied
+    before the exchange by clip_grad_norm (clips_before_exchange agrees)."""
+    import warnings
+    import torch
+    from hvdcompress.clipping import clips_before_exchange
+    from hvdcompress.torch.clipping import GradientWatch
+    p = torch.nn.Parameter(torch.zeros(3))
+    p.grad = torch.ones(3)
+    watch = GradientWatch(compression, intra_node)
+    watch.record([p])
+    p.grad.mul_(0.5)  # the user's clip after synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        watch.check({p: "w"})
+    assert len(seen) == int(warns), [str(w.message) for w in seen]
+    assert clips_before_exchange(compression, intra_node) == warns

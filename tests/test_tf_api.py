@@ -104,6 +104,20 @@ def test_keras_clipping_with_a_stateful_compressor_warns(clip):
             hvck.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, **clip), compression=compression)
 
 
+def test_keras_clipping_with_a_stateful_intra_node_compressor_warns():
+    """Two-level: a stateless compressor between nodes, error feedback inside them (checked on
+    the wrapper's warning alone: building the two-level exchange needs Horovod's process sets)."""
+    from hvdcompress.tensorflow.keras.optimizer import _warn_keras_clipping
+    ef = hvdcompress.ErrorFeedback(hvdcompress.OneBit())
+    with pytest.warns(UserWarning, match=r"with onebit, which keeps an error-feedback residual"):
+        _warn_keras_clipping(hvdcompress.FP16(), ef, {"clipnorm": 1.0})
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_keras_clipping(hvdcompress.FP16(), hvdcompress.FP16(), {"clipnorm": 1.0})
+        _warn_keras_clipping(hvdcompress.FP16(), ef, {"clipnorm": None})
+
+
 def test_keras_clipping_without_state_or_with_clip_grad_norm_does_not_warn():
     import warnings
     with warnings.catch_warnings():

@@ -138,8 +138,8 @@ def edge_cases():
 
 def test_unusual_gradients_and_features(edge_cases):
     cases = edge_cases
-    for label in ("nan_topk_ef", "nan_dgc"):
-        for r in cases[label].values():
+    for label in ("topk_ef", "dgc", "dgc_masking", "dgc_dense", "csc"):
+        for r in cases[f"nan_{label}"].values():
             assert r["nan_at_7"] and r["nan_count"] == 1 and r["next_finite"], r
     a0, a1 = rank_vector(0, 50), rank_vector(1, 50)
     for r in cases["unused_and_small"].values():

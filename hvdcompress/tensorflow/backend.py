@@ -116,6 +116,9 @@ class TFOps(Ops):
         fill = tf.fill(tf.shape(indices), tf.constant(value, x.dtype))
         return tf.tensor_scatter_nd_update(x, tf.expand_dims(_as_int64(indices), 1), fill)
 
+    def put(self, x: Tensor, indices: Tensor, values: Tensor) -> Tensor:
+        return tf.tensor_scatter_nd_update(x, tf.expand_dims(_as_int64(indices), 1), values)
+
     def concat(self, xs: Sequence[Tensor]) -> Tensor:
         return tf.concat(list(xs), 0)
 

@@ -170,6 +170,8 @@ class TorchOps(Ops):
             return self._impl(x).fill_at(x, indices.contiguous(), float(value), out=x)
         return x.index_fill_(0, indices, value)
 
+    def put(self, x, indices, values): return x.index_copy_(0, indices.long(), values)
+
     def concat(self, xs: Sequence[Any]): return torch.cat(list(xs))
 
     def split(self, x, sizes): return list(torch.split(x, list(sizes)))

@@ -6,7 +6,7 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
-from ..clipping import local_clip_limit
+from ..clipping import local_clip_limit, state_carrier, what_it_keeps
 
 
 def clip_gradients(grads: Sequence[torch.Tensor], limit: float) -> None:
@@ -35,13 +35,13 @@ def clip_local_gradients(grads: Sequence[torch.Tensor], clip_grad_norm: float, w
 
 class GradientWatch:
     """Warns once when gradients are changed between ``synchronize()`` and ``step()`` (Horovod's
-    clipping pattern) while the compressor owns the momentum or keeps a residual
-    (:attr:`~hvdcompress.Compressor.carries_state`): ``p.grad`` is then the exchanged update,
-    not the gradient, so the change is a different algorithm from the one the user meant. It
-    sees the change through the gradient's version counter."""
+    clipping pattern) while the compressor, or the two-level ``intra_node`` one, owns the
+    momentum or keeps a residual (:func:`~hvdcompress.clipping.state_carrier`): ``p.grad`` is
+    then the exchanged update, not the gradient, so the change is a different algorithm from
+    the one the user meant. It sees the change through the gradient's version counter."""
 
-    def __init__(self, compressor):
-        self.compressor = compressor
+    def __init__(self, compressor, intra_node=None):
+        self.carrier = state_carrier(compressor, intra_node)
         self.versions: dict = {}   # p -> p.grad._version when synchronize() wrote it
         self.warned = False
 
@@ -52,18 +52,16 @@ class GradientWatch:
 
     def check(self, names: Mapping[torch.Tensor, str]) -> None:
         """At ``step()`` after ``skip_synchronize()``."""
-        if self.warned or not self.compressor.carries_state:
+        if self.warned or self.carrier is None:
             return
         changed = [names[p] for p, v in self.versions.items()
                    if p.grad is not None and not p.grad.is_sparse and p.grad._version != v]
         if changed:
             self.warned = True
-            kind = ("applies the momentum itself" if self.compressor.takes_over_momentum
-                    else "keeps an error-feedback residual")
             warnings.warn(
                 f"gradients of {len(changed)} parameter(s) (e.g. '{changed[0]}') were modified "
                 f"between optimizer.synchronize() and optimizer.step(); with "
-                f"{self.compressor.name}, which {kind}, p.grad there is the exchanged update, not "
-                "the gradient, so clipping it is a different algorithm. To clip gradients, pass "
-                "clip_grad_norm=... to hvdcompress.torch.DistributedOptimizer (it clips each "
-                "rank's local gradients before compression).", stacklevel=4)
+                f"{self.carrier.name}, which {what_it_keeps(self.carrier)}, p.grad there is the "
+                "exchanged update, not the gradient, so clipping it is a different algorithm. To "
+                "clip gradients, pass clip_grad_norm=... to hvdcompress.torch.DistributedOptimizer "
+                "(it clips each rank's local gradients before compression).", stacklevel=4)

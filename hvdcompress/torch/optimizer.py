@@ -82,7 +82,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.clip_grad_norm = clip_grad_norm
         self._clip_before = clip_grad_norm is not None and clips_before_exchange(compression, intra_node)
         self._awaiting_clip = []   # parameters whose gradient is complete, held for the local clip
-        self._watch = GradientWatch(compression)  # the clip-after-synchronize trap
+        self._watch = GradientWatch(compression, intra_node)  # the clip-after-synchronize trap
         self._tensor_state = {name: {} for name in self._parameter_names.values()}
         self._delay = {p: backward_passes_per_step for p in self._parameter_names}
         self._requires_update = set()

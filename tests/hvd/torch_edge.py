@@ -16,8 +16,12 @@ def wrap(model, comp, **kw):
                                     named_parameters=model.named_parameters(), compression=comp, **kw)
 
 
-# NaN on rank 1 reaches every rank; the next, finite step is finite again
-for label, comp in (("topk_ef", hc.ErrorFeedback(hc.TopK(5))), ("dgc", hc.DGC(0.99, min_numel=0))):
+# NaN on rank 1 reaches every rank; the next, finite step is finite again (no NaN left in a
+# residual or momentum): DGC without and with masking, DGC's dense path for small tensors, CSC
+NAN_CASES = {"topk_ef": hc.ErrorFeedback(hc.TopK(5)), "dgc": hc.DGC(0.99, min_numel=0),
+             "dgc_masking": hc.DGC(0.99, min_numel=0, masking=True), "dgc_dense": hc.DGC(0.99),
+             "csc": hc.CSC(0.1, chunk=10, min_numel=0)}
+for label, comp in NAN_CASES.items():
     model = Linear(100)
     opt = wrap(model, comp)
     grads = []

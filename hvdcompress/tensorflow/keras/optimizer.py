@@ -33,6 +33,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ...clipping import state_carrier, what_it_keeps
 from ...compressor import Compressor
 from ..subclass import subclass_with
 from ...registry import as_compressor
@@ -63,15 +64,17 @@ def _take_over_momentum(compressor: Compressor, optimizer: Any, config: dict) ->
     return float(momentum), nesterov
 
 
-def _warn_keras_clipping(compressor: Compressor, config: dict) -> None:
+def _warn_keras_clipping(compressor: Compressor, intra_node: Any, config: dict) -> None:
     """Keras clips inside ``apply_gradients``, after the exchange: with a compressor that
-    carries state that clips the exchanged update, not the gradient. Warn, naming the fix."""
+    carries state (or a two-level ``intra_node`` one that does) that clips the exchanged
+    update, not the gradient. Warn, naming the fix."""
     used = [k for k in ("clipnorm", "global_clipnorm", "clipvalue") if config.get(k) is not None]
-    if used and compressor.carries_state:
+    carrier = state_carrier(compressor, intra_node)
+    if used and carrier is not None:
         warnings.warn(f"the wrapped optimizer has {used[0]}={config[used[0]]!r}: Keras clips after "
-                      f"the exchange, and with {compressor.name}, which applies the momentum or "
-                      "keeps a residual, that clips the exchanged update, not the gradient (a "
-                      "different algorithm). To clip gradients, pass clip_grad_norm=... to "
+                      f"the exchange, and with {carrier.name}, which {what_it_keeps(carrier)}, "
+                      "that clips the exchanged update, not the gradient (a different "
+                      "algorithm). To clip gradients, pass clip_grad_norm=... to "
                       "hvdcompress.tensorflow.keras.DistributedOptimizer instead.", stacklevel=3)
 
 
@@ -175,7 +178,7 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
                                intra_node=intra_node, ranks_per_node=ranks_per_node)
     compressor = as_compressor(compression)
     config = optimizer.get_config()
-    _warn_keras_clipping(compressor, config)
+    _warn_keras_clipping(compressor, intra_node, config)
     if name is not None:
         config["name"] = name
     momentum, nesterov = _take_over_momentum(compressor, optimizer, config)

@@ -27,7 +27,7 @@ unit of DGC's warm-up: ``dgc-warmup`` ramps over 4 of them)::
 ``DistributedOptimizer(..., clip_grad_norm=...)`` (each rank clips its local gradients to
 ``clip * sqrt(N)`` before compression; ``clip / sqrt(N)`` in runs made before that was fixed,
 see benchmarks/README.md). A method may end in ``@lr=X`` and/or ``@clip=X`` to
-override ``--lr`` / ``--clip`` for it alone. Writes ``results/lm_convergence.json`` and
+override ``--lr`` / ``--clip`` for it alone, and in ``@nesterov`` for Nesterov momentum. Writes ``results/lm_convergence.json`` and
 ``lm_convergence.png`` (validation bits/byte over steps).
 """
 from __future__ import annotations
@@ -115,17 +115,22 @@ def train(method: str, args, data) -> dict:
 
 def lm_method(method: str) -> tuple:
     """``'dgc-warmup@lr=0.25@clip=1'`` -> ``('dgc-warmup', {'lr': 0.25, 'clip': 1.0})``: the
-    method and its overrides of ``--lr`` / ``--clip``."""
+    method and its overrides of ``--lr`` / ``--clip``; ``@nesterov`` gives the SGD Nesterov
+    momentum (``{'nesterov': True}``; DGC takes it over from the optimizer)."""
     name, *overrides = method.split("@")
     options = {}
     for text in overrides:
+        if text == "nesterov":
+            options["nesterov"] = True
+            continue
         key, _, value = text.partition("=")
         try:
             options[key] = float(value)
         except ValueError:
             options[key] = None
         if key not in ("lr", "clip") or options[key] is None or not options[key] > 0:
-            raise ValueError(f"method {method!r}: override {text!r}: allowed: lr=X or clip=X, X > 0")
+            raise ValueError(f"method {method!r}: override {text!r}: allowed: lr=X or clip=X, "
+                             "X > 0, or nesterov")
     return name, options
 
 
@@ -146,7 +151,8 @@ def train_lm(method: str, args, data) -> dict:
     torch.manual_seed(args.seed)
     model = ByteLSTM(args.embed, args.hidden)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
+    sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
+                          nesterov=options.get("nesterov", False))
     named = [(f"{method}.{n}", p) for n, p in model.named_parameters()]
     dense = name == "hvd-dense"
     if dense:

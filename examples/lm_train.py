@@ -124,6 +124,9 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1.0)
     parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--nesterov", action="store_true",
+                        help="Nesterov momentum: recommended with DGC and error feedback + momentum "
+                             "(benchmarks/README.md, section 6)")
     parser.add_argument("--clip", type=float, default=0.25,
                         help="clip_grad_norm of the optimizer (0: no clipping)")
     parser.add_argument("--embed", type=int, default=64)
@@ -145,7 +148,7 @@ def main() -> None:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     compression = compression_from_args(parser, args)
     opt = hvc.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum),
+        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, nesterov=args.nesterov),
         named_parameters=model.named_parameters(), compression=compression,
         clip_grad_norm=args.clip or None)
     warmup = hvc.SparsityScheduler(opt)

@@ -257,7 +257,8 @@ def np_toy_training(cfg: dict, world: int) -> tuple:
         d = [np.random.default_rng(500 + 10 * step + r).standard_normal(bias).astype(np.float32)
              for r in range(world)]
         ratio = cfg["ratio"] ** (min(step + 1, cfg["warmup"]) / cfg["warmup"])
-        _, dense, us, vs, chosen = np_csc_step(c, us, vs, ratio, chunk, mu, cfg["nesterov"], True)
+        _, dense, us, vs, chosen = np_csc_step(c, us, vs, ratio, chunk, mu, cfg["nesterov"],
+                                               masking=False)  # CSC's default
         if cfg["nesterov"]:  # the bias goes dense: u, plus g with Nesterov; the velocity is empty
             ub = [(u + g) * np.float32(mu) for u, g in zip(ub, d)]
             payload = [u + g for u, g in zip(ub, d)]

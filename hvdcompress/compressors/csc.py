@@ -10,7 +10,7 @@ one shorter)::
     K = ⌈ratio · C⌉;   J = the K chunks of largest S_c, ties to the lower chunk index
     round 1:  send v_I, I = ∪_{c∈J} B_c         K·chunk floats (fewer if J holds the last
                                                  chunk), allreduced: Σ_ranks v_I
-    v_I ← 0;   u_I ← 0 (masking=True)           the rest of v stays as the residual
+    v_I ← 0;   u_I ← 0 (masking=True; off by default, as DGC's)   the rest of v stays as the residual
     result:   Σ_ranks v_I scattered into zeros at I (the wrapper divides by N)
 
 Every rank sees the same ``S`` (one allreduce result) and breaks ties the same way, so every
@@ -67,7 +67,7 @@ class CSC(MomentumCorrection):
     name = "csc"
 
     def __init__(self, ratio: float = 0.01, chunk: int = 1024, momentum: Optional[float] = None,
-                 nesterov: Optional[bool] = None, masking: bool = True,
+                 nesterov: Optional[bool] = None, masking: bool = False,
                  clip_norm: Optional[float] = None, weight_decay: Optional[float] = None,
                  min_numel: int = 16384, warmup: Optional[Schedule] = None):
         own = "CSC"

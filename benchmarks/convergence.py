@@ -229,8 +229,9 @@ def run_np(np_: int, methods: list, args) -> list:
 def print_table(results: dict) -> None:
     """Final test accuracy per method and rank count, and the difference to hvd-dense."""
     nps = sorted(results, key=int)
-    print(f"\n{'method':<14}" + "".join(f"{'np' + n + ' acc':>11}{'vs dense':>10}" for n in nps))
     methods = list(dict.fromkeys(m for n in nps for m in results[n]))
+    width = max(map(len, ["method", *methods])) + 2
+    print(f"\n{'method':<{width}}" + "".join(f"{'np' + n + ' acc':>11}{'vs dense':>10}" for n in nps))
     for m in methods:
         cells = ""
         for n in nps:
@@ -238,7 +239,7 @@ def print_table(results: dict) -> None:
             acc = f"{100 * row['final_acc']:>10.2f}%" if row else f"{'-':>11}"
             diff = f"{100 * (row['final_acc'] - dense['final_acc']):>+9.2f}p" if row and dense else f"{'-':>10}"
             cells += acc + diff
-        print(f"{m:<14}{cells}")
+        print(f"{m:<{width}}{cells}")
 
 
 def plot(results: dict, path: Path) -> None:
@@ -260,7 +261,7 @@ def plot(results: dict, path: Path) -> None:
         axes[1][col].set(xlabel="epoch", ylabel="test accuracy (%)", ylim=(50, 100))
         for ax in axes[:, col]:
             ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7, ncol=2)
+        axes[1][col].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

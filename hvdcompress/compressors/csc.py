@@ -10,7 +10,7 @@ one shorter)::
     K = ⌈ratio · C⌉;   J = the K chunks of largest S_c, ties to the lower chunk index
     round 1:  send v_I, I = ∪_{c∈J} B_c         K·chunk floats (fewer if J holds the last
                                                  chunk), allreduced: Σ_ranks v_I
-    v_I ← 0;   u_I ← 0 (masking=True; off by default, as DGC's)   the rest of v stays as the residual
+    v_I ← 0;   u_I ← 0 (masking=True)           the rest of v stays as the residual
     result:   Σ_ranks v_I scattered into zeros at I (the wrapper divides by N)
 
 Every rank sees the same ``S`` (one allreduce result) and breaks ties the same way, so every
@@ -61,8 +61,8 @@ class _Chosen:
 
 class CSC(MomentumCorrection):
     """Coarse-grained sparsification: ``ratio`` is the fraction of ``chunk``-element chunks sent
-    (by largest L1 norm summed over ranks); momentum correction, masking, clipping, weight decay,
-    warm-up and small-tensor handling as :class:`~hvdcompress.DGC`."""
+    (by largest L1 norm summed over ranks); momentum correction, masking (off by default),
+    clipping, weight decay, warm-up and small-tensor handling as :class:`~hvdcompress.DGC`."""
 
     name = "csc"
 

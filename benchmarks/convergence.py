@@ -27,8 +27,9 @@ unit of DGC's warm-up: ``dgc-warmup`` ramps over 4 of them)::
 ``DistributedOptimizer(..., clip_grad_norm=...)`` (each rank clips its local gradients to
 ``clip * sqrt(N)`` before compression; ``clip / sqrt(N)`` in runs made before that was fixed,
 see benchmarks/README.md). A method may end in ``@lr=X`` and/or ``@clip=X`` to
-override ``--lr`` / ``--clip`` for it alone, and in ``@nesterov`` for Nesterov momentum. Writes ``results/lm_convergence.json`` and
-``lm_convergence.png`` (validation bits/byte over steps).
+override ``--lr`` / ``--clip`` for it alone, and in ``@nesterov`` for Nesterov momentum.
+Writes ``results/lm_convergence.json`` and ``lm_convergence.png`` (validation bits/byte over
+steps).
 """
 from __future__ import annotations
 

@@ -148,7 +148,8 @@ def main() -> None:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     compression = compression_from_args(parser, args)
     opt = hvc.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, nesterov=args.nesterov),
+        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                        nesterov=args.nesterov),
         named_parameters=model.named_parameters(), compression=compression,
         clip_grad_norm=args.clip or None)
     warmup = hvc.SparsityScheduler(opt)

@@ -125,12 +125,15 @@ class Ops(ABC):
         self.write(state, key, value)
         return value
 
+    def zero_non_finite(self, x: Tensor) -> Tensor:
+        """``x`` with its non-finite (NaN, ±Inf) elements set to 0, as a new tensor."""
+        return self.where(self.isfinite(x), x, self.zeros(self.numel(x), like=x))
+
     def sub_finite(self, a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
         """``a − b`` with non-finite entries set to 0 (an error-feedback residual), written into
         ``out`` when given (``out`` may be ``a`` or ``b``; kernels.h ``sub_finite`` for float32)."""
         if not all(self._is_flat_float32(t) for t in (a, b)):
-            e = a - b
-            return self.into(out, self.where(self.isfinite(e), e, self.zeros(self.numel(e), like=e)))
+            return self.into(out, self.zero_non_finite(a - b))
         if self.numel(a) != self.numel(b):
             raise ValueError(f"sub_finite: a has {self.numel(a)} elements, b has {self.numel(b)}")
         return self._decode(out, self.numel(a), lambda buf: self._impl(a).sub_finite(a, b, out=buf))

@@ -105,7 +105,7 @@ class MomentumCorrection(SparsityWarmup, SparseCompressor):
                 u = ops.accumulate(state, "momentum", mu, g)
             v = state["velocity"] + u + g if nesterov else state["velocity"] + u
             ops.write(state, "velocity", ops.zeros(info.numel, like=x))
-            ops.write(state, "momentum", finite(ops, u))
+            ops.write(state, "momentum", ops.zero_non_finite(u))
             return Packet([v], None, summable=True)
         u, v = ops.momentum_correction(state["momentum"], state["velocity"], g, mu, nesterov)
         ops.write(state, "momentum", u)
@@ -120,12 +120,8 @@ class MomentumCorrection(SparsityWarmup, SparseCompressor):
         if self.masking:
             ops.write(state, "momentum", ops.fill_at(u, indices, 0.0))
         else:
-            ops.write(state, "momentum", ops.put(u, indices, finite(ops, ops.gather(u, indices))))
-
-
-def finite(ops: Ops, x: Tensor) -> Tensor:
-    """``x`` with its non-finite elements set to 0."""
-    return ops.where(ops.isfinite(x), x, ops.zeros(ops.numel(x), like=x))
+            sent = ops.gather(u, indices)
+            ops.write(state, "momentum", ops.put(u, indices, ops.zero_non_finite(sent)))
 
 
 class DGC(MomentumCorrection):

@@ -58,6 +58,16 @@ class Ops(ABC):
     def scalar(self, x: Tensor) -> float:
         """A 0-d or 1-element tensor as a Python float (synchronises with the device)."""
 
+    @abstractmethod
+    def to_numpy(self, x: Tensor) -> np.ndarray:
+        """The tensor's values on the host (synchronises with the device)."""
+
+    @abstractmethod
+    def checksums(self, xs: Sequence[Tensor]) -> Tensor:
+        """One int64 per tensor of ``xs`` (any shape and dtype, on one device): the sum of its
+        elements' bit patterns (as signed integers of their width) times 2i + 1, mod 2^64
+        (:mod:`hvdcompress.replicas`), computed on the device."""
+
     # --- elementwise and reductions ------------------------------------------------------
     @abstractmethod
     def magnitude(self, x: Tensor) -> Tensor:

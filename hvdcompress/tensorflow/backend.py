@@ -50,6 +50,9 @@ def _as_int64(indices: Tensor) -> Tensor:
     return tf.cast(indices, tf.int64)
 
 
+_SIGNED = {2: tf.int16, 4: tf.int32, 8: tf.int64}  # by element size
+
+
 class TFOps(Ops):
     """Eager TensorFlow implementation of the core's array interface (flat 1-D tensors)."""
 
@@ -88,6 +91,19 @@ class TFOps(Ops):
 
     def scalar(self, x: Tensor) -> float:
         return float(tf.reshape(x, [-1])[0])
+
+    def to_numpy(self, x: Tensor) -> np.ndarray:
+        return x.numpy()
+
+    def checksums(self, xs: Sequence[Tensor]) -> Tensor:
+        sums = []
+        for x in xs:
+            flat = tf.reshape(tf.convert_to_tensor(x), [-1])
+            if flat.dtype.size > 1:  # tf.bitcast to the same width; int8 data is its own bits
+                flat = tf.bitcast(flat, _SIGNED[flat.dtype.size])
+            odd = tf.range(1, 2 * tf.size(flat, tf.int64) + 1, 2, dtype=tf.int64)
+            sums.append(tf.reduce_sum(tf.cast(flat, tf.int64) * odd))  # int64 wraps: mod 2^64
+        return tf.stack(sums)
 
     # --- elementwise and reductions ------------------------------------------------------
     def magnitude(self, x: Tensor) -> Tensor:

@@ -27,6 +27,7 @@ allgathered (and divided by N for op=Average).
 from __future__ import annotations
 
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -36,12 +37,15 @@ import tensorflow as tf
 from ..accounting import ByteCount
 from ..clipping import check_clip_grad_norm, clips_before_exchange, local_clip_limit
 from ..compressor import Compressor, TensorInfo
+from ..replicas import ReplicaCheck, check_every, counters_checksum
 from ..two_level import build_exchange
 from .backend import TFOps
 from .collectives import HorovodCollectives
 from .state import compression_state
 
 OPS = TFOps()
+#: One replica guard per compressor state: the tape, and its exchange, are created every step.
+_CHECKS: "weakref.WeakKeyDictionary[Any, ReplicaCheck]" = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -59,8 +63,10 @@ class ExchangeOptions:
     collective: str = "auto"
     intra_node: Any = None        # two-level compression: see hvdcompress.two_level
     ranks_per_node: Any = None
+    check_replicas: Any = None    # compare the replicas every N steps: see hvdcompress.replicas
 
     def __post_init__(self) -> None:
+        self.check_replicas = check_every(self.check_replicas)
         for key in ("device_dense", "device_sparse"):
             if not isinstance(getattr(self, key), str):
                 raise ValueError(f"{key}={getattr(self, key)!r}: allowed: a device string such as "
@@ -145,6 +151,13 @@ class GradientExchange:
                                      average=options.op == hvd.Average,
                                      predivide=options.gradient_predivide_factor,
                                      collective=options.collective)
+        if self.state not in _CHECKS:
+            ps = options.process_set
+            _CHECKS[self.state] = ReplicaCheck(options.check_replicas, OPS,
+                                               HorovodCollectives(ps, options.device_dense),
+                                               ranks=getattr(ps, "ranks", None))
+        self.replicas = _CHECKS[self.state]
+        self.replicas.every = options.check_replicas
 
     # ---- entry point --------------------------------------------------------------------------
     @tf.autograph.experimental.do_not_convert  # plain Python on Python values: nothing to convert
@@ -167,6 +180,8 @@ class GradientExchange:
     def _reduce(self, grads: Sequence[Any], sources: Sequence[Any]) -> list:
         """The exchange of ``grads`` (see :meth:`__call__`)."""
         names = source_names(sources)
+        variables = sorted(((n, s) for n, s in zip(names, sources) if hasattr(s, "assign")),
+                           key=lambda pair: pair[0])
         out = list(grads)
         dense = []
         for i, g in enumerate(grads):
@@ -184,9 +199,9 @@ class GradientExchange:
         inputs = [out[i] for i in dense]
         self._init_states(inputs, infos)
         if tf.executing_eagerly():
-            reduced = self._exchange(inputs, params, infos)
+            reduced = self._exchange(inputs, params, infos, variables)
         else:
-            reduced = tf.py_function(lambda *g: self._exchange(list(g), params, infos), inputs,
+            reduced = tf.py_function(lambda *g: self._exchange(list(g), params, infos, variables), inputs,
                                      Tout=[g.dtype for g in inputs])
             for r, g in zip(reduced, inputs):
                 r.set_shape(g.shape)
@@ -232,9 +247,14 @@ class GradientExchange:
             values = values / tf.cast(ps.size(), values.dtype)
         return tf.IndexedSlices(values, indices, grad.dense_shape)
 
-    def _exchange(self, grads: list, params: list, infos: list) -> list:
-        """Eager: compress every gradient, communicate, decompress, scale (the engine's job)."""
+    def _exchange(self, grads: list, params: list, infos: list, variables: list) -> list:
+        """Eager: compress every gradient, communicate, decompress, scale (the engine's job).
+        First, every ``check_replicas`` steps, the variables (``(name, variable)`` in name
+        order) as this step found them are compared across ranks."""
         self.state.pull()
+        self.replicas.after_step(
+            [(n, v.read_value() if hasattr(v, "read_value") else v) for n, v in variables],
+            lambda: counters_checksum(self.compressor.state_dict(), sorted(self.state.named().items())))
         factor = self.options.gradient_predivide_factor
         totals: list = [None] * len(grads)
         for bundle in self.options.bundles(params):

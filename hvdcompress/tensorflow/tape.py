@@ -43,7 +43,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                             groups=None, process_set=hvd.global_process_set,
                             clip_grad_norm: float = None, collective: str = "auto",
-                            intra_node: Any = None, ranks_per_node: int = None) -> tf.GradientTape:
+                            intra_node: Any = None, ranks_per_node: int = None,
+                            check_replicas: int = None) -> tf.GradientTape:
     """Wrap ``gradtape`` so that :meth:`gradient` returns gradients averaged over ranks.
 
     Arguments are those of ``horovod.tensorflow.DistributedGradientTape``; ``compression`` takes
@@ -59,6 +60,11 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     compression, as on the torch optimizer (:mod:`hvdcompress.two_level`; register the process
     sets with ``hvd.init(process_sets=hvdcompress.tensorflow.node_process_sets())``). The tape is
     created every step, its exchange with it: build it with the same arguments on every rank.
+    ``check_replicas=N``: every N steps, compare a checksum of every variable (and the
+    compressor's counters) across the process set before the exchange, and raise
+    :class:`hvdcompress.replicas.ReplicaMismatch` on every rank at the first difference (default:
+    the environment variable ``HVDCOMPRESS_CHECK_REPLICAS``, else off; the step count lives
+    with the compressor, across tapes; see :mod:`hvdcompress.replicas`).
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"gradtape={gradtape!r}: allowed: a tf.GradientTape")
@@ -67,7 +73,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                                gradient_predivide_factor=gradient_predivide_factor,
                                num_groups=num_groups, groups=groups, process_set=process_set,
                                clip_grad_norm=clip_grad_norm, collective=collective,
-                               intra_node=intra_node, ranks_per_node=ranks_per_node)
+                               intra_node=intra_node, ranks_per_node=ranks_per_node,
+                               check_replicas=check_replicas)
     cls = subclass_with(gradtape.__class__, _DistributedGradientTape)
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)

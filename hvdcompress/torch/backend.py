@@ -29,6 +29,7 @@ _DTYPES = {
     "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
 }
 _NAMES = {v: k for k, v in _DTYPES.items()}
+_SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # by element size
 
 
 def dtype_name(dt: torch.dtype) -> str:
@@ -144,6 +145,17 @@ class TorchOps(Ops):
         return torch.from_numpy(np.ascontiguousarray(a)).to(like.device)
 
     def scalar(self, x): return float(x)
+
+    def to_numpy(self, x): return x.detach().cpu().numpy()
+
+    def checksums(self, xs):
+        sums = []
+        for x in xs:
+            flat = x.detach().reshape(-1)
+            bits = flat.view(_SIGNED[flat.element_size()]).to(torch.int64)
+            odd = torch.arange(1, 2 * flat.numel() + 1, 2, dtype=torch.int64, device=flat.device)
+            sums.append(torch.sum(bits * odd))  # int64 wraps: the sum is taken mod 2^64
+        return torch.stack(sums)
 
     def shared_indices(self, n, k, key, like):
         self._check_range("shared_indices: k", k, 0, n)

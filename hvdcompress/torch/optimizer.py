@@ -40,6 +40,7 @@ from ..clipping import check_clip_grad_norm, clips_before_exchange
 from ..compressor import Compressor, TensorInfo
 from ..two_level import build_exchange
 from ..registry import as_compressor
+from ..replicas import ReplicaCheck, check_every, counters_checksum
 from .backend import TorchOps
 from .clipping import GradientWatch, clip_gradients, clip_local_gradients
 from .collectives import HorovodCollectives
@@ -47,6 +48,11 @@ from .momentum_takeover import check_momentum, momentum_fields, suspended, takes
 from .rank_agreement import check_ranks_agree
 
 _OPS = TorchOps()
+
+
+def _ranks_of(process_set) -> Optional[list]:
+    """The global ranks of ``process_set``'s members, by index (None: the global set)."""
+    return None if process_set is hvd.global_process_set else getattr(process_set, "ranks", None)
 
 
 def _weak_hook(optimizer) -> Callable:
@@ -67,7 +73,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
                  op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
                  sparse_as_dense=False, process_set=hvd.global_process_set, defaults=None,
-                 clip_grad_norm=None, collective="auto", intra_node=None, ranks_per_node=None):
+                 clip_grad_norm=None, collective="auto", intra_node=None, ranks_per_node=None,
+                 check_replicas=None):
         try:
             super(self.__class__, self).__init__(params, **(defaults or {}))
         except TypeError:
@@ -85,13 +92,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._watch = GradientWatch(compression, intra_node)  # the clip-after-synchronize trap
         self._tensor_state = {name: {} for name in self._parameter_names.values()}
         self._delay = {p: backward_passes_per_step for p in self._parameter_names}
-        self._requires_update = set()
+        self._requires_update = []  # in name order: every multi-tensor loop is rank-independent
         self._comm = HorovodCollectives(process_set)
         self._intra_node = intra_node
         self._exchange = build_exchange(hvd, HorovodCollectives, process_set, compression, _OPS,
                                         intra_node=intra_node, ranks_per_node=ranks_per_node,
                                         average=op == hvd.Average,
                                         predivide=gradient_predivide_factor, collective=collective)
+        self._replicas = ReplicaCheck(check_replicas, _OPS, self._comm, ranks=_ranks_of(process_set))
         self._prepared = {}        # group id -> [Entry] compressed, not yet launched
         self._inflight = []        # launched rounds of the exchange engine
         self._sparse = {}          # p -> handle of Horovod's sparse allreduce
@@ -182,9 +190,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # ---- hooks and communication -----------------------------------------------------------------
     def _register_hooks(self) -> None:
         self._group_size = {}
-        for p in self._parameter_names:
+        for p in sorted(self._parameter_names, key=lambda q: self._parameter_names[q]):
             if p.requires_grad:
-                self._requires_update.add(p)
+                self._requires_update.append(p)
                 gid = self._group_of[p]
                 self._group_size[gid] = self._group_size.get(gid, 0) + 1
                 p.register_post_accumulate_grad_hook(_weak_hook(self))
@@ -206,13 +214,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         self._awaiting_clip.append(p)
         if len(self._awaiting_clip) == len(self._requires_update):
-            params, self._awaiting_clip = self._awaiting_clip, []
+            # name order, not hook order: the norm's sum is then the same on every rank
+            params = sorted(self._awaiting_clip, key=lambda q: self._parameter_names[q])
+            self._awaiting_clip = []
             for q in params:
                 if q.grad is None:
                     q.grad = torch.zeros_like(q)
             clip_local_gradients([q.grad for q in params], self.clip_grad_norm, self._world(),
                                  average=self.op == hvd.Average)
-            for q in sorted(params, key=lambda q: self._parameter_names[q]):
+            for q in params:
                 self._prepare(q)
 
     def _info(self, p: torch.Tensor) -> TensorInfo:
@@ -271,7 +281,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._included():
             self._synchronized = True
             return
-        for p in sorted(self._requires_update - self._handled(), key=lambda q: self._parameter_names[q]):
+        handled = self._handled()
+        for p in [q for q in self._requires_update if q not in handled]:
             self._delay[p] = 0
             self._ready(p)
         for gid in sorted(self._prepared, key=str):  # groups whose members did not all report
@@ -282,6 +293,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p.grad = finish()  # Horovod's sparse allreduce hands back a function
         self._sparse.clear()
         if self.clip_grad_norm is not None and not self._clip_before:  # Horovod's clip, exactly
+            # _requires_update is in name order: every rank sums the norms in the same order
             clip_gradients([p.grad for p in self._requires_update if p.grad is not None], self.clip_grad_norm)
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
@@ -315,7 +327,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         result = self._wrapped_step(closure)
         self._compression.on_step()
+        if self._included():
+            self._check_replicas()
         return result
+
+    def _check_replicas(self) -> None:
+        """Every ``check_replicas`` steps, compare the parameters and the compressor's counters
+        across the process set (:mod:`hvdcompress.replicas`)."""
+        names = sorted(self._parameter_names.items(), key=lambda item: item[1])
+        self._replicas.after_step(
+            [(name, p) for p, name in names],
+            lambda: counters_checksum(self._compression.state_dict(),
+                                      [(name, self._tensor_state[name]) for _, name in names]))
 
     def _wrapped_step(self, closure):
         """The wrapped optimizer's own step, with the settings the compressor took over at 0."""
@@ -381,7 +404,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          process_set=hvd.global_process_set,
                          clip_grad_norm: Optional[float] = None,
                          collective: str = "auto", intra_node: Union[Compressor, Mapping, None] = None,
-                         ranks_per_node: Optional[int] = None) -> torch.optim.Optimizer:
+                         ranks_per_node: Optional[int] = None,
+                         check_replicas: Optional[int] = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are compressed, exchanged and averaged over ranks.
 
     Arguments are those of ``horovod.torch.DistributedOptimizer``; ``compression`` takes an
@@ -426,6 +450,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     takes the momentum over applies it to the node-summed shard. ``last_step_bytes`` then
     counts the bytes sent between nodes.
 
+    ``check_replicas=N``: after every N-th ``step()``, compare a 64-bit checksum of every
+    parameter's bits and of the compressor's step counters across the process set (one
+    allgather of 8 bytes per parameter), and raise
+    :class:`hvdcompress.replicas.ReplicaMismatch` on every rank, naming the first differing
+    parameter, the step and which ranks disagree. Default: the environment variable
+    ``HVDCOMPRESS_CHECK_REPLICAS``, else off (see :mod:`hvdcompress.replicas`).
+
     A rank outside ``process_set`` builds the optimizer, does no collective for it, and its
     ``step()`` applies its own local gradients with the wrapped optimizer, as Horovod's does.
     """
@@ -444,11 +475,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         warnings.warn("num_groups is deprecated, use groups", DeprecationWarning)
         groups = groups if groups is not None else num_groups
     clip_grad_norm = check_clip_grad_norm(clip_grad_norm, compressor)
+    check_replicas = check_every(check_replicas)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compressor, backward_passes_per_step,
                   op, gradient_predivide_factor, groups, sparse_as_dense, process_set,
-                  dict(optimizer.defaults), clip_grad_norm, collective, intra_node, ranks_per_node)
+                  dict(optimizer.defaults), clip_grad_norm, collective, intra_node, ranks_per_node,
+                  check_replicas)
     wrapped.state.update(optimizer.state)
     return wrapped
 

@@ -144,7 +144,8 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
                          groups=None, process_set=hvd.global_process_set,
                          clip_grad_norm: float = None, collective: str = "auto",
-                         intra_node: Any = None, ranks_per_node: int = None) -> Any:
+                         intra_node: Any = None, ranks_per_node: int = None,
+                         check_replicas: int = None) -> Any:
     """Wrap a Keras ``optimizer`` so that gradients are compressed, exchanged and averaged.
 
     Arguments are those of ``horovod.tensorflow.keras.DistributedOptimizer``; ``compression``
@@ -162,6 +163,11 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     (see :mod:`hvdcompress.exchange`). ``intra_node`` / ``ranks_per_node``: two-level
     compression, as on the torch optimizer (:mod:`hvdcompress.two_level`; register the process
     sets with ``hvd.init(process_sets=hvdcompress.tensorflow.node_process_sets())``).
+    ``check_replicas=N``: every N steps, compare a checksum of every variable (and the
+    compressor's counters) across the process set before the exchange, and raise
+    :class:`hvdcompress.replicas.ReplicaMismatch` on every rank at the first difference (default:
+    the environment variable ``HVDCOMPRESS_CHECK_REPLICAS``, else off; see
+    :mod:`hvdcompress.replicas`).
     """
     if not isinstance(optimizer, _keras_classes("Optimizer")):
         raise TypeError(f"optimizer={optimizer!r}: allowed: a Keras optimizer "
@@ -175,7 +181,8 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
                                gradient_predivide_factor=gradient_predivide_factor,
                                num_groups=num_groups, groups=groups, process_set=process_set,
                                clip_grad_norm=clip_grad_norm, collective=collective,
-                               intra_node=intra_node, ranks_per_node=ranks_per_node)
+                               intra_node=intra_node, ranks_per_node=ranks_per_node,
+                               check_replicas=check_replicas)
     compressor = as_compressor(compression)
     config = optimizer.get_config()
     _warn_keras_clipping(compressor, intra_node, config)

@@ -1,0 +1,142 @@
+"""The replica guard's pieces (hvdcompress.replicas) against numpy references, in one process:
+the checksum on torch and TF tensors, argument and environment parsing, the counters checksum,
+and the comparison over simulated ranks (tests/simulator.py). The guard under real Horovod
+processes is tested in tests/test_replica_matrix.py."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from hvdcompress.replicas import ReplicaCheck, ReplicaMismatch, check_every, counters_checksum
+from hvdcompress.torch.backend import TorchOps
+from simulator import SimulatedCollectives, World
+
+SIGNED = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def reference_checksum(a: np.ndarray) -> int:
+    """sum_i bits_i * (2i + 1) mod 2^64, as a signed int64 (numpy's int64 arithmetic wraps)."""
+    bits = np.ascontiguousarray(a).reshape(-1).view(SIGNED[a.itemsize]).astype(np.int64)
+    with np.errstate(over="ignore"):
+        return int((bits * (2 * np.arange(bits.size, dtype=np.int64) + 1)).sum())
+
+
+def arrays() -> list:
+    rng = np.random.default_rng(3)
+    return [rng.standard_normal((30, 7)).astype(np.float32) * 1e6,
+            rng.standard_normal(1000).astype(np.float64),
+            rng.standard_normal(17).astype(np.float16),
+            np.array([-0.0, 0.0, np.inf, -np.inf], dtype=np.float32)]
+
+
+def test_torch_checksums_equal_numpy_reference():
+    xs = arrays()
+    got = TorchOps().checksums([torch.from_numpy(a) for a in xs]).tolist()
+    assert got == [reference_checksum(a) for a in xs]
+    bf = torch.randn(33, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    assert TorchOps().checksums([bf]).item() == reference_checksum(bf.view(torch.int16).numpy())
+
+
+def test_tf_checksums_equal_numpy_reference():
+    tf = pytest.importorskip("tensorflow")
+    from hvdcompress.tensorflow.backend import TFOps
+    xs = arrays()
+    got = TFOps().checksums([tf.constant(a) for a in xs] + [tf.Variable(xs[0])]).numpy().tolist()
+    assert got == [reference_checksum(a) for a in xs] + [reference_checksum(xs[0])]
+
+
+def test_checksum_sees_every_single_change_and_swaps():
+    ops = TorchOps()
+    x = torch.randn(257, generator=torch.Generator().manual_seed(1))
+    base = ops.checksums([x]).item()
+    for i in (0, 100, 256):
+        y = x.clone()
+        y.view(torch.int32)[i] ^= 1  # the lowest mantissa bit
+        assert ops.checksums([y]).item() != base
+    swapped = x.clone()
+    swapped[[3, 4]] = swapped[[4, 3]]
+    assert ops.checksums([swapped]).item() != base
+    assert ops.checksums([-0.0 * torch.ones(1)]).item() != ops.checksums([torch.zeros(1)]).item()
+
+
+@pytest.mark.parametrize("value, env, expected", [
+    (None, {}, None), (0, {}, None), (5, {}, 5), (None, {"HVDCOMPRESS_CHECK_REPLICAS": "100"}, 100),
+    (None, {"HVDCOMPRESS_CHECK_REPLICAS": "0"}, None), (3, {"HVDCOMPRESS_CHECK_REPLICAS": "100"}, 3),
+    (None, {"HVDCOMPRESS_CHECK_REPLICAS": " "}, None)])
+def test_check_every(value, env, expected):
+    assert check_every(value, env) == expected
+
+
+@pytest.mark.parametrize("value, env, message", [
+    (-1, {}, "check_replicas=-1"), (2.5, {}, "check_replicas=2.5"), (True, {}, "check_replicas=True"),
+    ("10", {}, "check_replicas='10'"),
+    (None, {"HVDCOMPRESS_CHECK_REPLICAS": "ten"}, "HVDCOMPRESS_CHECK_REPLICAS='ten'"),
+    (None, {"HVDCOMPRESS_CHECK_REPLICAS": "-2"}, "HVDCOMPRESS_CHECK_REPLICAS=-2")])
+def test_check_every_rejects_bad_values(value, env, message):
+    with pytest.raises(ValueError, match="allowed") as err:
+        check_every(value, env)
+    assert message in str(err.value)
+
+
+def test_counters_checksum_sees_counters_not_tensors():
+    base = counters_checksum({"step": 3, "epoch": 1}, [("a", {"step": 2, "residual": torch.zeros(3)})])
+    same = counters_checksum({"epoch": 1, "step": 3}, [("a", {"step": 2, "residual": torch.ones(3)})])
+    assert base == same and -2 ** 63 <= base < 2 ** 63
+    assert counters_checksum({"step": 4, "epoch": 1}, [("a", {"step": 2})]) != base
+    assert counters_checksum({"step": 3, "epoch": 1}, [("a", {"step": 3})]) != base
+
+
+def run_ranks(size: int, body) -> list:
+    """``body(rank, comm)`` on ``size`` simulated ranks (threads); each rank's return value or
+    exception."""
+    world, out = World(size, timeout=30), [None] * size
+
+    def target(r):
+        try:
+            out[r] = body(r, SimulatedCollectives(world, r))
+        except Exception as e:  # noqa: BLE001  (reported to the test)
+            out[r] = e
+    threads = [threading.Thread(target=target, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a simulated rank hung"
+    return out
+
+
+def test_guard_passes_identical_replicas_and_counts_its_collectives():
+    def body(rank, comm):
+        check = ReplicaCheck(3, TorchOps(), comm)
+        w = torch.arange(10.0)
+        for _ in range(7):
+            check.after_step([("w", w), ("b", torch.ones(2))], lambda: 42)
+        return comm.calls
+    assert run_ranks(3, body) == [2, 2, 2]  # steps 3 and 6
+
+
+def test_guard_names_first_differing_parameter_step_and_ranks_on_every_rank():
+    def body(rank, comm):
+        check = ReplicaCheck(2, TorchOps(), comm, ranks=[4, 5, 6])
+        a, b = torch.zeros(5), torch.zeros(5)
+        for step in range(1, 5):
+            if step == 3 and rank == 1:
+                b[2] = 1e-30  # differs from step 3 on: caught at step 4
+            check.after_step([("a", a), ("b", b)], lambda: 7)
+    errors = run_ranks(3, body)
+    for e in errors:
+        assert isinstance(e, ReplicaMismatch)
+        text = str(e)
+        assert "step 4" in text and "parameter 'b'" in text
+        assert "ranks [4, 6] hold" in text and "ranks [5] hold" in text
+    assert len({str(e) for e in errors}) == 1
+
+
+def test_guard_reports_counters():
+    def body(rank, comm):
+        ReplicaCheck(1, TorchOps(), comm).after_step([("w", torch.ones(3))], lambda: 10 + rank)
+    for e in run_ranks(2, body):
+        assert isinstance(e, ReplicaMismatch) and "step counters" in str(e) and "step 1" in str(e)

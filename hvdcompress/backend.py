@@ -64,9 +64,9 @@ class Ops(ABC):
 
     @abstractmethod
     def checksums(self, xs: Sequence[Tensor]) -> Tensor:
-        """One int64 per tensor of ``xs`` (any shape and dtype, on one device): the sum of its
-        elements' bit patterns (as signed integers of their width) times 2i + 1, mod 2^64
-        (:mod:`hvdcompress.replicas`), computed on the device."""
+        """One int64 per tensor of ``xs`` (any shape and dtype, on one device): the checksum of
+        its bits that :mod:`hvdcompress.replicas` defines (on the host: CRC-32 and word sum,
+        :func:`~hvdcompress.replicas.host_checksum`; on a GPU, computed there without a copy)."""
 
     # --- elementwise and reductions ------------------------------------------------------
     @abstractmethod

@@ -4,14 +4,21 @@ Data-parallel training rests on every rank holding bit-identical parameters. Any
 them differ in the last bit (a sum taken in another order on one rank, a rank-dependent
 rounding) grows step after step and is silent: the loss looks fine, and a checkpoint depends on
 the rank that wrote it. Every N steps the guard compares, across the process set, one 64-bit
-checksum of the bits of every parameter and of the compressor's counters:
+checksum of the bits of every parameter and of the compressor's counters. On the host (CPU tensors, and TensorFlow's)::
+
+    checksum(x) = crc32(bytes of x) · 2^32 + (sum of x's 64-bit words mod 2^32)
+
+CRC-32 detects every single-bit change and every burst of up to 32 bits, wherever it is (so a
+reordering of elements as well), at memory speed with zlib. On a CUDA device the bytes are not
+copied to the host; there::
 
     checksum(x) = sum_i b_i * (2i + 1)   (mod 2^64)
 
-where ``b_i`` is element i's bit pattern read as a signed integer of its own width. The weights
-are odd, hence invertible mod 2^64: a change in any single element always changes the checksum,
-and so does swapping two unequal elements. The sum is modular integer arithmetic, exact and
-associative, so it is the same however a device splits the reduction.
+where ``b_i`` is element i's bit pattern read as a signed integer of its own width: the weights
+are odd, hence invertible mod 2^64, so a change in any single element always changes it, and so
+does swapping two unequal elements; modular integer sums are exact and associative, so it is the
+same however the device splits the reduction. Every rank of a job uses the same definition
+(ranks share a device type).
 
 The counters row holds a checksum of the compressor's schedule state (``state_dict()``: step,
 epoch) and of every per-tensor Python-number state entry (random-k's step), in name order:
@@ -57,6 +64,15 @@ def check_every(value: Optional[int], environ: Mapping[str, str] = os.environ) -
         raise ValueError(f"{source}={value!r}: allowed: None, 0 (off) or an integer N >= 1 "
                          "(compare the replicas every N steps)")
     return value or None
+
+
+def host_checksum(array: np.ndarray) -> int:
+    """The host checksum of an array's bytes (see the module doc), as a signed int64."""
+    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    words = data[:data.size // 8 * 8].view(np.uint64).sum(dtype=np.uint64)
+    tail = int.from_bytes(data[data.size // 8 * 8:].tobytes(), "little")
+    value = (zlib.crc32(data) << 32) | ((int(words) + tail) & 0xFFFFFFFF)
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def counters_checksum(compressor_state: Mapping[str, Any], tensor_states: Sequence[tuple]) -> int:

@@ -10,18 +10,32 @@ import numpy as np
 import pytest
 import torch
 
+import zlib
+
 from hvdcompress.replicas import ReplicaCheck, ReplicaMismatch, check_every, counters_checksum
-from hvdcompress.torch.backend import TorchOps
+from hvdcompress.torch.backend import TorchOps, device_checksum
 from simulator import SimulatedCollectives, World
 
 SIGNED = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
+def signed64(value: int) -> int:
+    value %= 1 << 64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
 def reference_checksum(a: np.ndarray) -> int:
-    """sum_i bits_i * (2i + 1) mod 2^64, as a signed int64 (numpy's int64 arithmetic wraps)."""
-    bits = np.ascontiguousarray(a).reshape(-1).view(SIGNED[a.itemsize]).astype(np.int64)
-    with np.errstate(over="ignore"):
-        return int((bits * (2 * np.arange(bits.size, dtype=np.int64) + 1)).sum())
+    """The host checksum in plain Python: CRC-32 of the bytes times 2^32 plus the sum of the
+    little-endian 64-bit words (the tail as one short word) mod 2^32."""
+    data = a.tobytes()
+    words = sum(int.from_bytes(data[i:i + 8], "little") for i in range(0, len(data), 8))
+    return signed64((zlib.crc32(data) << 32) | (words % (1 << 32)))
+
+
+def reference_device_checksum(a: np.ndarray) -> int:
+    """sum_i bits_i * (2i + 1) mod 2^64 in Python integers."""
+    bits = np.ascontiguousarray(a).reshape(-1).view(SIGNED[a.itemsize]).tolist()
+    return signed64(sum(b * (2 * i + 1) for i, b in enumerate(bits)))
 
 
 def arrays() -> list:
@@ -48,18 +62,26 @@ def test_tf_checksums_equal_numpy_reference():
     assert got == [reference_checksum(a) for a in xs] + [reference_checksum(xs[0])]
 
 
-def test_checksum_sees_every_single_change_and_swaps():
-    ops = TorchOps()
+def test_device_checksum_equals_reference():
+    """The CUDA path's formula, run here on CPU tensors."""
+    for a in arrays()[:3]:
+        assert device_checksum(torch.from_numpy(a)).item() == reference_device_checksum(a)
+
+
+@pytest.mark.parametrize("checksum", [lambda x: TorchOps().checksums([x]).item(),
+                                      lambda x: device_checksum(x).item()], ids=["host", "device"])
+def test_checksum_sees_every_single_change_and_swaps(checksum):
     x = torch.randn(257, generator=torch.Generator().manual_seed(1))
-    base = ops.checksums([x]).item()
+    base = checksum(x)
     for i in (0, 100, 256):
-        y = x.clone()
-        y.view(torch.int32)[i] ^= 1  # the lowest mantissa bit
-        assert ops.checksums([y]).item() != base
+        for bit in (0, 17, 31):
+            y = x.clone()
+            y.view(torch.int32)[i] ^= 1 << bit if bit < 31 else -(1 << 31)
+            assert checksum(y) != base, (i, bit)
     swapped = x.clone()
     swapped[[3, 4]] = swapped[[4, 3]]
-    assert ops.checksums([swapped]).item() != base
-    assert ops.checksums([-0.0 * torch.ones(1)]).item() != ops.checksums([torch.zeros(1)]).item()
+    assert checksum(swapped) != base
+    assert checksum(-0.0 * torch.ones(1)) != checksum(torch.zeros(1))
 
 
 @pytest.mark.parametrize("value, env, expected", [

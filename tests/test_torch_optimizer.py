@@ -30,31 +30,6 @@ def by_rank(results, key):
     return grouped
 
 
-SPECS = [
-    {"compressor": "none"},
-    {"compressor": "fp16"},
-    {"compressor": "bf16"},
-    {"compressor": "topk", "k": "0.02", "ef": "vanilla"},
-    {"compressor": "topk", "k": "30", "ef": "vanilla", "momentum": "nesterov"},
-    {"compressor": "randomk", "k": "0.1", "seed": "3", "ef": "vanilla"},
-    {"compressor": "dgc", "sparsity": "0.99", "min_numel": "1000"},
-    {"compressor": "dgc", "sparsity": "0.999", "momentum": "nesterov"},
-]
-
-
-@pytest.mark.parametrize("np_", [2, 3])
-def test_every_rank_ends_with_identical_parameters(np_):
-    results = run_horovod("torch_identical.py", np=np_, args=[json.dumps(SPECS)])
-    assert len(results) == np_ * len(SPECS)
-    for spec in SPECS:
-        runs = [r for r in results if r["spec"] == spec]
-        assert len(runs) == np_
-        assert all(r["params"] == runs[0]["params"] for r in runs), spec
-        assert runs[0]["moved"] > 1e-4, f"{spec} did not train"
-        if spec["compressor"] != "none":
-            assert runs[0]["sent"] < runs[0]["dense"], spec
-
-
 def test_aggregated_gradients_equal_hand_computed_sums():
     world = 2
     cases = by_rank(run_horovod("torch_aggregate.py", np=world), "case")

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..backend import Ops
+from ..replicas import host_checksum
 from ..ops import native, torch_fallback
 
 log = logging.getLogger("hvdcompress")
@@ -30,6 +31,14 @@ _DTYPES = {
 }
 _NAMES = {v: k for k, v in _DTYPES.items()}
 _SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # by element size
+
+
+def device_checksum(x: torch.Tensor) -> torch.Tensor:
+    """:mod:`hvdcompress.replicas`'s device checksum, sum_i b_i * (2i + 1) mod 2^64, as a 0-d
+    int64 tensor on ``x``'s device (int64 arithmetic wraps)."""
+    flat = x.detach().reshape(-1)
+    bits = flat.view(_SIGNED[flat.element_size()]).to(torch.int64)
+    return torch.sum(bits * torch.arange(1, 2 * flat.numel() + 1, 2, dtype=torch.int64, device=flat.device))
 
 
 def dtype_name(dt: torch.dtype) -> str:
@@ -149,13 +158,11 @@ class TorchOps(Ops):
     def to_numpy(self, x): return x.detach().cpu().numpy()
 
     def checksums(self, xs):
-        sums = []
-        for x in xs:
-            flat = x.detach().reshape(-1)
-            bits = flat.view(_SIGNED[flat.element_size()]).to(torch.int64)
-            odd = torch.arange(1, 2 * flat.numel() + 1, 2, dtype=torch.int64, device=flat.device)
-            sums.append(torch.sum(bits * odd))  # int64 wraps: the sum is taken mod 2^64
-        return torch.stack(sums)
+        if xs[0].device.type == "cpu":
+            return torch.tensor([host_checksum(x.detach().numpy()) if x.dtype != torch.bfloat16
+                                 else host_checksum(x.detach().view(torch.int16).numpy())
+                                 for x in xs], dtype=torch.int64)
+        return torch.stack([device_checksum(x) for x in xs])
 
     def shared_indices(self, n, k, key, like):
         self._check_range("shared_indices: k", k, 0, n)

@@ -184,7 +184,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "collective": self._exchange.collective,
                 "intra_node": repr(self._intra_node),
                 "ranks_per_node": None if self._intra_node is None else self._exchange.comm.world,
-                "op": int(self.op)}
+                "op": int(self.op),
+                "check_replicas": self._replicas.every}
         check_ranks_agree(mine, self.process_set, self._rank())
 
     # ---- hooks and communication -----------------------------------------------------------------

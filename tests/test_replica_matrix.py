@@ -7,6 +7,7 @@
 * 3 ranks: the compressed allreduce (collective='alltoall' for every compressor that runs it),
   process_set=, and sparse embeddings (Horovod's sparse path and sparse_as_dense).
 * 4 ranks: two-level compression at 2 nodes x 2.
+The TensorFlow tape and Keras fit are in tests/test_tf_replicas.py (run on Keras 2 and 3).
 
 Each rank reports a digest of its parameters after every step (through its result file); a case
 passes when every rank of the case's process set has the same digests at every step. The
@@ -153,26 +154,3 @@ def test_two_level_at_two_nodes_of_two():
     results = launch(4, TWO_LEVEL, timeout=900, ranks_per_node=2)
     check_identical(results, TWO_LEVEL, 4)
 
-
-TF_CASES = ([dict(spec={"compressor": name}, api=api, clip=clip, optimizer=opt)
-             for name in ("none", "fp16", "int8", "dgc", "topk", "powersgd", "randomk")
-             for api, clip, opt in (("tape", CLIP, "adam"), ("function", None, "nesterov"),
-                                    ("fit", CLIP, "momentum"))]
-            + [dict(spec={"compressor": "onebit", "ef": "vanilla"}, api="fit", clip=None, optimizer="adam")])
-
-
-def test_tensorflow_tape_function_and_keras_fit_keep_replicas_identical():
-    results = by_case(run_horovod("tf_replica_matrix.py", np=2, timeout=900,
-                                  args=[json.dumps({"cases": TF_CASES, "steps": STEPS})]))
-    drifted = []
-    for case in TF_CASES:
-        ranks = results[json.dumps(case, sort_keys=True)]
-        assert len(ranks[0]["digests"]) == STEPS, case
-        if first_drift(ranks, [0, 1]) is not None:
-            drifted.append((case, first_drift(ranks, [0, 1])))
-    assert not drifted, drifted
-    guard = results[json.dumps({"guard": "tape"})]
-    for r in (0, 1):
-        error = guard[r]["error"]
-        assert error is not None and "step 5" in error and "dense_1/bias" in error, error
-        assert "ranks [0] hold" in error and "ranks [1] hold" in error, error

@@ -7,6 +7,7 @@ Compressors live in the framework-agnostic core and are handed to a framework wr
     opt = hvc.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=DGC(0.999))
 """
+from .adam import FrozenAdam
 from .compressor import Compressor, Packet, TensorInfo, payload_bytes
 from .compressors.cast import BF16, FP16
 from .compressors.csc import CSC
@@ -35,7 +36,7 @@ for _cls in (NoCompression, FP16, BF16, TopK, RandomK, DGC, OneBit, EFSignSGD, S
 
 __all__ = [
     "Compressor", "Packet", "TensorInfo", "payload_bytes", "NoCompression", "FP16", "BF16",
-    "TopK", "RandomK", "DGC", "CSC", "ErrorFeedback", "Momentum", "available", "from_params",
+    "TopK", "RandomK", "DGC", "CSC", "ErrorFeedback", "Momentum", "FrozenAdam", "available", "from_params",
     "register", "ExponentialWarmup", "ListWarmup", "SparsityScheduler",
 ]
 __version__ = "0.1.0"

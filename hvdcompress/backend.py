@@ -80,6 +80,9 @@ class Ops(ABC):
     @abstractmethod
     def isfinite(self, x: Tensor) -> Tensor: ...
 
+    @abstractmethod
+    def sqrt(self, x: Tensor) -> Tensor: ...
+
     def norm(self, x: Tensor) -> Tensor:
         """The L2 norm as a 0-d float32 tensor (kernels.h ``l2_norm``: squares summed in
         float64), of ``x`` cast to float32 if it is not."""

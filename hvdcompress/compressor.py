@@ -33,6 +33,8 @@ class TensorInfo:
 
     ``momentum``, ``nesterov`` and ``weight_decay`` are the wrapped optimizer's settings for this
     tensor when the compressor took them over (see :attr:`Compressor.takes_over_momentum`).
+    ``dense``: the wrapper asks for the tensor to be exchanged as it is this step (an allreduce,
+    no compressor call), e.g. during :class:`hvdcompress.adam.FrozenAdam`'s warm-up.
     """
 
     name: str
@@ -44,6 +46,7 @@ class TensorInfo:
     momentum: float = 0.0
     nesterov: bool = False
     weight_decay: float = 0.0
+    dense: bool = False   # send this step's tensor uncompressed (FrozenAdam's warm-up)
 
 
 @dataclass

@@ -47,6 +47,7 @@ from .backend import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo, payload_bytes
 
 log = logging.getLogger("hvdcompress")
+DENSE = "dense"   # the ctx of a packet sent as it is (TensorInfo.dense)
 COLLECTIVES = ("auto", "allgather", "alltoall")
 
 
@@ -192,6 +193,9 @@ class Exchange:
     #: like any other): no for the flat exchange, where summable payloads take the allreduce;
     #: yes for the intra-node level of :class:`hvdcompress.two_level.TwoLevelExchange` (fp16).
     summable_segments: bool = False
+    #: Whether :attr:`TensorInfo.dense` sends the tensor as it is (allreduce): yes for a flat
+    #: exchange; the two-level node level always reduce-scatters (its cross level honours it).
+    honours_dense: bool = True
 
     def __init__(self, compressor: Compressor, ops: Ops, comm: Collectives, average: bool = True,
                  predivide: float = 1.0, collective: str = "auto"):
@@ -273,7 +277,9 @@ class Exchange:
             return entry
         self.init_state(x, state, info)
         entry.collective = self.collective_for(info, x)
-        if entry.collective == "alltoall":
+        if info.dense and self.honours_dense:
+            entry.packet, entry.collective = Packet([x], DENSE, summable=True), "allreduce"
+        elif entry.collective == "alltoall":
             length = -(-info.numel // self.comm.world)
             padded = x if length * self.comm.world == info.numel else \
                 self.ops.concat([x, self.ops.zeros(length * self.comm.world - info.numel, like=x)])
@@ -299,7 +305,7 @@ class Exchange:
 
     @staticmethod
     def _segment_info(info: TensorInfo, j: int, length: int, role: str = "seg") -> TensorInfo:
-        return TensorInfo(name=f"{info.name}#{role}{j}", numel=length, world=info.world,
+        return TensorInfo(name=f"{info.name}#{role}{j}", numel=length, world=info.world, dense=info.dense,
                           shape=(length,), rank=info.rank, momentum=info.momentum,
                           nesterov=info.nesterov, weight_decay=info.weight_decay)
 
@@ -386,7 +392,9 @@ class Exchange:
             self.step_bytes.add(0, payload_bytes(self.ops, entry.packet.tensors))
             return Send(entry, entry.packet.tensors, "allreduce" if entry.packet.summable else "allgather")
         out = out_of(entry)
-        if packet.summable:
+        if packet.ctx is DENSE:
+            total = self.ops.into(out, received[0])
+        elif packet.summable:
             total = self.compressor.decompress(self.ops, received, packet.ctx, info, out=out)
         else:
             total = self.compressor.decompress_gathered(self.ops, received, packet.ctx, info,

@@ -172,6 +172,7 @@ class TwoLevelExchange(Exchange):
     """
 
     summable_segments = True
+    honours_dense = False
 
     def __init__(self, compressor: Compressor, intra_node: Compressor, ops: Ops, node: Collectives,
                  cross: Collectives, average: bool = True, predivide: float = 1.0,
@@ -213,7 +214,7 @@ class TwoLevelExchange(Exchange):
         return TensorInfo(name=f"{info.name}#shard{me}", numel=length, world=self.cross.comm.world,
                           shape=shape, rank=self.cross.comm.rank, param=param,
                           momentum=info.momentum, nesterov=info.nesterov,
-                          weight_decay=info.weight_decay)
+                          weight_decay=info.weight_decay, dense=info.dense)
 
     def init_state(self, x: Tensor, state, info: TensorInfo) -> None:
         """The node level's state (``seg<j>.``, ``sum.``) and the shard's (``cross.``)."""

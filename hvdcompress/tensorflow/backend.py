@@ -107,6 +107,9 @@ class TFOps(Ops):
     def isfinite(self, x: Tensor) -> Tensor:
         return tf.math.is_finite(x)
 
+    def sqrt(self, x: Tensor) -> Tensor:
+        return tf.sqrt(x)
+
     # --- selection ------------------------------------------------------------------------
     def topk_indices(self, x: Tensor, k: int) -> Tensor:
         return tf.sort(_as_int64(tf.math.top_k(x, k, sorted=False).indices))

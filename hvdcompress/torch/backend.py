@@ -174,6 +174,8 @@ class TorchOps(Ops):
     def where(self, cond, a, b): return torch.where(cond, a, b)
     def isfinite(self, x): return torch.isfinite(x)
 
+    def sqrt(self, x): return torch.sqrt(x)
+
     def topk_indices(self, x, k):
         return torch.topk(x, k, sorted=False).indices.sort().values
 

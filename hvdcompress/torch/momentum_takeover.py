@@ -13,11 +13,13 @@ momentum is an error (momentum would apply twice, :func:`check_momentum`). Other
 """
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from typing import Iterator
 
 import torch
 
+from ..adam import adam_settings
 from ..compressor import Compressor
 
 TAKEN_OVER = ("momentum", "nesterov", "weight_decay")
@@ -41,6 +43,29 @@ def check_momentum(compressor: Compressor, optimizer: torch.optim.Optimizer) -> 
             raise ValueError(f"param_groups[{i}] momentum={g['momentum']!r} and the compressor's "
                              f"momentum={explicit!r}: momentum would be applied twice; set one of "
                              "them to 0 (or leave the compressor's at None to take the optimizer's)")
+
+
+def check_adam(compressor: Compressor, optimizer: torch.optim.Optimizer):
+    """The :class:`~hvdcompress.adam.FrozenAdam` that takes ``optimizer``'s step over (None
+    without one), after checking that the optimizer is an Adam or AdamW it can run; a warning
+    when a compressor with SGD's momentum correction (DGC, CSC, ``Momentum``) wraps an
+    optimizer that is not SGD."""
+    if compressor.takes_over_momentum and not isinstance(optimizer, torch.optim.SGD):
+        warnings.warn(f"{compressor.name} applies SGD's momentum correction, but the optimizer is "
+                      f"{type(optimizer).__name__}: the take-over runs only with torch.optim.SGD, so "
+                      f"{compressor.name} runs with momentum {compressor.explicit_momentum or 0} "
+                      "(top-k with a residual) next to the optimizer's own update. With Adam or "
+                      "AdamW use FrozenAdam (\"adam\": \"frozen\") around a compressor without "
+                      "momentum, e.g. FrozenAdam(ErrorFeedback(OneBit())) or FrozenAdam(ErrorFeedback(TopK(0.01)))",
+                      stacklevel=4)
+    if not getattr(compressor, "takes_over_adam", False):
+        return None
+    if not isinstance(optimizer, torch.optim.Adam):
+        raise ValueError(f"compression={compressor!r} takes over Adam's step, but the optimizer is "
+                         f"{type(optimizer).__name__}; allowed: torch.optim.Adam or torch.optim.AdamW")
+    for i, group in enumerate(optimizer.param_groups):
+        adam_settings(group, i)
+    return compressor
 
 
 def momentum_fields(group: dict) -> dict:

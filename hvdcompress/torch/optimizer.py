@@ -36,6 +36,7 @@ import horovod.torch as hvd
 import torch
 
 from ..accounting import ByteCount
+from ..adam import adam_settings
 from ..clipping import check_clip_grad_norm, clips_before_exchange
 from ..compressor import Compressor, TensorInfo
 from ..two_level import build_exchange
@@ -44,7 +45,7 @@ from ..replicas import ReplicaCheck, check_every, counters_checksum
 from .backend import TorchOps
 from .clipping import GradientWatch, clip_gradients, clip_local_gradients
 from .collectives import HorovodCollectives
-from .momentum_takeover import check_momentum, momentum_fields, suspended, takes_over
+from .momentum_takeover import check_adam, check_momentum, momentum_fields, suspended, takes_over
 from .rank_agreement import check_ranks_agree
 
 _OPS = TorchOps()
@@ -107,6 +108,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         self._plain_step = False
         check_momentum(compression, self)
+        self._adam = check_adam(compression, self)
         self._group_of = self._make_groups(groups)
         self._param_group = {p: g for g in self.param_groups for p in g["params"]}
         if self._included():  # a rank outside the process set does no collective (as Horovod)
@@ -250,6 +252,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grad = grad.to_dense()
         info = self._info(p)
         x = grad.reshape(-1)
+        if self._adam is not None:  # the Adam take-over: each rank's momentum after the freeze
+            settings = adam_settings(self._param_group[p])
+            x = self._adam.before_exchange(_OPS, x, self._tensor_state[info.name], settings,
+                                           p.detach().reshape(-1))
+            info.dense = not self._adam.frozen(settings)
         if self.gradient_predivide_factor != 1.0:
             x = x / self.gradient_predivide_factor
         entry = self._exchange.compress(p, x, self._tensor_state[info.name], info)
@@ -342,9 +349,33 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                       [(name, self._tensor_state[name]) for _, name in names]))
 
     def _wrapped_step(self, closure):
-        """The wrapped optimizer's own step, with the settings the compressor took over at 0."""
+        """The wrapped optimizer's own step, with the settings the compressor took over at 0;
+        with the Adam take-over, its update from the exchanged gradient or momentum instead."""
+        if self._adam is not None and self._included() and not self._plain_step:
+            return self._adam_step(closure)
         with suspended(self, takes_over(self._compression, self) and self._included()):
             return super(self.__class__, self).step(closure)
+
+    def _adam_step(self, closure):
+        """:meth:`hvdcompress.adam.FrozenAdam.after_exchange` for every parameter with a
+        gradient, with its param group's settings read now (schedulers keep working)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            for i, group in enumerate(self.param_groups):
+                settings = adam_settings(group, i)
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    if p.grad.is_sparse:
+                        raise ValueError(f"parameter '{self._parameter_names[p]}' has a sparse "
+                                         "gradient, which FrozenAdam cannot take; use sparse_as_dense=True")
+                    new = self._adam.after_exchange(_OPS, self._tensor_state[self._parameter_names[p]],
+                                                    p.reshape(-1), p.grad.reshape(-1), settings)
+                    p.copy_(new.view_as(p))
+        return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._prepared or self._inflight or self._sparse or self._awaiting_clip:

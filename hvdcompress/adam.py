@@ -1,0 +1,168 @@
+"""The Adam take-over: compression that converges with Adam and AdamW (1-bit Adam style).
+
+Adam divides each coordinate by its running RMS, sqrt(v). Compressing the gradient next to a
+live v fails twice: the compression error of quiet coordinates is amplified by 1/sqrt(v), and
+error feedback delivers its delayed mass into a preconditioner that has moved on meanwhile.
+1-bit Adam (Tang et al., ICML 2021) observed that v stabilises early, so after a warm-up it
+can be frozen; Adam is then a momentum method with a fixed per-coordinate scale, linear in the
+exchanged quantity, and error feedback works again. What :class:`FrozenAdam` runs, per tensor,
+with b1, b2, eps, lr, weight decay λ read from the optimizer's param group at every step:
+
+warm-up, steps t <= T0 (full precision, exactly Adam on the averaged gradient)::
+
+    every rank sends its gradient g_r dense (allreduce);  g = mean_r g_r
+    m <- b1·m + (1-b1)·g;   v <- b2·v + (1-b2)·g²
+
+after the freeze, t > T0 (v kept as it was at T0)::
+
+    m_r = b1·m + (1-b1)·g_r          each rank's own momentum, compressed by the wrapped compressor
+                                      (with its error feedback: the residual lives in m-space)
+    m <- mean_r D(C(m_r))             the exchange (allgather, compressed allreduce, two-level...)
+
+then in both phases, as torch.optim.Adam/AdamW (bias corrections with v's at T0 once frozen)::
+
+    w <- w·(1 - lr·λ)  (AdamW);   w <- w - lr · (m / (1-b1^t)) / (sqrt(v / (1-b2^min(t,T0))) + eps)
+
+Adam's own (L2) weight decay adds λ·w to every rank's gradient first. Since m is the same on
+every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression both phases are Adam.
+
+The trade-off: T0 steps at full precision (dense bytes), then the wrapped compressor's bytes;
+too early a freeze keeps a v estimated from few gradients. The default T0 is
+``ceil(0.25 / (1 - b2))``: 250 steps for b2 = 0.999, when v's moving average spans a quarter of
+its time constant (1-bit Adam warmed up for 15-25% of BERT's training).
+
+The wrapper (torch optimizer) replaces the wrapped optimizer's step with :meth:`after_exchange`;
+the user's param groups, schedulers and checkpoints keep their values; m and v live in the
+tensor's compressor state (``adam.m``, ``adam.v``, in the optimizer's ``state_dict()``), the step
+count in the compressor's.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from .backend import Ops, Tensor
+from .compressor import Compressor, Packet, TensorInfo
+from .memory import Decorator
+from .validation import check_int
+
+#: the param-group keys of torch.optim.Adam/AdamW that the take-over refuses when set
+UNSUPPORTED = {"amsgrad": False, "maximize": False}
+
+
+@dataclass
+class AdamSettings:
+    """One param group's Adam hyper-parameters, read at every step."""
+
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float = 0.0
+    decoupled: bool = False   # AdamW: w <- w·(1 - lr·λ); Adam: λ·w added to the gradient
+
+
+def adam_settings(group: Mapping[str, Any], index: int = 0) -> AdamSettings:
+    """:class:`AdamSettings` from a torch.optim.Adam/AdamW param group; ValueError naming the
+    option for what the take-over does not run (amsgrad, maximize)."""
+    for key, default in UNSUPPORTED.items():
+        if group.get(key, default) != default:
+            raise ValueError(f"param_groups[{index}] {key}={group[key]!r}: FrozenAdam runs Adam "
+                             f"and AdamW with {key}={default!r} only")
+    beta1, beta2 = (float(b) for b in group["betas"])
+    return AdamSettings(lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=float(group["eps"]),
+                        weight_decay=float(group.get("weight_decay", 0.0)),
+                        decoupled=bool(group.get("decoupled_weight_decay", False)))
+
+
+class FrozenAdam(Decorator):
+    """1-bit-Adam-style take-over of Adam/AdamW around ``inner`` (see the module doc).
+
+    ``inner``: any compressor that does not apply momentum itself (onebit, EF-signSGD, top-k,
+    random-k, int8, the quantisers, PowerSGD; with ``ErrorFeedback`` where it keeps no residual
+    of its own). ``freeze_steps``: T0, the full-precision warm-up; None: ``ceil(0.25 / (1-b2))``.
+    From strings: ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen",
+    "freeze_steps": "100"}``.
+    """
+
+    takes_over_adam = True
+
+    def __init__(self, inner: Compressor, freeze_steps: Optional[int] = None):
+        super().__init__(inner)
+        if inner.takes_over_momentum:
+            raise ValueError(f"FrozenAdam({inner!r}): {inner.name} applies momentum itself (SGD's "
+                             "momentum correction); FrozenAdam needs a compressor without it "
+                             "(onebit, efsignsgd, topk, randomk, int8, the quantisers, powersgd)")
+        self.freeze_steps = None if freeze_steps is None else check_int(
+            "FrozenAdam", "freeze_steps", freeze_steps, 0)
+        self.steps = 0
+
+    @property
+    def carries_state(self) -> bool:  # type: ignore[override]
+        return True
+
+    def server_side(self) -> Compressor:
+        return self.inner.server_side()  # the momentum is each rank's; the sum is re-compressed
+
+    def freeze_point(self, beta2: float) -> int:
+        """T0 for a param group with this b2."""
+        if self.freeze_steps is not None:
+            return self.freeze_steps
+        return math.ceil(0.25 / (1.0 - beta2)) if beta2 < 1.0 else 0
+
+    def frozen(self, settings: AdamSettings) -> bool:
+        """Whether this step (the ``steps + 1``-th) runs after the freeze."""
+        return self.steps >= self.freeze_point(settings.beta2)
+
+    def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
+        return self.inner.compress(ops, x, state, info)
+
+    # ---- the wrapper's side ---------------------------------------------------------------
+    def before_exchange(self, ops: Ops, x: Tensor, state: dict, settings: AdamSettings,
+                        param: Tensor) -> Tensor:
+        """What this rank exchanges for the local gradient ``x`` (flat): ``x`` (+ λ·w for Adam)
+        in the warm-up, its momentum b1·m + (1-b1)·x after the freeze. ``state`` is the whole
+        tensor's (m and v are created there on first use), not a segment's or a shard's."""
+        for key in ("adam.m", "adam.v"):
+            if key not in state:
+                ops.write(state, key, ops.zeros(ops.numel(x), like=x))
+        if settings.weight_decay and not settings.decoupled:
+            x = x + param * settings.weight_decay
+        if not self.frozen(settings):
+            return x
+        return state["adam.m"] * settings.beta1 + x * (1.0 - settings.beta1)
+
+    def after_exchange(self, ops: Ops, state: dict, param: Tensor, exchanged: Tensor,
+                       settings: AdamSettings) -> Tensor:
+        """The new value of ``param`` (flat) from the exchanged mean (the gradient in the
+        warm-up, the momentum after the freeze); updates m (and v in the warm-up)."""
+        b1, b2 = settings.beta1, settings.beta2
+        t = self.steps + 1
+        if self.frozen(settings):
+            ops.write(state, "adam.m", exchanged * 1.0)
+        else:
+            ops.write(state, "adam.m", state["adam.m"] * b1 + exchanged * (1.0 - b1))
+            ops.write(state, "adam.v", state["adam.v"] * b2 + exchanged * exchanged * (1.0 - b2))
+        t_v = min(t, max(self.freeze_point(b2), 1))
+        denom = ops.sqrt(state["adam.v"] * (1.0 / (1.0 - b2 ** t_v))) + settings.eps
+        update = state["adam.m"] * (1.0 / (1.0 - b1 ** t)) / denom
+        if settings.decoupled and settings.weight_decay:
+            param = param * (1.0 - settings.lr * settings.weight_decay)
+        return param - update * settings.lr
+
+    # ---- compressor-wide state ----------------------------------------------------------------
+    def on_step(self) -> None:
+        self.steps += 1
+        super().on_step()
+
+    def state_dict(self) -> dict:
+        return {**self.inner.state_dict(), "adam_steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        self.steps = int(state.pop("adam_steps", 0))
+        self.inner.load_state_dict(state)
+
+    def config(self) -> dict:
+        return {"adam": "frozen", "freeze_steps": self.freeze_steps, **self.inner.config()}

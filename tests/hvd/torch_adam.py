@@ -1,0 +1,77 @@
+"""The Adam take-over (FrozenAdam) through hvdcompress.torch.DistributedOptimizer under
+horovodrun. Gradients are exact: loss = sum(w * c), so grad w = c (the test recomputes every
+step in numpy). Cases, each reporting every step's weights:
+
+"none":   FrozenAdam(NoCompression, freeze 3), AdamW, 6 steps (equals Adam with v frozen at 3)
+"torch":  plain torch AdamW through the optimizer with no compression (the reference for "none"
+          before the freeze)
+"onebit": FrozenAdam(ErrorFeedback(OneBit), freeze 2), Adam with L2 weight decay, 5 steps
+"resume": "onebit" for 3 steps, state_dict() into a new optimizer, 2 more steps
+"a2a":    the compressed allreduce (collective='alltoall') of "onebit", 5 steps
+"""
+import horovod.torch as hvd
+import torch
+
+import hvdcompress as hc
+import hvdcompress.torch as hvc
+from common import result
+from torch_common import Linear, rank_vector
+
+hvd.init()
+rank = hvd.rank()
+N = 1000
+
+
+def gradient(step: int) -> torch.Tensor:
+    return torch.from_numpy(rank_vector(rank, N, seed=100 + 10 * step))
+
+
+def make(compression, kind: str = "adamw", **kwargs):
+    model = Linear(N)
+    with torch.no_grad():
+        model.w.copy_(torch.linspace(-1, 1, N))
+    if kind == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.9, 0.99), weight_decay=0.1)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.8, 0.95), weight_decay=0.05)
+    return model, hvc.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                           compression=compression, **kwargs)
+
+
+def train(model, opt, steps, first: int = 0) -> list:
+    out = []
+    for step in range(first, first + steps):
+        opt.zero_grad()
+        model(gradient(step)).backward()
+        opt.step()
+        out.append(model.w.detach().tolist())
+    return out
+
+
+model, opt = make(hc.FrozenAdam(hc.NoCompression(), freeze_steps=3))
+result(rank, case="none", weights=train(model, opt, 6))
+model, opt = make(None)
+result(rank, case="torch", weights=train(model, opt, 6))
+
+
+def onebit():
+    return hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2)
+
+
+model, opt = make(onebit(), kind="adam")
+weights = train(model, opt, 5)
+result(rank, case="onebit", weights=weights, sent=opt.last_step_bytes.sent, dense=opt.last_step_bytes.dense,
+       state=sorted(opt.state_dict()["hvdcompress"]["tensors"]["w"]),
+       compressor_state=opt.state_dict()["hvdcompress"]["compressor"])
+
+model, opt = make(onebit(), kind="adam")
+first = train(model, opt, 3)
+saved = opt.state_dict()
+model2, opt2 = make(onebit(), kind="adam")
+with torch.no_grad():
+    model2.w.copy_(model.w)
+opt2.load_state_dict(saved)
+result(rank, case="resume", weights=first + train(model2, opt2, 2, first=3))
+
+model, opt = make(onebit(), kind="adam", collective="alltoall")
+result(rank, case="a2a", weights=train(model, opt, 5))

@@ -1,0 +1,179 @@
+"""The Adam take-over (hvdcompress.adam.FrozenAdam), issue 20: numpy references of Adam with a
+frozen v, of 1-bit Adam (each rank's momentum, sign-compressed with error feedback), under real
+Horovod processes at 2 ranks (tests/hvd/torch_adam.py), and the argument checks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hvdcompress as hc
+from conftest import run_horovod
+
+N, WORLD = 1000, 2
+
+
+def rank_vector(rank: int, n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed + rank).standard_normal(n).astype(np.float32)
+
+
+def gradients(step: int) -> list:
+    return [rank_vector(r, N, 100 + 10 * step) for r in range(WORLD)]
+
+
+def onebit_ef(x: np.ndarray, residual: np.ndarray) -> np.ndarray:
+    """Decoded sign(p) * mean|p| of p = x + residual; the residual is updated in place."""
+    p = x + residual
+    decoded = np.where(np.signbit(p), np.float32(-1), np.float32(1)) * np.float32(np.abs(p).mean(dtype=np.float64))
+    residual[:] = p - decoded
+    return decoded
+
+
+def allgather_exchange(sent: list, residuals: dict) -> np.ndarray:
+    """Mean over ranks of onebit_ef(sent[r]), each rank with its own residual."""
+    decoded = [onebit_ef(s, residuals.setdefault(r, np.zeros(N, np.float32))) for r, s in enumerate(sent)]
+    return (decoded[0] + decoded[1]) * np.float32(1 / WORLD)
+
+
+def compressed_allreduce(sent: list, residuals: dict) -> np.ndarray:
+    """The all-to-all compressed allreduce of onebit_ef: segment j of every rank (own residual
+    per segment) goes to rank j, which sums the decoded segments, compresses the sum with its
+    server residual, and every rank decodes the gathered sums; times 1/WORLD."""
+    half = N // WORLD
+    out = []
+    for j in range(WORLD):
+        seg = [onebit_ef(s[j * half:(j + 1) * half], residuals.setdefault((r, j), np.zeros(half, np.float32)))
+               for r, s in enumerate(sent)]
+        out.append(onebit_ef(seg[0] + seg[1], residuals.setdefault(("sum", j), np.zeros(half, np.float32))))
+    return np.concatenate(out) * np.float32(1 / WORLD)
+
+
+def reference(steps: int, freeze: int, lr: float, b1: float, b2: float, wd: float, decoupled: bool,
+              exchange=None, eps: float = 1e-8) -> list:
+    """Weights after each step of the take-over on WORLD ranks (module doc of hvdcompress.adam):
+    dense mean gradient for t <= freeze, then ``exchange`` (default: the exact mean) of every
+    rank's b1*m + (1-b1)*g_r."""
+    f32 = np.float32
+    w = np.linspace(-1, 1, N, dtype=np.float32)
+    m, v = np.zeros(N, f32), np.zeros(N, f32)
+    residuals: dict = {}
+    out = []
+    for step in range(steps):
+        t = step + 1
+        xs = [g + w * f32(wd) if not decoupled else g for g in gradients(step)]
+        if step < freeze:
+            g = (xs[0] + xs[1]) * f32(1 / WORLD)
+            m = m * f32(b1) + g * f32(1 - b1)
+            v = v * f32(b2) + g * g * f32(1 - b2)
+        else:
+            sent = [m * f32(b1) + x * f32(1 - b1) for x in xs]
+            m = exchange(sent, residuals) if exchange else (sent[0] + sent[1]) * f32(1 / WORLD)
+        t_v = min(t, max(freeze, 1))
+        update = m * f32(1 / (1 - b1 ** t)) / (np.sqrt(v * f32(1 / (1 - b2 ** t_v))) + f32(eps))
+        if decoupled:
+            w = w * f32(1 - lr * wd)
+        w = w - update * f32(lr)
+        out.append(w.copy())
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs():
+    out = {}
+    for r in run_horovod("torch_adam.py", np=WORLD, timeout=300):
+        out.setdefault(r["case"], {})[r["rank"]] = r
+    return out
+
+
+@pytest.mark.horovod
+def test_without_compression_it_is_adamw_then_adamw_with_v_frozen(runs):
+    want = reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True)
+    for r in range(WORLD):
+        got = np.array(runs["none"][r]["weights"], dtype=np.float32)
+        np.testing.assert_allclose(got, np.array(want), rtol=1e-5, atol=1e-6)
+        # before the freeze it is torch's own AdamW on the averaged gradient
+        np.testing.assert_allclose(got[:3], np.array(runs["torch"][r]["weights"][:3]), rtol=1e-5, atol=1e-6)
+    # after the freeze it is not: v stops moving
+    assert np.abs(np.array(runs["none"][0]["weights"][5]) - np.array(runs["torch"][0]["weights"][5])).max() > 1e-5
+
+
+@pytest.mark.horovod
+def test_onebit_with_error_feedback_after_the_freeze_matches_numpy(runs):
+    want = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
+                               exchange=allgather_exchange))
+    for r in range(WORLD):
+        got = np.array(runs["onebit"][r]["weights"], dtype=np.float32)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert runs["onebit"][0]["weights"] == runs["onebit"][1]["weights"]
+    seen = runs["onebit"][0]
+    assert seen["sent"] * 20 < seen["dense"]          # compressed after the freeze
+    assert {"adam.m", "adam.v", "residual"} <= set(seen["state"])
+    assert seen["compressor_state"]["adam_steps"] == 5
+
+
+@pytest.mark.horovod
+def test_state_dict_resume_continues_exactly(runs):
+    for r in range(WORLD):
+        assert runs["resume"][r]["weights"] == runs["onebit"][r]["weights"]
+
+
+@pytest.mark.horovod
+def test_compressed_allreduce_with_worker_and_server_residuals_matches_numpy(runs):
+    """1-bit Adam's exchange: error feedback on both sides of the compressed allreduce."""
+    want = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
+                              exchange=compressed_allreduce))
+    for r in range(WORLD):
+        np.testing.assert_allclose(np.array(runs["a2a"][r]["weights"], dtype=np.float32), want,
+                                   rtol=1e-5, atol=1e-6)
+    assert runs["a2a"][0]["weights"] == runs["a2a"][1]["weights"]
+
+
+# ---- arguments (one process) ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hvc():
+    import horovod.torch as hvd
+    import hvdcompress.torch as hvc
+    hvd.init()
+    return hvc
+
+
+@pytest.mark.parametrize("optimizer, message", [
+    (lambda ps: torch.optim.SGD(ps, lr=0.1), "allowed: torch.optim.Adam or torch.optim.AdamW"),
+    (lambda ps: torch.optim.Adam(ps, amsgrad=True), "amsgrad=True: FrozenAdam runs Adam and AdamW with amsgrad=False only"),
+    (lambda ps: torch.optim.AdamW(ps, maximize=True), "maximize=True"),
+])
+def test_unsupported_optimizers_are_clear_errors(hvc, optimizer, message):
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(ValueError, match=message):
+        hvc.DistributedOptimizer(optimizer(model.parameters()), named_parameters=model.named_parameters(),
+                                 compression=hc.FrozenAdam(hc.OneBit()))
+
+
+def test_dgc_next_to_adam_warns_that_its_momentum_correction_is_sgds(hvc):
+    model = torch.nn.Linear(3, 2)
+    with pytest.warns(UserWarning, match="applies SGD's momentum correction.*FrozenAdam"):
+        hvc.DistributedOptimizer(torch.optim.AdamW(model.parameters()), named_parameters=model.named_parameters(),
+                                 compression=hc.DGC(0.99))
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"compressor": "dgc", "adam": "frozen"}, "applies momentum itself"),
+    ({"compressor": "onebit", "adam": "yes"}, "adam='yes' is unknown; allowed: 'none', 'frozen'"),
+    ({"compressor": "onebit", "freeze_steps": "10"}, "freeze_steps='10' without adam"),
+    ({"compressor": "onebit", "adam": "frozen", "freeze_steps": "-1"}, "freeze_steps"),
+])
+def test_from_params_errors(params, message):
+    with pytest.raises(ValueError, match=message):
+        hc.from_params(params)
+
+
+def test_from_params_and_default_freeze_point():
+    c = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
+    assert isinstance(c, hc.FrozenAdam) and isinstance(c.inner, hc.ErrorFeedback)
+    assert c.freeze_point(0.999) == 250 and c.freeze_point(0.99) == 25
+    assert hc.from_params({"compressor": "int8", "adam": "frozen", "freeze_steps": "7"}).freeze_point(0.999) == 7
+    c.on_step()
+    restored = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
+    restored.load_state_dict(c.state_dict())
+    assert restored.steps == 1

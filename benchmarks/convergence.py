@@ -22,6 +22,14 @@ unit of DGC's warm-up: ``dgc-warmup`` ramps over 4 of them)::
     .venv/bin/python benchmarks/convergence.py --task lm --nps 2 --json benchmarks/results/lm_ablation.json \
         --methods hvd-dense,dgc-warmup,dgc-warmup@lr=0.25,dgc:sparsity=0.999:warmup=4:masking=false
 
+``--optimizer adamw`` trains with AdamW instead of SGD (``--weight-decay``); its take-over
+methods wrap their compressor in FrozenAdam (``onebit-ef-adam``, ``topk-ef-adam``, ... in
+``e2e.HVDC_METHODS``, or ``...:adam=frozen:freeze_steps=N``)::
+
+    .venv/bin/python benchmarks/convergence.py --task lm --optimizer adamw --lr 0.002 --clip 0.5 \
+        --steps 1000 --nps 2 --json benchmarks/results/lm_adamw.json \
+        --methods hvd-dense,int8,onebit-ef,onebit-ef-adam,topk-ef,topk-ef-adam,powersgd,powersgd-adam
+
 ``hvd-dense`` clips with Horovod's documented pattern (``opt.synchronize()``,
 ``clip_grad_norm_``, ``with opt.skip_synchronize(): opt.step()``), every hvdcompress method with
 ``DistributedOptimizer(..., clip_grad_norm=...)`` (each rank clips its local gradients to
@@ -53,7 +61,8 @@ TASKS = {  # --task: default methods, rank counts and results file
     "digits": (DEFAULT_METHODS, [2, 4], RESULTS / "convergence.json"),
     "lm": (LM_METHODS, [2, 8], RESULTS / "lm_convergence.json"),
 }
-LM_FLAGS = ("steps", "epoch_steps", "seq_len", "clip", "embed", "hidden", "val_bytes", "schedule")
+LM_FLAGS = ("steps", "epoch_steps", "seq_len", "clip", "embed", "hidden", "val_bytes", "weight_decay",
+            "schedule", "optimizer")
 sys.path.insert(0, str(HERE.parent / "examples"))  # lm_train: the language model of --task lm
 
 
@@ -152,8 +161,11 @@ def train_lm(method: str, args, data) -> dict:
     torch.manual_seed(args.seed)
     model = ByteLSTM(args.embed, args.hidden)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
-                          nesterov=options.get("nesterov", False))
+    if args.optimizer == "adamw":
+        sgd = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
+    else:
+        sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
+                              nesterov=options.get("nesterov", False))
     named = [(f"{method}.{n}", p) for n, p in model.named_parameters()]
     dense = name == "hvd-dense"
     if dense:
@@ -336,13 +348,16 @@ def parse_args(argv=None):
     lm.add_argument("--hidden", type=int, default=128)
     lm.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
                     help="learning rate over the run")
+    lm.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                    help="sgd: SGD with --momentum; adamw: torch.optim.AdamW (betas 0.9, 0.999)")
+    lm.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's weight decay")
     lm.add_argument("--val-bytes", type=int, default=65536,
                     help="validation text measured (all of it: 43932 bytes with torch 2.13)")
     if task == "lm":
         ap.set_defaults(batch=16)
     args = ap.parse_args(argv)
     if task == "lm":
-        for k in LM_FLAGS[:-1]:
+        for k in LM_FLAGS[:-3]:
             if not getattr(args, k) > 0:
                 ap.error(f"--{k.replace('_', '-')} {getattr(args, k)}: allowed: a number > 0")
     return args

@@ -67,6 +67,12 @@ HVDC_METHODS = {  # short names for hvdcompress configurations (also used by con
     "topk-ef-mom": "topk:k=0.01:ef=vanilla:momentum=plain",
     "onebit-ef-mom": "onebit:ef=vanilla:momentum=plain",
     "randomk-ef-mom": "randomk:k=0.01:ef=vanilla:momentum=plain",
+    # issue 20: the Adam take-over (FrozenAdam) around compressors without momentum
+    "onebit-ef-adam": "onebit:ef=vanilla:adam=frozen",
+    "topk-ef-adam": "topk:k=0.01:ef=vanilla:adam=frozen",
+    "randomk-ef-adam": "randomk:k=0.01:ef=vanilla:adam=frozen",
+    "int8-adam": "int8:adam=frozen",
+    "powersgd-adam": "powersgd:rank=4:adam=frozen",
     # issue 12: the collective forced, CSC, two-level
     "int8-ag": "int8@collective=allgather",
     "int8-a2a": "int8@collective=alltoall",

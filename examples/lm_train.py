@@ -3,6 +3,12 @@
     horovodrun -np 2 -H localhost:2 --gloo python examples/lm_train.py --compression dgc
     horovodrun -np 2 -H localhost:2 --gloo python examples/lm_train.py \
         --params compressor=onebit,ef=vanilla,momentum=plain --clip 0.5
+    horovodrun -np 2 -H localhost:2 --gloo python examples/lm_train.py --optimizer adamw \
+        --lr 0.002 --params compressor=onebit,ef=vanilla,adam=frozen --clip 0.5
+
+``--optimizer adamw``: AdamW (``--weight-decay``); with it, wrap the compressor in the Adam
+take-over (``adam=frozen``, :class:`hvdcompress.FrozenAdam`: a full-precision warm-up, then each
+rank's momentum compressed with v frozen), as 1-bit Adam does.
 
 Clipping with compression is ``clip_grad_norm=`` of ``hvdcompress.torch.DistributedOptimizer``:
 each rank clips its own gradients (all parameters together, by their global L2 norm) to
@@ -124,6 +130,9 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1.0)
     parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                        help="sgd: SGD with --momentum (default); adamw: AdamW with --weight-decay")
+    parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's weight decay")
     parser.add_argument("--nesterov", action="store_true",
                         help="Nesterov momentum: recommended with DGC and error feedback + momentum "
                              "(benchmarks/README.md, section 6)")
@@ -147,9 +156,13 @@ def main() -> None:
     model = ByteLSTM(args.embed, args.hidden)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     compression = compression_from_args(parser, args)
+    if args.optimizer == "adamw":
+        base = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    else:
+        base = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                               nesterov=args.nesterov)
     opt = hvc.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
-                        nesterov=args.nesterov),
+        base,
         named_parameters=model.named_parameters(), compression=compression,
         clip_grad_norm=args.clip or None)
     warmup = hvc.SparsityScheduler(opt)

@@ -30,3 +30,17 @@ def test_lm_example_trains_with_dgc_and_clipping():
     # (dense with the same clipping: 3.9).
     assert first["initial_bpb"] > 7.5
     assert first["final_bpb"] < first["initial_bpb"] - 1.0, first["curve"]
+
+
+@pytest.mark.horovod
+def test_lm_example_trains_with_adamw_and_the_adam_take_over():
+    # 40 steps, the first 10 at full precision (freeze_steps=10), then 1-bit momentum
+    records = run_horovod(str(EXAMPLE), np=2, timeout=300, args=[
+        "--optimizer", "adamw", "--lr", "0.003", "--params",
+        "compressor=onebit,ef=vanilla,adam=frozen,freeze_steps=10", "--clip", "0.5", "--steps", "40",
+        "--epoch-steps", "20", "--batch-size", "8", "--seq-len", "32", "--val-bytes", "4096"])
+    first, second = sorted(records, key=lambda r: r["rank"])
+    assert first["param_checksum"] == second["param_checksum"]
+    assert 0 < first["sent_bytes"] * 20 < first["dense_bytes"]  # the last step is 1-bit
+    assert first["initial_bpb"] > 7.5
+    assert first["final_bpb"] < first["initial_bpb"] - 1.0, first["curve"]

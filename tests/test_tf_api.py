@@ -30,6 +30,9 @@ def tape() -> tf.GradientTape:
     ({"clip_grad_norm": -1.0}, r"clip_grad_norm=-1.0: allowed: None or a finite number > 0"),
     ({"clip_grad_norm": 1.0, "compression": hvdcompress.DGC(0.99, clip_norm=2.0)},
      r"clip_grad_norm=1.0 and the compressor's clip_norm=2.0 both clip"),
+    ({"compression": {"compressor": "onebit", "ef": "vanilla", "adam": "frozen"}},
+     r"the Adam take-over \(FrozenAdam\) runs on hvdcompress.torch.DistributedOptimizer only"),
+    ({"check_replicas": -1}, r"check_replicas=-1: allowed"),
 ])
 def test_tape_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -138,6 +138,10 @@ class GradientExchange:
 
     def __init__(self, compressor: Compressor, options: ExchangeOptions,
                  momentum: float = 0.0, nesterov: bool = False):
+        if getattr(compressor, "takes_over_adam", False):
+            raise ValueError(f"compression={compressor!r}: the Adam take-over (FrozenAdam) runs on "
+                             "hvdcompress.torch.DistributedOptimizer only so far; on TensorFlow use "
+                             "the compressor without adam=frozen")
         self.compressor = compressor
         self.options = options
         check_clip_grad_norm(options.clip_grad_norm, compressor)

@@ -62,7 +62,7 @@ TASKS = {  # --task: default methods, rank counts and results file
     "lm": (LM_METHODS, [2, 8], RESULTS / "lm_convergence.json"),
 }
 LM_FLAGS = ("steps", "epoch_steps", "seq_len", "clip", "embed", "hidden", "val_bytes", "weight_decay",
-            "schedule", "optimizer")
+            "schedule", "optimizer", "model")
 sys.path.insert(0, str(HERE.parent / "examples"))  # lm_train: the language model of --task lm
 
 
@@ -153,13 +153,13 @@ def train_lm(method: str, args, data) -> dict:
     import torch
     import hvdcompress
     import hvdcompress.torch as hvc
-    from lm_train import ByteLSTM, lm_loss, sample_batch, validation_bits_per_byte
+    from lm_train import build_model, lm_loss, sample_batch, validation_bits_per_byte
 
     train_text, val_text = data
     name, options = lm_method(method)
     lr, clip = options.get("lr", args.lr), options.get("clip", args.clip)
     torch.manual_seed(args.seed)
-    model = ByteLSTM(args.embed, args.hidden)
+    model = build_model(args.model, args.embed, args.hidden)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     if args.optimizer == "adamw":
         sgd = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
@@ -351,13 +351,16 @@ def parse_args(argv=None):
     lm.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
                     help="sgd: SGD with --momentum; adamw: torch.optim.AdamW (betas 0.9, 0.999)")
     lm.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's weight decay")
+    lm.add_argument("--model", choices=("lstm", "transformer"), default="lstm",
+                    help="lstm: examples/lm_train.py's ByteLSTM; transformer: its 2-layer causal "
+                         "ByteTransformer (width --embed)")
     lm.add_argument("--val-bytes", type=int, default=65536,
                     help="validation text measured (all of it: 43932 bytes with torch 2.13)")
     if task == "lm":
         ap.set_defaults(batch=16)
     args = ap.parse_args(argv)
     if task == "lm":
-        for k in LM_FLAGS[:-3]:
+        for k in LM_FLAGS[:-4]:
             if not getattr(args, k) > 0:
                 ap.error(f"--{k.replace('_', '-')} {getattr(args, k)}: allowed: a number > 0")
     return args

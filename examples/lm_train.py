@@ -77,6 +77,38 @@ class ByteLSTM(torch.nn.Module):
         return self.head(out)
 
 
+class ByteTransformer(torch.nn.Module):
+    """A small byte-level causal transformer: Embedding(256, embed) plus learned positions ->
+    ``layers`` pre-norm encoder layers (4 heads, feed-forward 4·embed, causal mask) ->
+    LayerNorm -> Linear(embed, 256). At embed 128 and 2 layers: 0.53M parameters."""
+
+    def __init__(self, embed: int = 128, layers: int = 2, max_len: int = 512):
+        super().__init__()
+        self.embed = torch.nn.Embedding(256, embed)
+        self.position = torch.nn.Embedding(max_len, embed)
+        layer = torch.nn.TransformerEncoderLayer(embed, 4, 4 * embed, dropout=0.0, batch_first=True,
+                                                 norm_first=True)
+        self.blocks = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = torch.nn.LayerNorm(embed)
+        self.head = torch.nn.Linear(embed, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        h = self.embed(x) + self.position(torch.arange(n, device=x.device))
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(n, device=x.device)
+        return self.head(self.norm(self.blocks(h, mask=mask, is_causal=True)))
+
+
+def build_model(kind: str, embed: int, hidden: int) -> torch.nn.Module:
+    """``"lstm"``: :class:`ByteLSTM` (embed, hidden); ``"transformer"``: :class:`ByteTransformer`
+    of width ``embed`` and 2 layers."""
+    if kind == "transformer":
+        return ByteTransformer(embed, layers=2)
+    if kind == "lstm":
+        return ByteLSTM(embed, hidden)
+    raise ValueError(f"model={kind!r}: allowed: 'lstm', 'transformer'")
+
+
 def sample_batch(train: torch.Tensor, batch: int, seq_len: int, gen: torch.Generator) -> tuple:
     """``batch`` random windows of the training text: inputs and next-byte targets, (batch, seq_len)."""
     starts = torch.randint(0, len(train) - seq_len - 1, (batch,), generator=gen)
@@ -130,6 +162,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1.0)
     parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--model", choices=("lstm", "transformer"), default="lstm",
+                        help="lstm: ByteLSTM (default); transformer: a 2-layer causal ByteTransformer")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
                         help="sgd: SGD with --momentum (default); adamw: AdamW with --weight-decay")
     parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's weight decay")
@@ -153,7 +187,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     train, val = load_corpus()
-    model = ByteLSTM(args.embed, args.hidden)
+    model = build_model(args.model, args.embed, args.hidden)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     compression = compression_from_args(parser, args)
     if args.optimizer == "adamw":

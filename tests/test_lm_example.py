@@ -44,3 +44,22 @@ def test_lm_example_trains_with_adamw_and_the_adam_take_over():
     assert 0 < first["sent_bytes"] * 20 < first["dense_bytes"]  # the last step is 1-bit
     assert first["initial_bpb"] > 7.5
     assert first["final_bpb"] < first["initial_bpb"] - 1.0, first["curve"]
+
+
+def test_transformer_is_causal_and_sized_for_every_compressor():
+    import sys
+    import torch
+    sys.path.insert(0, str(EXAMPLE.parent))
+    from lm_train import build_model
+    torch.manual_seed(0)
+    model = build_model("transformer", 128, 128)
+    x = torch.randint(0, 256, (2, 24))
+    changed = x.clone()
+    changed[:, 12] = (changed[:, 12] + 1) % 256
+    before, after = model(x), model(changed)
+    assert torch.allclose(before[:, :12], after[:, :12], atol=1e-6)   # no peeking ahead
+    assert not torch.allclose(before[:, 12:], after[:, 12:])
+    weights = [p.numel() for n, p in model.named_parameters() if n.endswith("weight") and p.dim() == 2]
+    assert min(weights) >= 16384  # DGC and CSC compress every matrix (smaller ones go dense)
+    with pytest.raises(ValueError, match="model='gru': allowed: 'lstm', 'transformer'"):
+        build_model("gru", 1, 1)

@@ -29,12 +29,13 @@ from __future__ import annotations
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..accounting import ByteCount
+from ..adam import AdamSettings
 from ..clipping import check_clip_grad_norm, clips_before_exchange, local_clip_limit
 from ..compressor import Compressor, TensorInfo
 from ..replicas import ReplicaCheck, check_every, counters_checksum
@@ -137,11 +138,15 @@ class GradientExchange:
     """
 
     def __init__(self, compressor: Compressor, options: ExchangeOptions,
-                 momentum: float = 0.0, nesterov: bool = False):
-        if getattr(compressor, "takes_over_adam", False):
-            raise ValueError(f"compression={compressor!r}: the Adam take-over (FrozenAdam) runs on "
-                             "hvdcompress.torch.DistributedOptimizer only so far; on TensorFlow use "
-                             "the compressor without adam=frozen")
+                 momentum: float = 0.0, nesterov: bool = False,
+                 adam_settings: Optional[Callable[[], AdamSettings]] = None):
+        if getattr(compressor, "takes_over_adam", False) and adam_settings is None:
+            raise ValueError(f"compression={compressor!r}: the Adam take-over (FrozenAdam) replaces "
+                             "the optimizer's step, so it runs on hvdcompress.torch."
+                             "DistributedOptimizer and hvdcompress.tensorflow.keras."
+                             "DistributedOptimizer (around a Keras Adam or AdamW), not on the tape, "
+                             "whose gradients your own optimizer applies")
+        self.adam_settings = adam_settings   # the Keras optimizer's Adam settings, read each step
         self.compressor = compressor
         self.options = options
         check_clip_grad_norm(options.clip_grad_norm, compressor)
@@ -166,7 +171,9 @@ class GradientExchange:
     # ---- entry point --------------------------------------------------------------------------
     @tf.autograph.experimental.do_not_convert  # plain Python on Python values: nothing to convert
     def __call__(self, grads: Sequence[Any], sources: Sequence[Any]) -> list:
-        """The averaged (or summed) gradients, in the structure of ``grads`` (None kept).
+        """The averaged (or summed) gradients, in the structure of ``grads`` (None kept). With the
+        Adam take-over (``adam_settings``) the variables are updated here, and what is returned
+        is the exchanged gradient (warm-up) or momentum (after the freeze).
 
         On a rank outside the process set: its own gradients, untouched, with no collective
         (as Horovod does)."""
@@ -190,7 +197,8 @@ class GradientExchange:
         dense = []
         for i, g in enumerate(grads):
             if isinstance(g, tf.IndexedSlices):
-                if not (self.options.sparse_as_dense or self.compressor.takes_over_momentum):
+                if not (self.options.sparse_as_dense or self.compressor.takes_over_momentum
+                        or self.adam_settings is not None):
                     out[i] = self._gather_slices(g, names[i])
                     continue
                 out[i] = tf.convert_to_tensor(g)
@@ -260,6 +268,8 @@ class GradientExchange:
             [(n, v.read_value() if hasattr(v, "read_value") else v) for n, v in variables],
             lambda: counters_checksum(self.compressor.state_dict(), sorted(self.state.named().items())))
         factor = self.options.gradient_predivide_factor
+        adam = self.compressor if self.adam_settings is not None else None
+        settings = None if adam is None else self.adam_settings()
         totals: list = [None] * len(grads)
         for bundle in self.options.bundles(params):
             entries = []
@@ -268,11 +278,20 @@ class GradientExchange:
                 if params[i] is not None:
                     info.param = tf.reshape(tf.convert_to_tensor(params[i]), [-1])
                 x = tf.reshape(grads[i], [-1])
+                if adam is not None:  # each rank's momentum after the freeze (hvdcompress.adam)
+                    x = adam.before_exchange(OPS, x, self.state.tensor(info.name), settings, info.param)
+                    info.dense = not adam.frozen(settings)
                 if factor != 1.0:
                     x = x / factor
                 entries.append(self.engine.compress(i, x, self.state.tensor(info.name), info))
             for entry in self.engine.finish(self.engine.start(entries)):
                 totals[entry.key] = entry.total
+        if adam is not None:
+            for i, total in enumerate(totals):
+                if total is not None and params[i] is not None:
+                    new = adam.after_exchange(OPS, self.state.tensor(infos[i].name), infos[i].param,
+                                              total, settings)
+                    params[i].assign(tf.reshape(new, tf.shape(params[i])))
         self.compressor.on_step()
         self.state.push()
         self.engine.end_step()

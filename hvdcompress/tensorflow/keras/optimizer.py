@@ -18,6 +18,13 @@ gradient. Keras's ``weight_decay`` is decoupled (applied to the weights, not thr
 momentum), so it stays in the optimizer. A compressor with an explicit momentum next to an SGD
 with momentum is an error (momentum would apply twice). Other optimizers are left alone.
 
+Adam taken over: with :class:`hvdcompress.FrozenAdam` around the compressor and a Keras ``Adam``
+or ``AdamW``, the exchange updates the variables itself (:mod:`hvdcompress.adam`: a
+full-precision warm-up, then each rank's momentum compressed, v frozen), reading the learning
+rate (or schedule), betas, epsilon and the decoupled weight decay of the wrapped optimizer; the
+wrapped optimizer's own step is not run (its ``iterations`` still count the steps), and m and v
+live in the compressor state, checkpointed with the optimizer.
+
 ``backward_passes_per_step=N``: gradients are summed locally in variables (averaged if
 ``average_aggregated_gradients``) and exchanged and applied on every N-th call only, as in
 Horovod. IndexedSlices are densified for that.
@@ -33,6 +40,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ...adam import AdamSettings
 from ...clipping import state_carrier, what_it_keeps
 from ...compressor import Compressor
 from ..subclass import subclass_with
@@ -106,25 +114,55 @@ class GradientAccumulator(tf.Module):
         return out
 
 
+def _adam_settings(optimizer: Any, compressor: Compressor, config: dict):
+    """For :class:`~hvdcompress.adam.FrozenAdam`: check that ``optimizer`` is a Keras Adam or
+    AdamW it can run, and return the callable that reads its settings at each step (the
+    learning rate may be a schedule). Keras's weight decay is decoupled (AdamW's)."""
+    if not getattr(compressor, "takes_over_adam", False):
+        return None
+    if not isinstance(optimizer, _keras_classes("Adam") + _keras_classes("AdamW")):
+        raise ValueError(f"compression={compressor!r} takes over Adam's step, but the optimizer is "
+                         f"{type(optimizer).__name__}; allowed: a Keras Adam or AdamW")
+    if config.get("amsgrad"):
+        raise ValueError("amsgrad=True: FrozenAdam runs Adam and AdamW with amsgrad=False only")
+    fixed = {"beta1": float(config["beta_1"]), "beta2": float(config["beta_2"]),
+             "eps": float(config["epsilon"]), "weight_decay": float(config.get("weight_decay") or 0.0)}
+
+    def settings() -> AdamSettings:
+        lr = optimizer.learning_rate
+        if callable(lr) and not isinstance(lr, tf.Variable):
+            lr = lr(optimizer.iterations)
+        return AdamSettings(lr=float(tf.convert_to_tensor(lr)), decoupled=True, **fixed)
+    return settings
+
+
 class _DistributedOptimizer:
     """Methods mixed into the wrapped optimizer's class by :func:`DistributedOptimizer`."""
+
+    def _hvdc_apply(self, grads: list, variables: list, args: tuple, kwargs: dict):
+        """Exchange ``grads`` and apply them: with the wrapped optimizer's own step, or, with
+        the Adam take-over, by the exchange itself (then only ``iterations`` moves here)."""
+        parent = super(self.__class__, self)
+        if self._hvdc_exchange.adam_settings is None or not self._hvdc_exchange.options.process_set.included():
+            return parent.apply_gradients(zip(self._hvdc_exchange(grads, variables), variables),
+                                          *args, **kwargs)
+        exchanged = [g for g in self._hvdc_exchange(grads, variables) if g is not None]
+        with tf.control_dependencies(exchanged):
+            return self.iterations.assign_add(1)
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         """Exchange the gradients over ranks, then apply them (every N-th call with N passes)."""
         pairs = [(g, v) for g, v in grads_and_vars]
         variables = [v for _, v in pairs]
-        parent = super(self.__class__, self)
         if self._hvdc_accumulator is None:
-            grads = self._hvdc_exchange([g for g, _ in pairs], variables)
-            return parent.apply_gradients(zip(grads, variables), *args, **kwargs)
+            return self._hvdc_apply([g for g, _ in pairs], variables, args, kwargs)
         dense = [tf.convert_to_tensor(g) for g, _ in pairs]
         ready = self._hvdc_accumulator.add(dense)
         if not getattr(self, "built", True):
             self.build(variables)
 
         def step():
-            grads = self._hvdc_exchange(self._hvdc_accumulator.take(), variables)
-            parent.apply_gradients(zip(grads, variables), *args, **kwargs)
+            self._hvdc_apply(self._hvdc_accumulator.take(), variables, args, kwargs)
             return tf.constant(True)
 
         if tf.executing_eagerly():
@@ -191,7 +229,8 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     momentum, nesterov = _take_over_momentum(compressor, optimizer, config)
     cls = subclass_with(optimizer.__class__, _DistributedOptimizer)
     wrapped = cls.from_config(config)
-    wrapped._hvdc_exchange = GradientExchange(compressor, options, momentum, nesterov)
+    wrapped._hvdc_exchange = GradientExchange(compressor, options, momentum, nesterov,
+                                              adam_settings=_adam_settings(wrapped, compressor, config))
     wrapped._hvdc_compression_state = wrapped._hvdc_exchange.state
     wrapped._hvdc_accumulator = (GradientAccumulator(backward_passes_per_step,
                                                      average_aggregated_gradients)

@@ -1,0 +1,46 @@
+"""The Adam take-over (FrozenAdam) through hvdcompress.tensorflow.keras.DistributedOptimizer
+under horovodrun: apply_gradients with the exact gradient c_r of loss = sum(w * c_r) (the test
+recomputes every step in numpy, tests/adam_reference.py). Cases, each reporting every step's w:
+
+"none":     FrozenAdam(NoCompression, freeze 3), Keras AdamW, 6 eager steps
+"onebit":   FrozenAdam(ErrorFeedback(OneBit), freeze 2), Keras AdamW, 5 eager steps
+"function": "onebit" with apply_gradients inside a tf.function
+"""
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+import hvdcompress as hc
+import hvdcompress.tensorflow.keras as hvck
+from common import result
+
+hvd.init()
+rank = hvd.rank()
+N = 1000
+
+
+def gradient(step: int) -> np.ndarray:
+    return np.random.default_rng(100 + 10 * step + rank).standard_normal(N).astype(np.float32)
+
+
+def run(compression, lr, b1, b2, wd, steps, function=False) -> tuple:
+    w = tf.Variable(np.linspace(-1, 1, N, dtype=np.float32), name="w")
+    opt = hvck.DistributedOptimizer(tf.keras.optimizers.AdamW(lr, beta_1=b1, beta_2=b2, epsilon=1e-8,
+                                                              weight_decay=wd),
+                                    compression=compression)
+    apply = (lambda g: opt.apply_gradients([(g, w)]))
+    if function:
+        apply = tf.function(apply)
+    out = []
+    for step in range(steps):
+        apply(tf.constant(gradient(step)))
+        out.append(w.numpy().tolist())
+    return out, int(opt.iterations.numpy())
+
+
+weights, iterations = run(hc.FrozenAdam(hc.NoCompression(), freeze_steps=3), 0.01, 0.9, 0.99, 0.1, 6)
+result(rank, case="none", weights=weights, iterations=iterations)
+for name, function in (("onebit", False), ("function", True)):
+    weights, iterations = run(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2),
+                              0.01, 0.8, 0.95, 0.05, 5, function)
+    result(rank, case=name, weights=weights, iterations=iterations)

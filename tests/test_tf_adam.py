@@ -1,0 +1,48 @@
+"""The Adam take-over on Keras (hvdcompress.tensorflow.keras.DistributedOptimizer with a Keras
+AdamW around FrozenAdam), under horovodrun at 2 ranks, against the numpy references of
+tests/adam_reference.py (shared with the torch tests); and its argument checks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvdcompress as hc
+import hvdcompress.tensorflow as hvc
+import hvdcompress.tensorflow.keras as hvck
+from adam_reference import WORLD, allgather_exchange, reference
+from conftest import run_horovod
+
+
+@pytest.fixture(scope="module")
+def runs():
+    out = {}
+    for r in run_horovod("tf_adam.py", np=WORLD, timeout=300):
+        out.setdefault(r["case"], {})[r["rank"]] = r
+    return out
+
+
+@pytest.mark.horovod
+def test_keras_adamw_take_over_matches_numpy_eager_and_in_a_tf_function(runs):
+    plain = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True))
+    onebit = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=True,
+                                exchange=allgather_exchange))
+    for case, want, steps in (("none", plain, 6), ("onebit", onebit, 5), ("function", onebit, 5)):
+        for r in range(WORLD):
+            seen = runs[case][r]
+            np.testing.assert_allclose(np.array(seen["weights"], dtype=np.float32), want, rtol=1e-5, atol=1e-6,
+                                       err_msg=case)
+            assert seen["iterations"] == steps
+        assert runs[case][0]["weights"] == runs[case][1]["weights"]
+
+
+def test_keras_take_over_needs_adam_and_refuses_amsgrad():
+    frozen = hc.FrozenAdam(hc.OneBit())
+    with pytest.raises(ValueError, match="allowed: a Keras Adam or AdamW"):
+        hvck.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=frozen)
+    with pytest.raises(ValueError, match="amsgrad=True"):
+        hvck.DistributedOptimizer(tf.keras.optimizers.Adam(amsgrad=True), compression=frozen)
+    with tf.GradientTape() as tape:
+        pass
+    with pytest.raises(ValueError, match="not on the tape"):
+        hvc.DistributedGradientTape(tape, compression=frozen)

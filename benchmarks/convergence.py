@@ -197,7 +197,7 @@ def train_lm(method: str, args, data) -> dict:
         if step % args.epoch_steps == 0 and not dense:
             warmup.step()
     return {"method": method, "curve": curve, "final_bpb": curve[-1][1],
-            "seconds": time.perf_counter() - start,
+            "model": args.model, "optimizer": args.optimizer, "seconds": time.perf_counter() - start,
             "bytes": None if dense else opt.total_bytes.as_dict()}
 
 
@@ -316,7 +316,10 @@ def plot_lm(results: dict, path: Path) -> None:
             steps, bpb = zip(*row["curve"])
             ax.plot(steps, bpb, "k-" if m == "hvd-dense" else "-", label=m, lw=1.2)
         best = min(row["final_bpb"] for row in results[n].values())
-        ax.set(title=f"byte-level LSTM, {n} ranks, clipped", xlabel="step",
+        first = next(iter(results[n].values()))
+        names = {"lstm": "LSTM", "transformer": "transformer", "sgd": "SGD", "adamw": "AdamW"}
+        setup = f"{names[first.get('model', 'lstm')]}, {names[first.get('optimizer', 'sgd')]}"
+        ax.set(title=f"byte-level {setup}, {n} ranks, clipped", xlabel="step",
                ylabel="validation bits/byte", ylim=(best - 0.1, best + 1.5))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)

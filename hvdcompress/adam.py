@@ -23,8 +23,16 @@ then in both phases, as torch.optim.Adam/AdamW (bias corrections with v's at T0 
 
     w <- w·(1 - lr·λ)  (AdamW);   w <- w - lr · (m / (1-b1^t)) / (sqrt(v / (1-b2^min(t,T0))) + eps)
 
-Adam's own (L2) weight decay adds λ·w to every rank's gradient first. Since m is the same on
-every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression both phases are Adam.
+Adam's own (L2) weight decay adds λ·w to the exchanged gradient (to m, times 1-b1, after the
+freeze): it is the same on every rank, so it is added exactly instead of being compressed.
+Since m is the same on every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression
+both phases are Adam.
+
+``clip_grad_norm`` (the wrappers'): during the warm-up the exchanged mean is the gradient, so
+the torch optimizer clips it after the exchange, as Horovod's pattern does; after the freeze
+each rank clips its own gradient to c·sqrt(N) before forming m_r (the local clip of every
+compressor that carries state, :mod:`hvdcompress.clipping`). The TF wrappers clip locally
+throughout (the choice is made when the graph is traced).
 
 The trade-off: T0 steps at full precision (dense bytes), then the wrapped compressor's bytes;
 too early a freeze keeps a v estimated from few gradients. The default T0 is
@@ -40,7 +48,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from .backend import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo
@@ -115,20 +123,25 @@ class FrozenAdam(Decorator):
         """Whether this step (the ``steps + 1``-th) runs after the freeze."""
         return self.steps >= self.freeze_point(settings.beta2)
 
+    def warming_up(self, groups: Sequence[AdamSettings]) -> bool:
+        """Whether this step is full precision for every param group: the exchanged mean is then
+        the gradient, so ``clip_grad_norm`` clips it after the exchange as Horovod does (the
+        local clip of stateful compressors, c·sqrt(N) on each rank, cost +0.02 bits/byte on the
+        language model, benchmarks/README.md section 8)."""
+        return not any(self.frozen(s) for s in groups)
+
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         return self.inner.compress(ops, x, state, info)
 
     # ---- the wrapper's side ---------------------------------------------------------------
     def before_exchange(self, ops: Ops, x: Tensor, state: dict, settings: AdamSettings,
                         param: Tensor) -> Tensor:
-        """What this rank exchanges for the local gradient ``x`` (flat): ``x`` (+ λ·w for Adam)
-        in the warm-up, its momentum b1·m + (1-b1)·x after the freeze. ``state`` is the whole
-        tensor's (m and v are created there on first use), not a segment's or a shard's."""
+        """What this rank exchanges for the local gradient ``x`` (flat): ``x`` in the warm-up,
+        its momentum b1·m + (1-b1)·x after the freeze. ``state`` is the whole tensor's (m and v
+        are created there on first use), not a segment's or a shard's."""
         for key in ("adam.m", "adam.v"):
             if key not in state:
                 ops.write(state, key, ops.zeros(ops.numel(x), like=x))
-        if settings.weight_decay and not settings.decoupled:
-            x = x + param * settings.weight_decay
         if not self.frozen(settings):
             return x
         return state["adam.m"] * settings.beta1 + x * (1.0 - settings.beta1)
@@ -136,14 +149,17 @@ class FrozenAdam(Decorator):
     def after_exchange(self, ops: Ops, state: dict, param: Tensor, exchanged: Tensor,
                        settings: AdamSettings) -> Tensor:
         """The new value of ``param`` (flat) from the exchanged mean (the gradient in the
-        warm-up, the momentum after the freeze); updates m (and v in the warm-up)."""
+        warm-up, the momentum after the freeze); updates m (and v in the warm-up). Adam's L2
+        weight decay λ·w is the same on every rank, so it is added here, exactly, not sent."""
         b1, b2 = settings.beta1, settings.beta2
         t = self.steps + 1
+        l2 = settings.weight_decay if not settings.decoupled else 0.0
         if self.frozen(settings):
-            ops.write(state, "adam.m", exchanged * 1.0)
+            ops.write(state, "adam.m", exchanged + param * ((1.0 - b1) * l2) if l2 else exchanged * 1.0)
         else:
-            ops.write(state, "adam.m", state["adam.m"] * b1 + exchanged * (1.0 - b1))
-            ops.write(state, "adam.v", state["adam.v"] * b2 + exchanged * exchanged * (1.0 - b2))
+            g = exchanged + param * l2 if l2 else exchanged
+            ops.write(state, "adam.m", state["adam.m"] * b1 + g * (1.0 - b1))
+            ops.write(state, "adam.v", state["adam.v"] * b2 + g * g * (1.0 - b2))
         t_v = min(t, max(self.freeze_point(b2), 1))
         denom = ops.sqrt(state["adam.v"] * (1.0 / (1.0 - b2 ** t_v))) + settings.eps
         update = state["adam.m"] * (1.0 / (1.0 - b1 ** t)) / denom

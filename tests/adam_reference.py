@@ -43,26 +43,42 @@ def compressed_allreduce(sent: list, residuals: dict) -> np.ndarray:
     return np.concatenate(out) * np.float32(1 / WORLD)
 
 
+def clipped(x: np.ndarray, limit: float) -> np.ndarray:
+    """x scaled to an L2 norm of at most ``limit`` (torch.nn.utils.clip_grad_norm_'s formula)."""
+    norm = np.float32(np.sqrt(np.sum(x.astype(np.float64) ** 2)))
+    return x * np.float32(min(1.0, limit / (norm + 1e-6)))
+
+
 def reference(steps: int, freeze: int, lr: float, b1: float, b2: float, wd: float, decoupled: bool,
-              exchange=None, eps: float = 1e-8) -> list:
+              exchange=None, eps: float = 1e-8, clip: float | None = None) -> list:
     """Weights after each step of the take-over on WORLD ranks (module doc of hvdcompress.adam):
-    dense mean gradient for t <= freeze, then ``exchange`` (default: the exact mean) of every
-    rank's b1*m + (1-b1)*g_r."""
+    dense mean gradient for t <= freeze (clipped after the exchange to ``clip``), then
+    ``exchange`` (default: the exact mean) of every rank's b1*m + (1-b1)*g_r (g_r clipped to
+    clip*sqrt(WORLD) first); Adam's L2 decay added after the exchange."""
     f32 = np.float32
     w = np.linspace(-1, 1, N, dtype=np.float32)
     m, v = np.zeros(N, f32), np.zeros(N, f32)
     residuals: dict = {}
+    l2 = 0.0 if decoupled else wd
     out = []
     for step in range(steps):
         t = step + 1
-        xs = [g + w * f32(wd) if not decoupled else g for g in gradients(step)]
+        xs = gradients(step)
         if step < freeze:
             g = (xs[0] + xs[1]) * f32(1 / WORLD)
+            if clip is not None:
+                g = clipped(g, clip)
+            if l2:
+                g = g + w * f32(l2)
             m = m * f32(b1) + g * f32(1 - b1)
             v = v * f32(b2) + g * g * f32(1 - b2)
         else:
+            if clip is not None:
+                xs = [clipped(x, clip * np.sqrt(WORLD)) for x in xs]
             sent = [m * f32(b1) + x * f32(1 - b1) for x in xs]
             m = exchange(sent, residuals) if exchange else (sent[0] + sent[1]) * f32(1 / WORLD)
+            if l2:
+                m = m + w * f32((1 - b1) * l2)
         t_v = min(t, max(freeze, 1))
         update = m * f32(1 / (1 - b1 ** t)) / (np.sqrt(v * f32(1 / (1 - b2 ** t_v))) + f32(eps))
         if decoupled:

@@ -47,6 +47,16 @@ def test_onebit_with_error_feedback_after_the_freeze_matches_numpy(runs):
 
 
 @pytest.mark.horovod
+def test_clip_grad_norm_clips_the_mean_in_the_warm_up_and_each_rank_after_the_freeze(runs):
+    want = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True, clip=5.0))
+    unclipped = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True))
+    assert np.abs(want - unclipped).max() > 1e-4  # the clip acts (gradient norms are ~31)
+    for r in range(WORLD):
+        np.testing.assert_allclose(np.array(runs["clip"][r]["weights"], dtype=np.float32), want,
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.horovod
 def test_state_dict_resume_continues_exactly(runs):
     for r in range(WORLD):
         assert runs["resume"][r]["weights"] == runs["onebit"][r]["weights"]

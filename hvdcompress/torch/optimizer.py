@@ -212,7 +212,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """``p``'s gradient is complete for this step: compress it now, or, with
         ``clip_grad_norm`` before the exchange, once every gradient is complete (the clip needs
         their global norm)."""
-        if not self._clip_before:
+        if not self._clips_before():
             self._prepare(p)
             return
         self._awaiting_clip.append(p)
@@ -227,6 +227,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  average=self.op == hvd.Average)
             for q in params:
                 self._prepare(q)
+
+    def _clips_before(self) -> bool:
+        """Whether ``clip_grad_norm`` clips each rank's gradients before compression this step:
+        with a compressor that carries state, except in FrozenAdam's full-precision warm-up,
+        where the exchanged mean is the gradient and Horovod's clip after the exchange is exact."""
+        if not self._clip_before or self._adam is None:
+            return self._clip_before
+        return not self._adam.warming_up([adam_settings(g, i) for i, g in enumerate(self.param_groups)])
 
     def _info(self, p: torch.Tensor) -> TensorInfo:
         info = TensorInfo(name=self._parameter_names[p], numel=p.numel(), world=self._world(), rank=self._rank(),
@@ -300,7 +308,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p, finish in self._sparse.items():
             p.grad = finish()  # Horovod's sparse allreduce hands back a function
         self._sparse.clear()
-        if self.clip_grad_norm is not None and not self._clip_before:  # Horovod's clip, exactly
+        if self.clip_grad_norm is not None and not self._clips_before():  # Horovod's clip, exactly
             # _requires_update is in name order: every rank sums the norms in the same order
             clip_gradients([p.grad for p in self._requires_update if p.grad is not None], self.clip_grad_norm)
         for p in self._delay:

@@ -8,6 +8,7 @@ step in numpy). Cases, each reporting every step's weights:
 "onebit": FrozenAdam(ErrorFeedback(OneBit), freeze 2), Adam with L2 weight decay, 5 steps
 "resume": "onebit" for 3 steps, state_dict() into a new optimizer, 2 more steps
 "a2a":    the compressed allreduce (collective='alltoall') of "onebit", 5 steps
+"clip":   "none" with clip_grad_norm=5 (Horovod's clip in the warm-up, the local one after)
 """
 import horovod.torch as hvd
 import torch
@@ -75,3 +76,6 @@ result(rank, case="resume", weights=first + train(model2, opt2, 2, first=3))
 
 model, opt = make(onebit(), kind="adam", collective="alltoall")
 result(rank, case="a2a", weights=train(model, opt, 5))
+
+model, opt = make(hc.FrozenAdam(hc.NoCompression(), freeze_steps=3), clip_grad_norm=5.0)
+result(rank, case="clip", weights=train(model, opt, 6))

@@ -8,6 +8,14 @@ import numpy as np
 N, WORLD = 1000, 2
 
 
+def by_case(records: list) -> dict:
+    """Horovod records grouped as {case: {rank: record}}."""
+    out: dict = {}
+    for r in records:
+        out.setdefault(r["case"], {})[r["rank"]] = r
+    return out
+
+
 def rank_vector(rank: int, n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed + rank).standard_normal(n).astype(np.float32)
 

@@ -8,16 +8,13 @@ import pytest
 import torch
 
 import hvdcompress as hc
-from adam_reference import WORLD, allgather_exchange, compressed_allreduce, reference
+from adam_reference import WORLD, by_case, allgather_exchange, compressed_allreduce, reference
 from conftest import run_horovod
 
 
 @pytest.fixture(scope="module")
 def runs():
-    out = {}
-    for r in run_horovod("torch_adam.py", np=WORLD, timeout=300):
-        out.setdefault(r["case"], {})[r["rank"]] = r
-    return out
+    return by_case(run_horovod("torch_adam.py", np=WORLD, timeout=300))
 
 
 @pytest.mark.horovod

@@ -10,16 +10,13 @@ import tensorflow as tf
 import hvdcompress as hc
 import hvdcompress.tensorflow as hvc
 import hvdcompress.tensorflow.keras as hvck
-from adam_reference import WORLD, allgather_exchange, reference
+from adam_reference import WORLD, by_case, allgather_exchange, reference
 from conftest import run_horovod
 
 
 @pytest.fixture(scope="module")
 def runs():
-    out = {}
-    for r in run_horovod("tf_adam.py", np=WORLD, timeout=300):
-        out.setdefault(r["case"], {})[r["rank"]] = r
-    return out
+    return by_case(run_horovod("tf_adam.py", np=WORLD, timeout=300))
 
 
 @pytest.mark.horovod

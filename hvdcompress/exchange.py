@@ -281,11 +281,12 @@ class Exchange:
             entry.packet, entry.collective = Packet([x], DENSE, summable=True), "allreduce"
         elif entry.collective == "alltoall":
             length = -(-info.numel // self.comm.world)
-            padded = x if length * self.comm.world == info.numel else \
-                self.ops.concat([x, self.ops.zeros(length * self.comm.world - info.numel, like=x)])
+            params = self.segments(info.param, info.numel, self.comm.world) \
+                if info.param is not None and self.compressor.takes_over_momentum else None
             packets = []
-            for j, seg in enumerate(self.ops.split(padded, [length] * self.comm.world)):
+            for j, seg in enumerate(self.segments(x, info.numel, self.comm.world)):
                 seg_info = self._segment_info(info, j, length)
+                seg_info.param = None if params is None else params[j]  # weight decay per segment
                 packets.append(self.compressor.compress(self.ops, seg, PrefixedState(state, f"seg{j}."), seg_info))
                 entry.segments.append((packets[-1].ctx, seg_info))
             if any(p.resume is not None or (p.summable and not self.summable_segments) for p in packets):
@@ -302,6 +303,14 @@ class Exchange:
         self.plan[info.name] = (info.numel, entry.collective, sent,  # the latest step's
                                 wire_bytes(entry.collective, sent, self.comm.world))
         return entry
+
+    def segments(self, x: Tensor, numel: int, parts: int) -> list:
+        """``x`` (``numel`` elements) zero-padded to a multiple of ``parts`` and cut into
+        ``parts`` equal segments."""
+        length = -(-numel // parts)
+        padded = x if length * parts == numel else \
+            self.ops.concat([x, self.ops.zeros(length * parts - numel, like=x)])
+        return self.ops.split(padded, [length] * parts)
 
     @staticmethod
     def _segment_info(info: TensorInfo, j: int, length: int, role: str = "seg") -> TensorInfo:

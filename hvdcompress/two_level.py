@@ -206,9 +206,7 @@ class TwoLevelExchange(Exchange):
         me, per_node = self.comm.rank, self.comm.world
         param = None
         if info.param is not None and self.cross.compressor.takes_over_momentum:
-            padded = info.param if length * per_node == info.numel else self.ops.concat(
-                [info.param, self.ops.zeros(length * per_node - info.numel, like=info.param)])
-            param = self.ops.split(padded, [length] * per_node)[me] * float(per_node)
+            param = self.segments(info.param, info.numel, per_node)[me] * float(per_node)
         rows = info.shape[0] if len(info.shape) >= 2 else 0
         shape = (rows // per_node, *info.shape[1:]) if rows and rows % per_node == 0 else (length,)
         return TensorInfo(name=f"{info.name}#shard{me}", numel=length, world=self.cross.comm.world,

@@ -4,8 +4,6 @@ and the comparison over simulated ranks (tests/simulator.py). The guard under re
 processes is tested in tests/test_replica_matrix.py."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
@@ -14,7 +12,7 @@ import zlib
 
 from hvdcompress.replicas import ReplicaCheck, ReplicaMismatch, check_every, counters_checksum
 from hvdcompress.torch.backend import TorchOps, device_checksum
-from simulator import SimulatedCollectives, World
+from simulator import run_ranks
 
 SIGNED = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 
@@ -111,23 +109,15 @@ def test_counters_checksum_sees_counters_not_tensors():
     assert counters_checksum({"step": 3, "epoch": 1}, [("a", {"step": 3})]) != base
 
 
-def run_ranks(size: int, body) -> list:
-    """``body(rank, comm)`` on ``size`` simulated ranks (threads); each rank's return value or
-    exception."""
-    world, out = World(size, timeout=30), [None] * size
-
-    def target(r):
+def each_rank(size: int, body) -> list:
+    """``body(rank, comm)`` on ``size`` simulated ranks; each rank's return value, or the
+    ReplicaMismatch it raised."""
+    def caught(comm):
         try:
-            out[r] = body(r, SimulatedCollectives(world, r))
-        except Exception as e:  # noqa: BLE001  (reported to the test)
-            out[r] = e
-    threads = [threading.Thread(target=target, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a simulated rank hung"
-    return out
+            return body(comm.rank, comm)
+        except ReplicaMismatch as e:
+            return e
+    return run_ranks(size, caught, timeout=30)
 
 
 def test_guard_passes_identical_replicas_and_counts_its_collectives():
@@ -137,7 +127,7 @@ def test_guard_passes_identical_replicas_and_counts_its_collectives():
         for _ in range(7):
             check.after_step([("w", w), ("b", torch.ones(2))], lambda: 42)
         return comm.calls
-    assert run_ranks(3, body) == [2, 2, 2]  # steps 3 and 6
+    assert each_rank(3, body) == [2, 2, 2]  # steps 3 and 6
 
 
 def test_guard_names_first_differing_parameter_step_and_ranks_on_every_rank():
@@ -148,7 +138,7 @@ def test_guard_names_first_differing_parameter_step_and_ranks_on_every_rank():
             if step == 3 and rank == 1:
                 b[2] = 1e-30  # differs from step 3 on: caught at step 4
             check.after_step([("a", a), ("b", b)], lambda: 7)
-    errors = run_ranks(3, body)
+    errors = each_rank(3, body)
     for e in errors:
         assert isinstance(e, ReplicaMismatch)
         text = str(e)
@@ -160,5 +150,5 @@ def test_guard_names_first_differing_parameter_step_and_ranks_on_every_rank():
 def test_guard_reports_counters():
     def body(rank, comm):
         ReplicaCheck(1, TorchOps(), comm).after_step([("w", torch.ones(3))], lambda: 10 + rank)
-    for e in run_ranks(2, body):
+    for e in each_rank(2, body):
         assert isinstance(e, ReplicaMismatch) and "step counters" in str(e) and "step 1" in str(e)

@@ -28,6 +28,7 @@ from .compressors.topk import TopK
 from .compressors.twobit import TwoBit
 from .memory import ErrorFeedback, Momentum
 from .registry import available, from_params, register
+from .replicas import ReplicaMismatch
 from .schedule import ExponentialWarmup, ListWarmup, SparsityScheduler
 
 for _cls in (NoCompression, FP16, BF16, TopK, RandomK, DGC, OneBit, EFSignSGD, Signum, Threshold,
@@ -36,7 +37,7 @@ for _cls in (NoCompression, FP16, BF16, TopK, RandomK, DGC, OneBit, EFSignSGD, S
 
 __all__ = [
     "Compressor", "Packet", "TensorInfo", "payload_bytes", "NoCompression", "FP16", "BF16",
-    "TopK", "RandomK", "DGC", "CSC", "ErrorFeedback", "Momentum", "FrozenAdam", "available", "from_params",
+    "TopK", "RandomK", "DGC", "CSC", "ErrorFeedback", "Momentum", "FrozenAdam", "ReplicaMismatch", "available", "from_params",
     "register", "ExponentialWarmup", "ListWarmup", "SparsityScheduler",
 ]
 __version__ = "0.1.0"

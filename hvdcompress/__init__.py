@@ -37,7 +37,8 @@ for _cls in (NoCompression, FP16, BF16, TopK, RandomK, DGC, OneBit, EFSignSGD, S
 
 __all__ = [
     "Compressor", "Packet", "TensorInfo", "payload_bytes", "NoCompression", "FP16", "BF16",
-    "TopK", "RandomK", "DGC", "CSC", "ErrorFeedback", "Momentum", "FrozenAdam", "ReplicaMismatch", "available", "from_params",
+    "TopK", "RandomK", "DGC", "CSC", "ErrorFeedback", "Momentum", "FrozenAdam", "ReplicaMismatch",
+    "available", "from_params",
     "register", "ExponentialWarmup", "ListWarmup", "SparsityScheduler",
 ]
 __version__ = "0.1.0"

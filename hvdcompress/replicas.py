@@ -66,13 +66,17 @@ def check_every(value: Optional[int], environ: Mapping[str, str] = os.environ) -
     return value or None
 
 
+def _signed64(value: int) -> int:
+    """An unsigned 64-bit value as the signed int64 with the same bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
 def host_checksum(array: np.ndarray) -> int:
     """The host checksum of an array's bytes (see the module doc), as a signed int64."""
     data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     words = data[:data.size // 8 * 8].view(np.uint64).sum(dtype=np.uint64)
     tail = int.from_bytes(data[data.size // 8 * 8:].tobytes(), "little")
-    value = (zlib.crc32(data) << 32) | ((int(words) + tail) & 0xFFFFFFFF)
-    return value - (1 << 64) if value >= 1 << 63 else value
+    return _signed64((zlib.crc32(data) << 32) | ((int(words) + tail) & 0xFFFFFFFF))
 
 
 def counters_checksum(compressor_state: Mapping[str, Any], tensor_states: Sequence[tuple]) -> int:
@@ -85,8 +89,7 @@ def counters_checksum(compressor_state: Mapping[str, Any], tensor_states: Sequen
         if numbers:
             parts.append(f"{name}:{numbers!r}")
     text = "\n".join(parts).encode()
-    value = (zlib.crc32(text) << 32) | zlib.adler32(text)
-    return value - (1 << 64) if value >= 1 << 63 else value
+    return _signed64((zlib.crc32(text) << 32) | zlib.adler32(text))
 
 
 class ReplicaCheck:
@@ -103,11 +106,15 @@ class ReplicaCheck:
         self.ranks = list(ranks) if ranks is not None else None
         self.steps = 0
 
-    def after_step(self, named: Sequence[tuple], counters: Callable[[], int]) -> None:
-        """Count one step; on every ``every``-th, compare ``named`` ((name, tensor) in an order
-        the same on every rank) and ``counters()`` (:func:`counters_checksum`) across ranks."""
+    def after_step(self, named: Callable[[], Sequence[tuple]], counters: Callable[[], int]) -> None:
+        """Count one step; on every ``every``-th, compare ``named()`` ((name, tensor) in an
+        order the same on every rank) and ``counters()`` (:func:`counters_checksum`) across
+        ranks. Both are called only then: the other steps cost a counter."""
         self.steps += 1
-        if self.every is None or self.steps % self.every or not named:
+        if self.every is None or self.steps % self.every:
+            return
+        named = named()
+        if not named:
             return
         sums = self.ops.checksums([t for _, t in named])
         local = self.ops.concat([sums, self.ops.from_numpy(np.array([counters()], dtype=np.int64),

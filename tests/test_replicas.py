@@ -123,11 +123,15 @@ def each_rank(size: int, body) -> list:
 def test_guard_passes_identical_replicas_and_counts_its_collectives():
     def body(rank, comm):
         check = ReplicaCheck(3, TorchOps(), comm)
-        w = torch.arange(10.0)
+        w, read = torch.arange(10.0), []
+
+        def named():
+            read.append(check.steps)
+            return [("w", w), ("b", torch.ones(2))]
         for _ in range(7):
-            check.after_step([("w", w), ("b", torch.ones(2))], lambda: 42)
-        return comm.calls
-    assert each_rank(3, body) == [2, 2, 2]  # steps 3 and 6
+            check.after_step(named, lambda: 42)
+        return comm.calls, read
+    assert each_rank(3, body) == [(2, [3, 6])] * 3  # steps 3 and 6 only read the parameters
 
 
 def test_guard_names_first_differing_parameter_step_and_ranks_on_every_rank():
@@ -137,7 +141,7 @@ def test_guard_names_first_differing_parameter_step_and_ranks_on_every_rank():
         for step in range(1, 5):
             if step == 3 and rank == 1:
                 b[2] = 1e-30  # differs from step 3 on: caught at step 4
-            check.after_step([("a", a), ("b", b)], lambda: 7)
+            check.after_step(lambda: [("a", a), ("b", b)], lambda: 7)
     errors = each_rank(3, body)
     for e in errors:
         assert isinstance(e, ReplicaMismatch)
@@ -149,6 +153,6 @@ def test_guard_names_first_differing_parameter_step_and_ranks_on_every_rank():
 
 def test_guard_reports_counters():
     def body(rank, comm):
-        ReplicaCheck(1, TorchOps(), comm).after_step([("w", torch.ones(3))], lambda: 10 + rank)
+        ReplicaCheck(1, TorchOps(), comm).after_step(lambda: [("w", torch.ones(3))], lambda: 10 + rank)
     for e in each_rank(2, body):
         assert isinstance(e, ReplicaMismatch) and "step counters" in str(e) and "step 1" in str(e)

@@ -265,7 +265,7 @@ class GradientExchange:
         order) as this step found them are compared across ranks."""
         self.state.pull()
         self.replicas.after_step(
-            [(n, v.read_value() if hasattr(v, "read_value") else v) for n, v in variables],
+            lambda: [(n, v.read_value() if hasattr(v, "read_value") else v) for n, v in variables],
             lambda: counters_checksum(self.compressor.state_dict(), sorted(self.state.named().items())))
         factor = self.options.gradient_predivide_factor
         adam = self.compressor if self.adam_settings is not None else None

@@ -158,9 +158,8 @@ class TorchOps(Ops):
     def to_numpy(self, x): return x.detach().cpu().numpy()
 
     def checksums(self, xs):
-        if xs[0].device.type == "cpu":
-            return torch.tensor([host_checksum(x.detach().numpy()) if x.dtype != torch.bfloat16
-                                 else host_checksum(x.detach().view(torch.int16).numpy())
+        if xs[0].device.type == "cpu":  # the bits as integers: numpy has no bfloat16
+            return torch.tensor([host_checksum(x.detach().view(_SIGNED[x.element_size()]).numpy())
                                  for x in xs], dtype=torch.int64)
         return torch.stack([device_checksum(x) for x in xs])
 

@@ -82,6 +82,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             super(self.__class__, self).__init__(params)
         self._compression = compression
         self._parameter_names = self._check_names(named_parameters)
+        #: every parameter in name order: all loops that span several tensors use it (or
+        #: _requires_update, its trainable part), so they run in the same order on every rank
+        self._by_name = sorted(self._parameter_names, key=lambda p: self._parameter_names[p])
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
@@ -157,7 +160,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_groups(self, groups) -> dict:
         """Parameter -> group id; a group's payloads are launched together."""
-        ordered = sorted(self._parameter_names, key=lambda p: self._parameter_names[p])
+        ordered = self._by_name
         if groups is None:
             return {p: i for i, p in enumerate(ordered)}
         if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0:
@@ -180,7 +183,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _check_ranks_agree(self) -> None:
         """Fail on every rank, with the difference, if ranks disagree on what they will send."""
         mine = {"params": [(self._parameter_names[p], tuple(p.shape), str(p.dtype))
-                           for p in sorted(self._parameter_names, key=lambda p: self._parameter_names[p])],
+                           for p in self._by_name],
                 "compression": repr(self._compression),
                 "backward_passes_per_step": self.backward_passes_per_step,
                 "collective": self._exchange.collective,
@@ -193,7 +196,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # ---- hooks and communication -----------------------------------------------------------------
     def _register_hooks(self) -> None:
         self._group_size = {}
-        for p in sorted(self._parameter_names, key=lambda q: self._parameter_names[q]):
+        for p in self._by_name:
             if p.requires_grad:
                 self._requires_update.append(p)
                 gid = self._group_of[p]
@@ -217,9 +220,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         self._awaiting_clip.append(p)
         if len(self._awaiting_clip) == len(self._requires_update):
-            # name order, not hook order: the norm's sum is then the same on every rank
-            params = sorted(self._awaiting_clip, key=lambda q: self._parameter_names[q])
-            self._awaiting_clip = []
+            # all of them, in name order (not hook order): the norm's sum is then the same on every rank
+            params, self._awaiting_clip = list(self._requires_update), []
             for q in params:
                 if q.grad is None:
                     q.grad = torch.zeros_like(q)
@@ -350,11 +352,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _check_replicas(self) -> None:
         """Every ``check_replicas`` steps, compare the parameters and the compressor's counters
         across the process set (:mod:`hvdcompress.replicas`)."""
-        names = sorted(self._parameter_names.items(), key=lambda item: item[1])
+        names = [self._parameter_names[p] for p in self._by_name]
         self._replicas.after_step(
-            [(name, p) for p, name in names],
+            lambda: list(zip(names, self._by_name)),
             lambda: counters_checksum(self._compression.state_dict(),
-                                      [(name, self._tensor_state[name]) for _, name in names]))
+                                      [(name, self._tensor_state[name]) for name in names]))
 
     def _wrapped_step(self, closure):
         """The wrapped optimizer's own step, with the settings the compressor took over at 0;

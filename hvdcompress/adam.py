@@ -19,6 +19,12 @@ after the freeze, t > T0 (v kept as it was at T0)::
                                       (with its error feedback: the residual lives in m-space)
     m <- mean_r D(C(m_r))             the exchange (allgather, compressed allreduce, two-level...)
 
+or, with ``send="gradient"``, after the freeze each rank's gradient is compressed instead (its
+error feedback in gradient space) and the momentum is formed from the exchanged mean, as in the
+warm-up but with v frozen::
+
+    g = mean_r D(C(g_r));   m <- b1·m + (1-b1)·g
+
 then in both phases, as torch.optim.Adam/AdamW (bias corrections with v's at T0 once frozen)::
 
     w <- w·(1 - lr·λ)  (AdamW);   w <- w - lr · (m / (1-b1^t)) / (sqrt(v / (1-b2^min(t,T0))) + eps)
@@ -33,6 +39,12 @@ the torch optimizer clips it after the exchange, as Horovod's pattern does; afte
 each rank clips its own gradient to c·sqrt(N) before forming m_r (the local clip of every
 compressor that carries state, :mod:`hvdcompress.clipping`). The TF wrappers clip locally
 throughout (the choice is made when the graph is traced).
+
+Which to send: the momentum (1-bit Adam's choice) carries 1/(1-b1) = 10 steps of gradient in
+each message, so the compression error relative to the signal is smaller for a sign or a
+low-rank code; for a sparsifier the momentum of the unsent 99% decays by b1 each step while
+the residual holds it, and sending the gradient keeps one residual in one space
+(benchmarks/README.md section 8 measures both).
 
 The trade-off: T0 steps at full precision (dense bytes), then the wrapped compressor's bytes;
 too early a freeze keeps a v estimated from few gradients. The default T0 is
@@ -54,6 +66,9 @@ from .backend import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo
 from .memory import Decorator
 from .validation import check_int
+
+#: what each rank compresses after the freeze
+SEND = ("momentum", "gradient")
 
 #: the param-group keys of torch.optim.Adam/AdamW that the take-over refuses when set
 UNSUPPORTED = {"amsgrad": False, "maximize": False}
@@ -90,14 +105,19 @@ class FrozenAdam(Decorator):
     ``inner``: any compressor that does not apply momentum itself (onebit, EF-signSGD, top-k,
     random-k, int8, the quantisers, PowerSGD; with ``ErrorFeedback`` where it keeps no residual
     of its own). ``freeze_steps``: T0, the full-precision warm-up; None: ``ceil(0.25 / (1-b2))``.
-    From strings: ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen",
-    "freeze_steps": "100"}``.
+    ``send``: what each rank compresses after the freeze, ``"momentum"`` (1-bit Adam) or
+    ``"gradient"``. From strings: ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen",
+    "freeze_steps": "100", "adam_send": "gradient"}``.
     """
 
     takes_over_adam = True
 
-    def __init__(self, inner: Compressor, freeze_steps: Optional[int] = None):
+    def __init__(self, inner: Compressor, freeze_steps: Optional[int] = None,
+                 send: str = "momentum"):
         super().__init__(inner)
+        if send not in SEND:
+            raise ValueError(f"FrozenAdam: send={send!r}; allowed: {', '.join(map(repr, SEND))}")
+        self.send = send
         if inner.takes_over_momentum:
             raise ValueError(f"FrozenAdam({inner!r}): {inner.name} applies momentum itself (SGD's "
                              "momentum correction); FrozenAdam needs a compressor without it "
@@ -142,24 +162,26 @@ class FrozenAdam(Decorator):
         for key in ("adam.m", "adam.v"):
             if key not in state:
                 ops.write(state, key, ops.zeros(ops.numel(x), like=x))
-        if not self.frozen(settings):
+        if not self.frozen(settings) or self.send == "gradient":
             return x
         return state["adam.m"] * settings.beta1 + x * (1.0 - settings.beta1)
 
     def after_exchange(self, ops: Ops, state: dict, param: Tensor, exchanged: Tensor,
                        settings: AdamSettings) -> Tensor:
         """The new value of ``param`` (flat) from the exchanged mean (the gradient in the
-        warm-up, the momentum after the freeze); updates m (and v in the warm-up). Adam's L2
+        warm-up, what :attr:`send` names after it); updates m (and v in the warm-up). Adam's L2
         weight decay λ·w is the same on every rank, so it is added here, exactly, not sent."""
         b1, b2 = settings.beta1, settings.beta2
         t = self.steps + 1
         l2 = settings.weight_decay if not settings.decoupled else 0.0
-        if self.frozen(settings):
+        frozen = self.frozen(settings)
+        if frozen and self.send == "momentum":
             ops.write(state, "adam.m", exchanged + param * ((1.0 - b1) * l2) if l2 else exchanged * 1.0)
         else:
             g = exchanged + param * l2 if l2 else exchanged
             ops.write(state, "adam.m", state["adam.m"] * b1 + g * (1.0 - b1))
-            ops.write(state, "adam.v", state["adam.v"] * b2 + g * g * (1.0 - b2))
+            if not frozen:
+                ops.write(state, "adam.v", state["adam.v"] * b2 + g * g * (1.0 - b2))
         t_v = min(t, max(self.freeze_point(b2), 1))
         denom = ops.sqrt(state["adam.v"] * (1.0 / (1.0 - b2 ** t_v))) + settings.eps
         update = state["adam.m"] * (1.0 / (1.0 - b1 ** t)) / denom
@@ -181,4 +203,5 @@ class FrozenAdam(Decorator):
         self.inner.load_state_dict(state)
 
     def config(self) -> dict:
-        return {"adam": "frozen", "freeze_steps": self.freeze_steps, **self.inner.config()}
+        return {"adam": "frozen", "freeze_steps": self.freeze_steps, "adam_send": self.send,
+                **self.inner.config()}

@@ -13,7 +13,8 @@ Values may be strings (as from a command line or a config file) or typed. Keys:
   For compressors with momentum built in (DGC) it sets their ``nesterov`` instead of wrapping,
   and ``momentum_mu`` their ``momentum``.
 * ``adam``: ``"none"`` or ``"frozen"`` (wrap in :class:`~hvdcompress.adam.FrozenAdam`, outermost:
-  the Adam/AdamW take-over), with ``freeze_steps`` (default: ``ceil(0.25 / (1 - beta2))``).
+  the Adam/AdamW take-over), with ``freeze_steps`` (default: ``ceil(0.25 / (1 - beta2))``) and
+  ``adam_send``: what is compressed after the freeze, ``"momentum"`` (default) or ``"gradient"``.
 * ``seed``: the seed of compressors that draw random numbers; checked and unused by the others.
 
 BytePS's keys are read as the same keys, so a BytePS config works unchanged:
@@ -50,14 +51,14 @@ import inspect
 import typing
 from typing import Any, Dict, Mapping, Optional, Type
 
-from .adam import FrozenAdam
+from .adam import SEND, FrozenAdam
 from .compressor import Compressor
 from .memory import ErrorFeedback, Momentum
 from .schedule import ExponentialWarmup, ListWarmup, Schedule
 from .validation import check_choice, check_int
 
 _REGISTRY: Dict[str, Type[Compressor]] = {}
-DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "seed")
+DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "adam_send", "seed")
 #: BytePS's prefixed spelling of the keys (its tensor attributes) -> this registry's key.
 BYTEPS_KEYS: Dict[str, str] = {
     "byteps_compressor_type": "compressor", "byteps_compressor_k": "k",
@@ -188,11 +189,18 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
     mu = given.pop("momentum_mu", None)
     adam = given.pop("adam", "none")
     freeze = given.pop("freeze_steps", None)
+    send = given.pop("adam_send", None)
     if adam not in ("none", "frozen"):
         raise ValueError(f"from_params: {spelled['adam']}={adam!r} is unknown; allowed: 'none', 'frozen'")
     if freeze is not None and adam == "none":
         raise ValueError(f"from_params: {spelled['freeze_steps']}={freeze!r} without adam; "
                          "allowed: with adam 'frozen'")
+    if send is not None and adam == "none":
+        raise ValueError(f"from_params: {spelled['adam_send']}={send!r} without adam; "
+                         "allowed: with adam 'frozen'")
+    if send is not None and send not in SEND:
+        raise ValueError(f"from_params: {spelled['adam_send']}={send!r} is unknown; allowed: "
+                         f"{', '.join(map(repr, SEND))}")
     freeze = None if freeze is None else _count(spelled["freeze_steps"], freeze, 0)
     if ef not in ("none", "vanilla"):
         raise ValueError(f"from_params: {spelled['ef']}={ef!r} is unknown; allowed: 'none', 'vanilla'")
@@ -251,7 +259,7 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
     if momentum != "none":
         compressor = Momentum(compressor, mu=mu, nesterov=momentum == "nesterov")
     if adam == "frozen":
-        compressor = FrozenAdam(compressor, freeze_steps=freeze)
+        compressor = FrozenAdam(compressor, freeze_steps=freeze, send=send or "momentum")
     return compressor
 
 

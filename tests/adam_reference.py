@@ -58,11 +58,13 @@ def clipped(x: np.ndarray, limit: float) -> np.ndarray:
 
 
 def reference(steps: int, freeze: int, lr: float, b1: float, b2: float, wd: float, decoupled: bool,
-              exchange=None, eps: float = 1e-8, clip: float | None = None) -> list:
+              exchange=None, eps: float = 1e-8, clip: float | None = None,
+              send: str = "momentum") -> list:
     """Weights after each step of the take-over on WORLD ranks (module doc of hvdcompress.adam):
     dense mean gradient for t <= freeze (clipped after the exchange to ``clip``), then
     ``exchange`` (default: the exact mean) of every rank's b1*m + (1-b1)*g_r (g_r clipped to
-    clip*sqrt(WORLD) first); Adam's L2 decay added after the exchange."""
+    clip*sqrt(WORLD) first); Adam's L2 decay added after the exchange. ``send="gradient"``:
+    after the freeze ``exchange`` takes every rank's g_r and m is formed from its result."""
     f32 = np.float32
     w = np.linspace(-1, 1, N, dtype=np.float32)
     m, v = np.zeros(N, f32), np.zeros(N, f32)
@@ -83,10 +85,13 @@ def reference(steps: int, freeze: int, lr: float, b1: float, b2: float, wd: floa
         else:
             if clip is not None:
                 xs = [clipped(x, clip * np.sqrt(WORLD)) for x in xs]
-            sent = [m * f32(b1) + x * f32(1 - b1) for x in xs]
-            m = exchange(sent, residuals) if exchange else (sent[0] + sent[1]) * f32(1 / WORLD)
-            if l2:
-                m = m + w * f32((1 - b1) * l2)
+            sent = xs if send == "gradient" else [m * f32(b1) + x * f32(1 - b1) for x in xs]
+            got = exchange(sent, residuals) if exchange else (sent[0] + sent[1]) * f32(1 / WORLD)
+            if send == "gradient":
+                g = got + w * f32(l2) if l2 else got
+                m = m * f32(b1) + g * f32(1 - b1)
+            else:
+                m = got + w * f32((1 - b1) * l2) if l2 else got
         t_v = min(t, max(freeze, 1))
         update = m * f32(1 / (1 - b1 ** t)) / (np.sqrt(v * f32(1 / (1 - b2 ** t_v))) + f32(eps))
         if decoupled:

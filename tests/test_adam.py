@@ -44,6 +44,18 @@ def test_onebit_with_error_feedback_after_the_freeze_matches_numpy(runs):
 
 
 @pytest.mark.horovod
+def test_sending_the_gradient_after_the_freeze_matches_numpy(runs):
+    want = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
+                              exchange=allgather_exchange, send="gradient"))
+    momentum = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
+                                  exchange=allgather_exchange))
+    assert np.abs(want - momentum).max() > 1e-4  # the two placements differ
+    for r in range(WORLD):
+        np.testing.assert_allclose(np.array(runs["gradient"][r]["weights"], dtype=np.float32), want,
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.horovod
 def test_clip_grad_norm_clips_the_mean_in_the_warm_up_and_each_rank_after_the_freeze(runs):
     want = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True, clip=5.0))
     unclipped = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True))
@@ -104,6 +116,9 @@ def test_dgc_next_to_adam_warns_that_its_momentum_correction_is_sgds(hvc):
     ({"compressor": "onebit", "adam": "yes"}, "adam='yes' is unknown; allowed: 'none', 'frozen'"),
     ({"compressor": "onebit", "freeze_steps": "10"}, "freeze_steps='10' without adam"),
     ({"compressor": "onebit", "adam": "frozen", "freeze_steps": "-1"}, "freeze_steps"),
+    ({"compressor": "onebit", "adam_send": "gradient"}, "adam_send='gradient' without adam"),
+    ({"compressor": "onebit", "adam": "frozen", "adam_send": "both"},
+     "adam_send='both' is unknown; allowed: 'momentum', 'gradient'"),
 ])
 def test_from_params_errors(params, message):
     with pytest.raises(ValueError, match=message):
@@ -115,6 +130,10 @@ def test_from_params_and_default_freeze_point():
     assert isinstance(c, hc.FrozenAdam) and isinstance(c.inner, hc.ErrorFeedback)
     assert c.freeze_point(0.999) == 250 and c.freeze_point(0.99) == 25
     assert hc.from_params({"compressor": "int8", "adam": "frozen", "freeze_steps": "7"}).freeze_point(0.999) == 7
+    assert c.send == "momentum"
+    assert hc.from_params({"compressor": "int8", "adam": "frozen", "adam_send": "gradient"}).send == "gradient"
+    with pytest.raises(ValueError, match="FrozenAdam: send='m'; allowed: 'momentum', 'gradient'"):
+        hc.FrozenAdam(hc.OneBit(), send="m")
     c.on_step()
     restored = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
     restored.load_state_dict(c.state_dict())

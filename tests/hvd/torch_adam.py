@@ -8,6 +8,7 @@ step in numpy). Cases, each reporting every step's weights:
 "onebit": FrozenAdam(ErrorFeedback(OneBit), freeze 2), Adam with L2 weight decay, 5 steps
 "resume": "onebit" for 3 steps, state_dict() into a new optimizer, 2 more steps
 "a2a":    the compressed allreduce (collective='alltoall') of "onebit", 5 steps
+"gradient": "onebit" with send="gradient" (each rank's gradient compressed after the freeze)
 "clip":   "none" with clip_grad_norm=5 (Horovod's clip in the warm-up, the local one after)
 """
 import horovod.torch as hvd
@@ -73,6 +74,9 @@ with torch.no_grad():
     model2.w.copy_(model.w)
 opt2.load_state_dict(saved)
 result(rank, case="resume", weights=first + train(model2, opt2, 2, first=3))
+
+model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2, send="gradient"), kind="adam")
+result(rank, case="gradient", weights=train(model, opt, 5))
 
 model, opt = make(onebit(), kind="adam", collective="alltoall")
 result(rank, case="a2a", weights=train(model, opt, 5))

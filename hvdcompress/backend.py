@@ -421,19 +421,21 @@ class Ops(ABC):
 
     def shared_indices(self, n: int, k: int, key: int, like: Tensor) -> Tensor:
         """``k`` distinct indices of [0, n), ascending int64 on ``like``'s device, the same on
-        every rank, path and framework for the same ``key``: those of the ``k`` smallest sort keys
-        ``uniform24(i, key) · 2³² + i`` (kernels.h's counter-based uniforms; a keyed random
-        order, ties broken by the index). Here computed with numpy on the host and copied to the
-        device (no device read); a backend may compute them on the device (torch does)."""
+        every rank, path and framework for the same ``key``: one per stratum
+        [floor(j·n/k), floor((j+1)·n/k)), at ``lo_j + (uniform24(j, key) · size_j) >> 24``
+        (kernels.h's counter-based uniforms), O(k). Here computed with numpy on the host and
+        copied to the device (no device read); a backend may compute them on the device (torch
+        does)."""
         self._check_range("shared_indices: k", k, 0, n)
-        i = np.arange(n, dtype=np.uint64)
+        j = np.arange(k, dtype=np.uint64)
         low32 = np.uint64(0xFFFFFFFF)
-        h = (i * np.uint64(0x9E3779B1) + np.uint64(key & 0xFFFFFFFF)) & low32
+        h = (j * np.uint64(0x9E3779B1) + np.uint64(key & 0xFFFFFFFF)) & low32
         for shift, multiplier in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
             h = ((h ^ (h >> np.uint64(shift))) * np.uint64(multiplier)) & low32
-        order = ((h ^ (h >> np.uint64(16))) >> np.uint64(8) << np.uint64(32)) | i
-        return self.from_numpy(np.sort(np.partition(order, k - 1)[:k] & low32).astype(np.int64)
-                               if k else np.zeros(0, np.int64), like)
+        u24 = (h ^ (h >> np.uint64(16))) >> np.uint64(8)
+        lo = j * np.uint64(n) // np.uint64(k) if k else j
+        size = (j + np.uint64(1)) * np.uint64(n) // np.uint64(max(k, 1)) - lo
+        return self.from_numpy((lo + ((u24 * size) >> np.uint64(24))).astype(np.int64), like)
 
     def _scalar_arg(self, impl: Any, value: Scalar) -> Scalar:
         """A scalar argument for ``impl``: kept as a device tensor for an implementation that

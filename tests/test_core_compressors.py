@@ -11,6 +11,7 @@ import torch
 import hvdcompress as hc
 from hvdcompress.compressor import TensorInfo
 from hvdcompress.torch.backend import TorchOps
+from randomk_reference import np_shared_indices, strata
 
 OPS = TorchOps()
 
@@ -92,19 +93,6 @@ def test_topk_sends_nan_and_inf():
     assert np.isnan(values[0]) and values[1] == -np.inf
 
 
-def np_shared_indices(n: int, k: int, key: int) -> np.ndarray:
-    """RandomK's indices: the k smallest of uniform24(i, key) * 2**32 + i, uniform24 being
-    kernels.h's fmix32(uint32(i) * 0x9E3779B1 + key) >> 8 (Python integers, no vectorising)."""
-    def fmix32(h: int) -> int:
-        h ^= h >> 16
-        h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-        h ^= h >> 13
-        h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-        return h ^ (h >> 16)
-    order = sorted((fmix32((i * 0x9E3779B1 + key) & 0xFFFFFFFF) >> 8, i) for i in range(n))
-    return np.array(sorted(i for _, i in order[:k]), dtype=np.int64)
-
-
 def test_randomk_draws_shared_counter_based_indices():
     x = grad(1000)
     comp = hc.RandomK(0.02, seed=7, scale=True)
@@ -116,6 +104,29 @@ def test_randomk_draws_shared_counter_based_indices():
         assert packet.summable
         np.testing.assert_array_equal(values, x[idx] * np.float32(1000 / 20))
         np.testing.assert_array_equal(dense, np_dense(1000, idx, x[idx] * np.float32(50)))
+
+
+def test_randomk_draws_one_index_per_stratum_and_scales_by_its_size():
+    """n = 103, k = 10: strata of 10 and 11 elements; with scale=True each value is multiplied by
+    its stratum's size, so the estimate is unbiased for every element."""
+    x = grad(103)
+    (values,), _, _, _ = roundtrip(hc.RandomK(10, seed=3, scale=True), x, {}, TensorInfo("w", 103))
+    key = zlib.crc32(b"3:0:w")
+    idx = np_shared_indices(103, 10, key)
+    sizes = np.array([size for _, size in strata(103, 10)], np.float32)
+    assert sorted(set(sizes)) == [10, 11]
+    assert all(first <= i < first + size for i, (first, size) in zip(idx, strata(103, 10)))
+    np.testing.assert_array_equal(values, x[idx] * sizes)
+
+
+def test_randomk_inclusion_is_uniform_within_each_stratum():
+    """Statistics of the draw: over 4,000 keys every element of [0, 50) with k = 5 (strata of
+    10) is picked about 400 times (binomial sd 19; bound at 6 sd)."""
+    from hvdcompress.backend import Ops
+    counts = np.zeros(50)
+    for key in range(4000):
+        counts[Ops.shared_indices(TorchOps(kernels=False), 50, 5, key, torch.zeros(1)).numpy()] += 1
+    assert np.abs(counts - 400).max() < 6 * 19
 
 
 def test_error_feedback_matches_numpy_and_loses_nothing():

@@ -24,6 +24,7 @@ import pytest
 
 import hvdcompress
 from conftest import run_horovod
+from randomk_reference import np_shared_indices
 
 torch = pytest.importorskip("torch")
 
@@ -55,17 +56,8 @@ def test_host_reads_within_budget():
         assert not over, f"rank {record['rank']}: host reads over budget ({STEPS} steps): {over}"
 
 
-def np_shared_indices(n: int, k: int, key: int) -> np.ndarray:
-    """The k smallest of uniform24(i, key) * 2**32 + i (kernels.h's hash), in Python integers."""
-    def uniform24(i: int) -> int:
-        h = (i * 0x9E3779B1 + key) & 0xFFFFFFFF
-        h = ((h ^ (h >> 16)) * 0x85EBCA6B) & 0xFFFFFFFF
-        h = ((h ^ (h >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
-        return (h ^ (h >> 16)) >> 8
-    return np.array(sorted(sorted(range(n), key=lambda i: (uniform24(i), i))[:k]), dtype=np.int64)
-
-
-@pytest.mark.parametrize("n,k,key", [(1000, 20, 0), (777, 777, 2 ** 32 - 1), (50, 1, 12345), (10, 0, 7)])
+@pytest.mark.parametrize("n,k,key", [(1000, 20, 0), (777, 777, 2 ** 32 - 1), (50, 1, 12345), (10, 0, 7),
+                                     (103, 10, 99), (2 ** 26 + 3, 1000, 5)])
 def test_shared_indices_same_on_device_and_host(n, k, key):
     """RandomK's indices: the device version (TorchOps, on the tensor's device) and the host
     numpy version (Ops' default, TensorFlow's) both equal the reference."""

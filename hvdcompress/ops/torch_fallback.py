@@ -66,11 +66,13 @@ def uniform24(n: int, key: int, device) -> Tensor:
 
 
 def shared_indices(n: int, k: int, key: int, device) -> Tensor:
-    """``k`` distinct indices of [0, n), ascending int64: those of the ``k`` smallest sort keys
-    ``uniform24(i, key) · 2³² + i`` (a keyed random order, ties broken by the index), computed
-    on ``device`` in integer arithmetic, so every device, rank and path gives the same set."""
-    order = (uniform24(n, key, device) << 32) | torch.arange(n, dtype=torch.int64, device=device)
-    return (torch.topk(order, k, largest=False, sorted=False).values & _LOW32).sort().values
+    """``k`` distinct indices of [0, n), ascending int64, one per stratum: stratum j is
+    [lo_j, lo_{j+1}) with lo_j = floor(j·n/k), and its index is
+    ``lo_j + (uniform24(j, key) · size_j) >> 24``. O(k) integer arithmetic on ``device``, so
+    every device, rank and path gives the same set."""
+    j = torch.arange(k, dtype=torch.int64, device=device)
+    lo = j * n // k
+    return lo + ((uniform24(k, key, device) * ((j + 1) * n // k - lo)) >> 24)
 
 
 def _uniform(n: int, key: int, device) -> Tensor:

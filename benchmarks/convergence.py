@@ -48,9 +48,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))  # lm_train, hvdrun
 from e2e import (CodecTimer, hvdc_params, make_optimizer, optimizer_options, runnable,
                  shared_parser, two_level)
-from hvdcompress.launch import LaunchError, run_script, write_result
+from hvdrun import LaunchError, run_script, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -63,7 +64,6 @@ TASKS = {  # --task: default methods, rank counts and results file
 }
 LM_FLAGS = ("steps", "epoch_steps", "seq_len", "clip", "embed", "hidden", "val_bytes", "weight_decay",
             "schedule", "optimizer", "model")
-sys.path.insert(0, str(HERE.parent / "examples"))  # lm_train: the language model of --task lm
 
 
 def load_digits_split(seed: int = 0):

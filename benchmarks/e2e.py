@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "examples"))  # hvdrun: each rank's results
 RESULTS = HERE / "results"
 BUILTIN = ("nocomm", "hvd-dense", "hvd-fp16", "ddp-powersgd")
 HVDC_METHODS = {  # short names for hvdcompress configurations (also used by convergence.py)
@@ -316,7 +317,7 @@ def worker(args) -> None:
     """Entry point in each rank: run every method, report one record per method."""
     import horovod.torch as hvd
     import torch
-    from hvdcompress.launch import write_result
+    from hvdrun import write_result
     torch.set_num_threads(args.threads)
     if any(two_level(m) for m in args.methods):
         import hvdcompress.torch as hvc

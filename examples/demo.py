@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hvdcompress.launch import LaunchError, run_script
+from hvdrun import LaunchError, run_script
 
 HERE = Path(__file__).parent
 RUNS = ["dense", "dgc"]

@@ -25,7 +25,7 @@ and the model predicts each next byte. An "epoch" is ``--epoch-steps`` steps: DG
 (``--warmup-epochs``) counts them, and the validation loss, in bits per byte
 (cross-entropy / ln 2; 8 would be a uniform guess), is measured on the first ``--val-bytes``
 of the validation text after each. ``--compression``/``--params`` as in ``pytorch_train.py``
-(:mod:`compression_cli`). At the end every rank reports (``hvdcompress.launch.write_result``)
+(:mod:`compression_cli`). At the end every rank reports (``hvdrun.write_result``)
 the validation curve, the gradient bytes of the last step (dense vs sent by this rank) and a
 checksum of its parameters.
 """
@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 import hvdcompress.torch as hvc
-from hvdcompress.launch import write_result
+from hvdrun import write_result
 
 from compression_cli import add_compression_arguments, compression_from_args  # examples/
 

@@ -11,8 +11,8 @@ two-level compression (fp16 inside each node, the compressor only between nodes;
 ``--ranks-per-node 2`` emulates 2-rank nodes on one machine). The data ships inside scikit-learn (no download). Each rank trains on its own shard; rank 0
 prints a progress bar; at the end every rank reports test accuracy, mean step time and the
 gradient bytes of one step after warm-up (dense vs sent by this rank) with
-``hvdcompress.launch.write_result``: a ``RESULT {json}`` line on stdout when run by hand as above,
-a record in its rank's file under ``hvdcompress.launch.run_script`` (``examples/demo.py``).
+``hvdrun.write_result``: a ``RESULT {json}`` line on stdout when run by hand as above,
+a record in its rank's file under ``hvdrun.run_script`` (``examples/demo.py``).
 """
 from __future__ import annotations
 
@@ -25,10 +25,9 @@ import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
-from tqdm import tqdm
 
 import hvdcompress.torch as hvc
-from hvdcompress.launch import write_result
+from hvdrun import progress, write_result
 
 from compression_cli import (add_compression_arguments, add_intra_node_arguments,  # examples/
                              compression_from_args, init_horovod, intra_node_from_args)
@@ -75,8 +74,8 @@ def main() -> None:
                                    ranks_per_node=args.ranks_per_node)
     warmup = hvc.SparsityScheduler(opt)
     steps_per_epoch = len(x_tr) // args.batch_size
-    bar = tqdm(total=args.epochs * steps_per_epoch, disable=hvd.rank() != 0,
-               desc=f"{args.compression:>6}", ncols=90)
+    bar = progress(args.epochs * steps_per_epoch, disable=hvd.rank() != 0,
+                   desc=f"{args.compression:>6}", ncols=90)
     step_times = []
     gen = torch.Generator().manual_seed(args.seed + hvd.rank())
     for _ in range(args.epochs):

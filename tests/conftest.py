@@ -5,7 +5,7 @@ Multi-process tests run a script from tests/hvd/ under real Horovod processes::
     out = run_horovod("torch_identical_params.py", np=2, args=["--steps", "5"])
 
 The script reports with ``common.result(rank, **values)``, which appends one JSON record to its
-rank's own file (:mod:`hvdcompress.launch`); ``run_horovod`` returns every record, ordered by rank
+rank's own file (``examples/hvdrun.py``); ``run_horovod`` returns every record, ordered by rank
 then by the order each rank wrote them, and fails the test with each rank's stderr tail when
 horovodrun fails or runs past ``timeout``.
 """
@@ -43,8 +43,9 @@ _import_triton_first()
 HERE = Path(__file__).parent
 HVD_SCRIPTS = HERE / "hvd"
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "examples"))  # hvdrun: the launcher
 
-from hvdcompress.launch import LaunchError, run_script  # noqa: E402
+from hvdrun import LaunchError, run_script  # noqa: E402
 
 # Repository root on the ranks' path; TensorFlow's C++ INFO/WARNING lines out of the stderr tails.
 RANK_ENV = {"PYTHONPATH": str(HERE.parent), "TF_CPP_MIN_LOG_LEVEL": "2"}

@@ -1,29 +1,35 @@
-"""hvdcompress.launch: per-rank result files, stderr tails on failure, bounded waits.
+"""examples/hvdrun.py, the launcher of the tests, examples and benchmarks: per-rank result files,
+stderr tails on failure, bounded waits, a progress bar that reads well under horovodrun.
 
 The horovodrun tests run tiny framework-free scripts (no hvd.init: horovodrun only starts them
 with HOROVOD_RANK set), so they take seconds, not the minutes a torch import costs here.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
 import re
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import run_horovod, run_horovod_failing
-from hvdcompress.launch import (RESULTS_ENV, TERMINATE_GRACE_S, LaunchError, read_results, result,
-                                run_script, write_result)
+from hvdrun import (RESULTS_ENV, TERMINATE_GRACE_S, LaunchError, progress, read_results, result,
+                    run_script, write_result)
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 RECORD_CHARS = 50_000
 
 
 def script(tmp_path, body: str) -> str:
     path = tmp_path / "probe.py"
-    path.write_text("import os, sys, time\nfrom hvdcompress.launch import result\n"
+    path.write_text(f"import os, sys, time\nsys.path.insert(0, {str(EXAMPLES)!r})\n"
+                    "from hvdrun import result\n"
                     "rank = int(os.environ['HOROVOD_RANK'])\n" + textwrap.dedent(body))
     return str(path)
 
@@ -32,6 +38,38 @@ def payload(rank: int, i: int) -> str:
     """A record body the test can rebuild: pseudo-random letters, different per rank and record."""
     rng = random.Random(1000 * rank + i)
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(RECORD_CHARS))
+
+
+# ---- the progress bar ----------------------------------------------------------------------------
+class Pipe(io.StringIO):
+    """What horovodrun gives a rank: not a terminal."""
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_progress_writes_whole_lines_when_not_on_a_terminal():
+    out = Pipe()
+    bar = progress(5, stream=out, interval_s=0, desc="dgc")
+    for _ in range(5):
+        bar.update()
+    bar.close()
+    text = out.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert len(lines) >= 5 and all(line.startswith("dgc") for line in lines)
+    assert "5/5" in lines[-1]
+
+
+def test_progress_redraws_in_place_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+    out = Terminal()
+    bar = progress(3, stream=out, mininterval=0)
+    bar.update(3)
+    bar.close()
+    assert "\r" in out.getvalue()
 
 
 # ---- rank side, in this process --------------------------------------------------------------------

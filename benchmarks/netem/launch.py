@@ -37,7 +37,7 @@ from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
 from horovod.runner.http.http_server import RendezvousServer
 
-from hvdcompress.launch import RESULTS_ENV, read_results
+from hvdrun import RESULTS_ENV, read_results
 
 from .links import CLEANUP_SIGNALS, RANK_IFACE, Network
 
@@ -48,7 +48,7 @@ KILL_GRACE_S = 5.0
 @dataclass
 class LaunchResult:
     """What a launch produced: exit codes, each rank's output and the records it wrote with
-    :func:`hvdcompress.launch.write_result` (``results[r]``), the bytes that crossed each host's
+    ``hvdrun.write_result`` (``results[r]``), the bytes that crossed each host's
     link (``link_bytes[h]``; one per rank on a flat network)."""
 
     returncodes: list
@@ -136,8 +136,8 @@ def run_ranks(net: Network, command: Sequence[str], env: Optional[dict] = None,
     """Run ``command`` once per rank inside ``net``'s namespaces; return when all have exited.
 
     When a rank fails or ``timeout`` passes, the others are killed; the result says which rank.
-    Each rank's :func:`hvdcompress.launch.write_result` records go to a fresh directory named
-    by :data:`hvdcompress.launch.RESULTS_ENV` (the namespaces share the file system).
+    Each rank's ``hvdrun.write_result`` records go to a fresh directory named
+    by ``hvdrun.RESULTS_ENV`` (the namespaces share the file system).
     """
     with tempfile.TemporaryDirectory(prefix="hvdc-results-") as results_dir:
         return _run_ranks(net, command, {**(env or os.environ), RESULTS_ENV: results_dir},

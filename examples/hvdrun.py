@@ -1,15 +1,17 @@
 """Run a Python script under ``horovodrun --gloo`` and collect what each rank reports, via files.
 
-Launcher side (tests, ``examples/demo.py``, the benchmarks)::
+Support code of the examples, the tests and the benchmarks, not part of the package: they put
+``examples/`` on ``sys.path`` (the examples run from here). Launcher side (tests,
+``examples/demo.py``, the benchmarks)::
 
-    from hvdcompress.launch import run_script
+    from hvdrun import run_script
     out = run_script("train.py", np=2, args=["--epochs", "3"], timeout=300)
     out.results[0]       # rank 0's records, in the order it wrote them
     out.outputs[1].stderr
 
 Rank side (the script)::
 
-    from hvdcompress.launch import result
+    from hvdrun import result
     result(accuracy=0.91, step_ms=12.5)   # one JSON record, appended to <dir>/rank<R>.jsonl
 
 Why files: horovodrun multiplexes every rank's stdout into one stream and forwards it in chunks
@@ -19,6 +21,8 @@ directory (the launcher passes it in :data:`RESULTS_ENV`), and horovodrun's
 ``--output-filename`` keeps each rank's stdout and stderr apart, so a failure or a time-out
 shows the tail of each rank's stderr. A launch either returns every rank's records or raises
 :class:`LaunchError`; it never waits longer than its ``timeout``.
+
+:func:`progress`: a tqdm bar that stays readable under horovodrun (one line per refresh).
 
 No torch or TensorFlow import here: the launcher side runs in drivers that do not load a
 framework.
@@ -36,7 +40,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import IO, Any, Mapping, Optional, Sequence
+
+from tqdm import tqdm
 
 RESULTS_ENV = "HVDCOMPRESS_RESULTS_DIR"
 """Environment variable naming the directory each rank writes ``rank<R>.jsonl`` into."""
@@ -85,9 +91,36 @@ def result(**values: Any) -> None:
     rank = os.environ.get("HOROVOD_RANK")
     if rank is None and os.environ.get(RESULTS_ENV):
         raise RuntimeError(f"{RESULTS_ENV} is set but HOROVOD_RANK is not: start this script "
-                           "with horovodrun (hvdcompress.launch.run_script), or pass the rank "
+                           "with horovodrun (hvdrun.run_script), or pass the rank "
                            "to write_result")
     write_result(int(rank or 0), values)
+
+
+class _Lines:
+    """A file for tqdm that writes each refresh of the bar as one line: horovodrun prefixes every
+    line of a rank's output, so tqdm's carriage returns would make one ever-growing line."""
+
+    def __init__(self, stream: IO[str]):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        text = text.replace("\r", "").strip()
+        if text:
+            self.stream.write(text + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def progress(total: int, stream: Optional[IO[str]] = None, interval_s: float = 10.0,
+             **kwargs: Any) -> tqdm:
+    """A tqdm progress bar on ``stream`` (default stderr): redrawn in place on a terminal; under
+    horovodrun or into a file (not a terminal), one line at most every ``interval_s`` seconds.
+    ``kwargs`` go to tqdm (``desc``, ``disable``, ``ncols``...)."""
+    stream = sys.stderr if stream is None else stream
+    if stream.isatty():
+        return tqdm(total=total, file=stream, **kwargs)
+    return tqdm(total=total, file=_Lines(stream), mininterval=interval_s, **kwargs)
 
 
 # ---- launcher side --------------------------------------------------------------------------------

@@ -90,10 +90,6 @@ class Ops(ABC):
 
     # --- selection ------------------------------------------------------------------------
     @abstractmethod
-    def topk_indices(self, x: Tensor, k: int) -> Tensor:
-        """Indices of the ``k`` largest elements of ``x`` (NaN counts as largest), ascending."""
-
-    @abstractmethod
     def gather(self, x: Tensor, indices: Tensor) -> Tensor: ...
 
     @abstractmethod

@@ -7,7 +7,8 @@ partial sort per step; DGC's sampled threshold is the cheaper approximation.
 
 ``k`` is a fraction of the tensor when it is a float in (0, 1], an element count when it is an
 int >= 1; a count larger than the tensor sends the whole tensor. NaN and Inf elements count as
-the largest, so they are always sent.
+the largest, so they are always sent; among equal magnitudes the lower index wins, on every path
+(kernels.h ``topk_abs``: a radix select on the magnitude's bits, O(n), no sort).
 """
 from __future__ import annotations
 
@@ -29,5 +30,10 @@ class TopK(SparseCompressor):
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         check_float_tensor(ops, x, info)
-        indices = ops.topk_indices(ops.magnitude(x), resolve_k(self.k, info.numel))
-        return self.packet(ops, ops.gather(x, indices), indices, info)
+        k = resolve_k(self.k, info.numel)
+        if ops.dtype(x) == "float32":
+            values, indices = ops.topk_abs(x, k)
+        else:  # selected on the float32 magnitudes (exact for half types), x's own values sent
+            indices = ops.topk_abs(ops.cast(x, "float32"), k)[1]
+            values = ops.gather(x, indices)
+        return self.packet(ops, values, indices, info)

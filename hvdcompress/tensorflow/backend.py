@@ -111,9 +111,6 @@ class TFOps(Ops):
         return tf.sqrt(x)
 
     # --- selection ------------------------------------------------------------------------
-    def topk_indices(self, x: Tensor, k: int) -> Tensor:
-        return tf.sort(_as_int64(tf.math.top_k(x, k, sorted=False).indices))
-
     def gather(self, x: Tensor, indices: Tensor) -> Tensor:
         return tf.gather(x, indices)
 

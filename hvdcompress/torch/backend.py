@@ -175,9 +175,6 @@ class TorchOps(Ops):
 
     def sqrt(self, x): return torch.sqrt(x)
 
-    def topk_indices(self, x, k):
-        return torch.topk(x, k, sorted=False).indices.sort().values
-
     def gather(self, x, indices): return x[indices]
 
     def _scatter_add(self, n, indices, values):

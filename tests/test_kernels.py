@@ -406,6 +406,26 @@ def test_topk_abs_matches_numpy_with_ties_to_the_lower_index(ops, n, k):
     np.testing.assert_array_equal(values.numpy(), want_v)
 
 
+@pytest.mark.parametrize("crowd", ["zeros", "one_octave_sixteenth"])
+@pytest.mark.parametrize("k", [1, 5000, 150000, 300000])
+def test_topk_abs_when_most_magnitudes_share_the_top_bits(ops, crowd, k):
+    """Most elements in the k-th key's bucket of the kernel's first histogram (its top 16 bits):
+    too many candidates to keep, so the kernel counts the low bits in a second pass."""
+    n = 300000
+    rng = np.random.default_rng(14)
+    if crowd == "zeros":  # a sparse gradient: k exceeds the nonzeros
+        x = np.zeros(n, np.float32)
+        x[::97] = data(-(-n // 97), 15)
+    else:  # magnitudes 1 + j * 2^-23, j < 2^12: equal top 16 bits, ties among the low ones
+        x = (1.0 + rng.integers(0, 1 << 12, n) * 2.0 ** -23).astype(np.float32)
+        x *= np.where(rng.random(n) < 0.5, -1, 1).astype(np.float32)
+        x[[7, 8]] = [2.0, np.nan]
+    values, indices = ops.topk_abs(t(x), k)
+    want_v, want_i = np_topk_abs(x, k)
+    np.testing.assert_array_equal(indices.numpy(), want_i)
+    np.testing.assert_array_equal(values.numpy(), want_v)
+
+
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
 def test_sparse_sum_matches_numpy(ops, index_dtype):
     rng = np.random.default_rng(13)

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -418,6 +419,84 @@ HVDC_INLINE void for_each_selected(const float* x, int64_t b, int64_t e, float t
     if (selected(x[i], t)) f(i);
 }
 
+// ---- exact top-k (topk_abs) ----------------------------------------------------------------------
+// Magnitude keys: the bits of |v|, which order like |v| with NaN above +inf (below 2^31).
+inline uint32_t magnitude_key(float v) { return bits_of(v) & 0x7FFFFFFFu; }
+
+constexpr int64_t kTopkStored = int64_t{1} << 16;  // candidates kept in memory: max(this, k / 4)
+constexpr int kTopkLowBits = 15;  // topk_abs's first histogram counts the top 16 bits of a key ...
+constexpr int kTopkSmallLowBits = 20;  // ... or 11 when n < kTopkStored (2048 counters)
+
+// h[key >> shift] += 1 over the keys of x[0..m).
+void top_histogram(const float* x, int64_t m, int shift, uint32_t* h) {
+  for (int64_t i = 0; i < m; ++i) ++h[magnitude_key(x[i]) >> shift];
+}
+
+// h[key & (2^kTopkLowBits - 1)] += 1 over the keys of x[0..m) whose top 16 bits are `top`.
+void low_histogram(const float* x, int64_t m, uint32_t top, uint32_t* h) {
+  for (int64_t i = 0; i < m; ++i) {
+    const uint32_t key = magnitude_key(x[i]);
+    if ((key >> kTopkLowBits) == top) ++h[key & ((1u << kTopkLowBits) - 1)];
+  }
+}
+
+// The bucket, counted from the top, that holds the need-th largest key of the slices'
+// histograms (slice s at h + s * width); need becomes the key's rank within that bucket.
+uint32_t rank_bucket(const uint32_t* h, int slices, uint32_t width, int64_t& need) {
+  uint32_t bucket = width - 1;
+  for (;; --bucket) {
+    int64_t c = 0;
+    for (int s = 0; s < slices; ++s) c += h[static_cast<size_t>(s) * width + bucket];
+    if (c >= need || bucket == 0) return bucket;
+    need -= c;
+  }
+}
+
+// Calls f(i, key) for the i in [b, e) whose magnitude key is >= lo, ascending; like
+// for_each_selected, only groups of 16 holding such a key are walked. Keys and lo are below 2^31,
+// so the group test is a signed compare (vectorised on any x86-64).
+template <class F>
+HVDC_INLINE void for_each_key_from(const float* x, int64_t b, int64_t e, uint32_t lo, F f) {
+  constexpr int kGroup = 16;
+  const int32_t low = static_cast<int32_t>(lo);
+  int64_t i = b;
+  for (; i + kGroup <= e; i += kGroup) {
+    int any = 0;
+#pragma omp simd reduction(| : any)
+    for (int j = 0; j < kGroup; ++j) any |= static_cast<int32_t>(magnitude_key(x[i + j])) >= low ? 1 : 0;
+    if (!any) continue;
+    for (int j = 0; j < kGroup; ++j) {
+      const uint32_t key = magnitude_key(x[i + j]);
+      if (key >= lo) f(i + j, key);
+    }
+  }
+  for (; i < e; ++i) {
+    const uint32_t key = magnitude_key(x[i]);
+    if (key >= lo) f(i, key);
+  }
+}
+
+// Keeps, in place and in their order, the `need` (1 <= need <= m) largest-keyed of the m
+// candidates (v[j], idx[j]), ties to the earlier ones; returns need.
+int64_t keep_largest(float* v, int64_t* idx, int64_t m, int64_t need) {
+  if (need == m) return m;
+  std::vector<uint32_t> keys(static_cast<size_t>(m));
+  for (int64_t j = 0; j < m; ++j) keys[j] = magnitude_key(v[j]);
+  std::nth_element(keys.begin(), keys.begin() + (need - 1), keys.end(), std::greater<uint32_t>());
+  const uint32_t kth = keys[need - 1];
+  int64_t ties = need;  // how many keys equal to kth are kept: need - #(keys > kth)
+  for (int64_t j = 0; j < m; ++j) ties -= keys[j] > kth ? 1 : 0;
+  int64_t w = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const uint32_t key = magnitude_key(v[j]);
+    if (key > kth || (key == kth && ties-- > 0)) {
+      v[w] = v[j];
+      idx[w++] = idx[j];
+    }
+  }
+  return w;
+}
+
 // q (cols x r, row-major) transposed: row k of the result is column k of q.
 inline std::vector<float> transposed(const float* q, int64_t cols, int64_t r) {
   std::vector<float> qt(static_cast<size_t>(r * cols));
@@ -768,67 +847,90 @@ float sampled_threshold(const float* x, int64_t n, int64_t start, int64_t stride
   return float_of(keys[top - 1]);
 }
 
+// Two passes over x. Pass 1: per-slice histograms of the keys' top 16 bits (11 when n < 2^16,
+// where 2^16 counters would cost more than the data); their totals give the bucket `top` that
+// holds the k-th largest key, and `need`, that key's rank within it. Pass 2: each slice writes
+// its keys above `top` (all taken) to the output and its keys in `top` (the candidates) to a
+// buffer, both from the counts of the slices before it, so that both lists ascend. The `need`
+// largest candidates (nth_element; ties to the lower index) are then merged into the output from
+// the back. Memory: 256 KiB of counters per slice, and the candidates, which are kept only when
+// there are at most max(2^16, k / 4) of them (always when n < 2^16; for smooth data a bucket,
+// 1/256 of an octave, holds few). Otherwise (many equal or nearly equal magnitudes, e.g. zeros)
+// a second pass counts the low 15 bits within `top`, which gives the k-th key exactly, and a
+// third takes the keys above it and the first `need` equal to it.
 void topk_abs(const float* x, int64_t n, int64_t k, float* values, int64_t* indices) {
   if (k < 0 || k > n)
     throw std::invalid_argument("topk_abs: k=" + std::to_string(k) + " is outside [0, " + std::to_string(n) + "]");
   if (k == 0) return;
-  auto key = [&](int64_t i) { return bits_of(x[i]) & 0x7FFFFFFFu; };
-  // Radix select of the k-th largest key: 11 + 11 + 10 bits (key < 2^31 uses 10 top bits).
-  const int shifts[3] = {21, 10, 0};
-  const uint32_t widths[3] = {1024, 2048, 1024};
-  uint32_t prefix = 0;
-  int64_t need = k;
-  const int threads = threads_for(n);
-  std::vector<int64_t> hist(static_cast<size_t>(threads) * 2048);
-  for (int pass = 0; pass < 3; ++pass) {
-    const int shift = shifts[pass], above = pass ? shifts[pass - 1] : 32;
-    const uint32_t width = widths[pass];
-    std::fill(hist.begin(), hist.end(), 0);
-    run_slices(n, threads, [&](int t, int, int64_t b, int64_t e) {
-      int64_t* h = hist.data() + static_cast<size_t>(t) * 2048;
-      for (int64_t i = b; i < e; ++i) {
-        const uint32_t kk = key(i);
-        if (above == 32 || (kk >> above) == prefix) ++h[(kk >> shift) & (width - 1)];
-      }
-    });
-    int64_t bucket = width - 1;
-    for (; bucket > 0; --bucket) {
-      int64_t c = 0;
-      for (int t = 0; t < threads; ++t) c += hist[static_cast<size_t>(t) * 2048 + bucket];
-      if (c >= need) break;
-      need -= c;
-    }
-    prefix = (prefix << (above - shift)) | static_cast<uint32_t>(bucket);
-  }
-  const uint32_t kth = prefix;  // take every key > kth and the first `need` keys == kth
-  std::vector<int64_t> greater(threads, 0), equal(threads, 0);
-  run_slices(n, threads, [&](int t, int, int64_t b, int64_t e) {
-    int64_t g = 0, q = 0;
-    for (int64_t i = b; i < e; ++i) {
-      const uint32_t kk = key(i);
-      g += kk > kth;
-      q += kk == kth;
-    }
-    greater[t] = g;
-    equal[t] = q;
+  // Slices of fewer than 2^31 elements: uint32 counters.
+  const int slices = static_cast<int>(std::max<int64_t>(threads_for(n), ((n - 1) >> 31) + 1));
+  const int shift = n < kTopkStored ? kTopkSmallLowBits : kTopkLowBits;
+  const uint32_t width = 1u << (31 - shift);
+  std::vector<uint32_t> hist(static_cast<size_t>(slices) * width, 0);
+  run_slices(n, slices, [&](int s, int, int64_t b, int64_t e) {
+    top_histogram(x + b, e - b, shift, hist.data() + static_cast<size_t>(s) * width);
   });
-  std::vector<int64_t> offset(threads), take(threads);
-  int64_t pos = 0, left = need;
-  for (int t = 0; t < threads; ++t) {
-    take[t] = std::min(left, equal[t]);
-    left -= take[t];
-    offset[t] = pos;
-    pos += greater[t] + take[t];
+  int64_t need = k;
+  const uint32_t top = rank_bucket(hist.data(), slices, width, need);
+  std::vector<int64_t> above(slices + 1, 0), in_top(slices + 1, 0);  // prefix sums over slices
+  for (int s = 0; s < slices; ++s) {
+    const uint32_t* h = hist.data() + static_cast<size_t>(s) * width;
+    above[s + 1] = above[s] + std::accumulate(h + top + 1, h + width, int64_t{0});
+    in_top[s + 1] = in_top[s] + h[top];
   }
-  run_slices(n, threads, [&](int t, int, int64_t b, int64_t e) {
-    int64_t w = offset[t], eq = take[t];
-    for (int64_t i = b; i < e; ++i) {
-      const uint32_t kk = key(i);
-      if (kk > kth || (kk == kth && eq-- > 0)) {
+  const int64_t count = in_top[slices];
+  if (count <= std::max(kTopkStored, k / 4)) {
+    std::vector<float> cand_v(static_cast<size_t>(count));
+    std::vector<int64_t> cand_i(static_cast<size_t>(count));
+    const uint32_t lo = top << shift, hi = lo + (1u << shift);
+    run_slices(n, slices, [&](int s, int, int64_t b, int64_t e) {
+      int64_t w = above[s], c = in_top[s];
+      for_each_key_from(x, b, e, lo, [&](int64_t i, uint32_t key) {
+        if (key >= hi) {
+          values[w] = x[i];
+          indices[w++] = i;
+        } else {
+          cand_v[c] = x[i];
+          cand_i[c++] = i;
+        }
+      });
+    });
+    int64_t a = k - need - 1, c = keep_largest(cand_v.data(), cand_i.data(), count, need) - 1, w = k - 1;
+    while (c >= 0) {  // merge the two ascending lists from the back, in place
+      if (a >= 0 && indices[a] > cand_i[c]) {
+        values[w] = values[a];
+        indices[w--] = indices[a--];
+      } else {
+        values[w] = cand_v[c];
+        indices[w--] = cand_i[c--];
+      }
+    }
+    return;
+  }
+  constexpr uint32_t low_width = 1u << kTopkLowBits;
+  std::vector<uint32_t> low(static_cast<size_t>(slices) * low_width, 0);
+  run_slices(n, slices, [&](int s, int, int64_t b, int64_t e) {
+    low_histogram(x + b, e - b, top, low.data() + static_cast<size_t>(s) * low_width);
+  });
+  const uint32_t low_bucket = rank_bucket(low.data(), slices, low_width, need);
+  const uint32_t kth = (top << kTopkLowBits) | low_bucket;  // take every key > kth, the first `need` == kth
+  std::vector<int64_t> offset(slices), take(slices);
+  int64_t pos = 0, left = need;
+  for (int s = 0; s < slices; ++s) {
+    const uint32_t* h = low.data() + static_cast<size_t>(s) * low_width;
+    take[s] = std::min<int64_t>(left, h[low_bucket]);
+    left -= take[s];
+    offset[s] = pos;
+    pos += above[s + 1] - above[s] + std::accumulate(h + low_bucket + 1, h + low_width, int64_t{0}) + take[s];
+  }
+  run_slices(n, slices, [&](int s, int, int64_t b, int64_t e) {
+    int64_t w = offset[s], ties = take[s];
+    for_each_key_from(x, b, e, kth, [&](int64_t i, uint32_t key) {
+      if (key > kth || ties-- > 0) {
         values[w] = x[i];
         indices[w++] = i;
       }
-    }
+    });
   });
 }
 

@@ -121,7 +121,10 @@ int64_t select_ge(const float* x, int64_t n, float t, int64_t cap, float* values
 // larger than +inf (returned as NaN). Requires 1 <= top <= sample count. Allocates the sample.
 float sampled_threshold(const float* x, int64_t n, int64_t start, int64_t stride, int64_t top);
 // Exact top-k by magnitude (NaN largest, then +inf): the k elements, ties broken towards the
-// lower index, written with ascending indices. 0 <= k <= n.
+// lower index, written with ascending indices. 0 <= k <= n. A radix select on the magnitude
+// keys, two passes over x (three when the k-th key's top 16 bits are shared by more than
+// max(2^16, k / 4) elements); allocates 2^16 counters per thread and up to max(2^16, k / 4)
+// candidates.
 void topk_abs(const float* x, int64_t n, int64_t k, float* values, int64_t* indices);
 
 // DGC's momentum correction over the local gradient g, in one pass, into u_out and v_out:

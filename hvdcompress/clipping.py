@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from .two_level import check_intra_node
 
 
 def check_clip_grad_norm(value: Optional[float], compressor=None) -> Optional[float]:
@@ -57,8 +56,7 @@ def check_clip_grad_norm(value: Optional[float], compressor=None) -> Optional[fl
 def state_carrier(compressor, intra_node=None):
     """The compressor that carries state (owns the momentum or keeps a residual):
     ``compressor``, else the two-level ``intra_node`` compressor, else None."""
-    inner = None if intra_node is None else check_intra_node(intra_node)
-    return next((c for c in (compressor, inner) if c is not None and c.carries_state), None)
+    return next((c for c in (compressor, intra_node) if c is not None and c.carries_state), None)
 
 
 def clips_before_exchange(compressor, intra_node=None) -> bool:

@@ -45,43 +45,15 @@ rank). :func:`node_process_sets` computes them from ``HOROVOD_SIZE`` / ``HOROVOD
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 from .accounting import ByteCount
 from .backend import Ops, Tensor
 from .compressor import Compressor, TensorInfo
-from .compressors.cast import FP16
-from .compressors.none import NoCompression
 from .exchange import Collectives, Entry, Exchange, PrefixedState, Send, wire_bytes
 from .exit_guard import guard_exit
-from .registry import from_params
 
 _SETS: dict = {}   # (size, ranks per node) -> [node sets..., cross sets...] made by node_process_sets
-
-
-def check_intra_node(intra_node: Any) -> Compressor:
-    """The ``intra_node`` argument of the wrappers as a compressor (a dict goes through
-    :func:`hvdcompress.from_params`); a ValueError for anything the node's reduce-scatter cannot
-    run: it needs one round of payloads of a size fixed by the shard's, decoded and summed."""
-    if isinstance(intra_node, Mapping):
-        intra_node = from_params(intra_node)
-    if not isinstance(intra_node, Compressor):
-        raise ValueError(f"intra_node={intra_node!r}: allowed: None (the flat exchange) or an "
-                         "hvdcompress Compressor for the intra-node level, e.g. NoCompression() "
-                         "(full precision), FP16(), BF16(), Int8()")
-    if intra_node.takes_over_momentum:
-        raise ValueError(f"intra_node={intra_node!r} applies momentum: momentum belongs to the "
-                         "compression= compressor (applied once, to the node-summed shard); use "
-                         "a mild stateless compressor inside the node (NoCompression, FP16, BF16)")
-    if not (isinstance(intra_node.unwrap(), (NoCompression, FP16)) or intra_node.supports_alltoall):
-        raise ValueError(f"intra_node={intra_node!r}: the node's reduce-scatter sends each shard's "
-                         "payload to one local rank (all-to-all), so it needs one round of "
-                         "payloads of a size fixed by the shard's that can be decoded and summed: "
-                         "NoCompression, FP16, BF16, Int8 or another quantiser; sparsifiers "
-                         "(variable size), PowerSGD and CSC (several rounds) and signum (votes) "
-                         "belong in compression=")
-    return intra_node
 
 
 def node_layout(size: int, ranks_per_node: int) -> tuple:
@@ -177,7 +149,7 @@ class TwoLevelExchange(Exchange):
     def __init__(self, compressor: Compressor, intra_node: Compressor, ops: Ops, node: Collectives,
                  cross: Collectives, average: bool = True, predivide: float = 1.0,
                  collective: str = "auto", everyone: Optional[Collectives] = None):
-        super().__init__(check_intra_node(intra_node), ops, node, average, predivide)
+        super().__init__(intra_node, ops, node, average, predivide)
         self.everyone = everyone   # the global set's collectives: the exit barrier (exit_guard)
         self.cross = Exchange(compressor, ops, cross, average=False, collective=collective)
         self.cross._logged = True   # this engine logs the plan of both levels
@@ -275,24 +247,16 @@ class TwoLevelExchange(Exchange):
 
 
 def build_exchange(hvd: Any, collectives: Callable[[Any], Collectives], process_set: Any,
-                   compressor: Compressor, ops: Ops, *, intra_node: Any = None,
+                   compressor: Compressor, ops: Ops, *, intra_node: Optional[Compressor] = None,
                    ranks_per_node: Optional[int] = None, average: bool = True,
                    predivide: float = 1.0, collective: str = "auto") -> Exchange:
     """The engine a framework wrapper runs: the flat :class:`Exchange` over ``process_set`` when
     ``intra_node`` is None, else the :class:`TwoLevelExchange` over this rank's node and
     cross-node process sets (registered, see :func:`registered_node_sets`). ``hvd`` is the
-    framework's Horovod module, ``collectives(process_set)`` its adapter."""
+    framework's Horovod module, ``collectives(process_set)`` its adapter; the arguments are
+    :class:`hvdcompress.options.Options`' (checked there)."""
     if intra_node is None:
-        if ranks_per_node is not None:
-            raise ValueError(f"ranks_per_node={ranks_per_node!r} without intra_node: the nodes "
-                             "matter to two-level compression only; pass intra_node=... (e.g. "
-                             "NoCompression() or FP16()) or leave ranks_per_node at None")
         return Exchange(compressor, ops, collectives(process_set), average, predivide, collective)
-    intra = check_intra_node(intra_node)
-    if process_set is not hvd.global_process_set:
-        raise ValueError(f"intra_node={intra!r} with process_set={process_set}: two-level "
-                         "compression runs over all ranks (its own node and cross-node process "
-                         "sets); use process_set=hvd.global_process_set or intra_node=None")
     node, cross = registered_node_sets(hvd, ranks_per_node)
-    return TwoLevelExchange(compressor, intra, ops, collectives(node), collectives(cross),
+    return TwoLevelExchange(compressor, intra_node, ops, collectives(node), collectives(cross),
                             average, predivide, collective, collectives(hvd.global_process_set))

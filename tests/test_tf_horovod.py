@@ -212,3 +212,17 @@ def test_tape_clip_grad_norm_and_process_set_exclusion():
     for r in range(2):
         np.testing.assert_array_equal(cases["tf_outside_set"][r]["a"], vectors(r)[0].astype(np.float32))
         assert cases["tf_after"][r]["total"] == 1.0
+
+
+def test_ranks_that_disagree_get_a_clear_error_at_the_first_exchange():
+    """Rank agreement on TF (tape and Keras): variables, shapes and compressor, one launch."""
+    cases: dict = {}
+    for r in run_horovod("tf_mismatch.py", np=2, timeout=300):
+        cases.setdefault(r["case"], []).append(r["error"])
+    for front in ("tape", "keras"):
+        for case, message in (("extra_variable", "ranks disagree on params"),
+                              ("shape", "ranks disagree on params"),
+                              ("compressor", "ranks disagree on compression")):
+            errors = cases[f"{front}.{case}"]
+            assert len(errors) == 2 and all(e and message in e for e in errors), (front, case, errors)
+        assert cases[f"{front}.same"] == [None, None]

@@ -23,7 +23,7 @@ def model():
 
 @pytest.mark.parametrize("kwargs,error,message", [
     ({"compression": "dgc"}, TypeError, "compression='dgc' is not supported"),
-    ({"op": hvd.Adasum}, ValueError, "Adasum does not combine"),
+    ({"op": hvd.Adasum}, ValueError, "Adasum, Min, Max and Product do not combine"),
     ({"op": hvd.Sum, "gradient_predivide_factor": 2.0}, ValueError, "needs op=hvd.Average"),
     ({"gradient_predivide_factor": 0.0}, ValueError, "gradient_predivide_factor=0.0"),
     ({"backward_passes_per_step": 0}, ValueError, "backward_passes_per_step=0: allowed: an integer >= 1"),

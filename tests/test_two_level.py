@@ -14,7 +14,8 @@ from hvdcompress.compressor import TensorInfo
 from hvdcompress.exchange import Exchange
 from hvdcompress.torch.backend import TorchOps
 from hvdcompress import two_level as tl
-from hvdcompress.two_level import TwoLevelExchange, check_intra_node, node_layout
+from hvdcompress.options import check_intra_node, parse_options
+from hvdcompress.two_level import TwoLevelExchange, node_layout
 from simulator import run_nodes
 from test_exchange import onebit
 
@@ -348,11 +349,13 @@ def test_ranks_not_placed_node_by_node_are_a_value_error(fresh_sets, monkeypatch
         tl.registered_node_sets(FakeHorovod(4, 2, 1, local_rank=0, cross_rank=1), None)
 
 
-def test_build_exchange_checks(fresh_sets):
-    hvd = FakeHorovod(4, 2, 0)
+def test_two_level_argument_checks():
+    def parse(**kwargs):
+        return parse_options(hc.DGC(), op=0, average_op=0, sum_op=1, global_set="global", **kwargs)
     with pytest.raises(ValueError, match="ranks_per_node=2 without intra_node"):
-        tl.build_exchange(hvd, None, hvd.global_process_set, hc.DGC(), OPS, ranks_per_node=2)
+        parse(process_set="global", ranks_per_node=2)
     with pytest.raises(ValueError, match="two-level compression runs over all ranks"):
-        tl.build_exchange(hvd, None, object(), hc.DGC(), OPS, intra_node=hc.FP16())
+        parse(process_set=object(), intra_node=hc.FP16())
     with pytest.raises(ValueError, match="intra_node=DGC"):
-        tl.build_exchange(hvd, None, hvd.global_process_set, hc.DGC(), OPS, intra_node=hc.DGC())
+        parse(process_set="global", intra_node=hc.DGC())
+    assert isinstance(parse(process_set="global", intra_node={"compressor": "fp16"}).intra_node, hc.FP16)

@@ -26,7 +26,6 @@ allgathered (and divided by N for op=Average).
 """
 from __future__ import annotations
 
-import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -35,10 +34,12 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..accounting import ByteCount
+from ..agreement import check_ranks_agree
 from ..adam import AdamSettings
-from ..clipping import check_clip_grad_norm, clips_before_exchange, local_clip_limit
-from ..compressor import Compressor, TensorInfo
-from ..replicas import ReplicaCheck, check_every, counters_checksum
+from ..clipping import local_clip_limit
+from ..compressor import TensorInfo
+from ..options import Options, parse_options
+from ..replicas import ReplicaCheck, counters_checksum
 from ..two_level import build_exchange
 from .backend import TFOps
 from .collectives import HorovodCollectives
@@ -47,74 +48,37 @@ from .state import compression_state
 OPS = TFOps()
 #: One replica guard per compressor state: the tape, and its exchange, are created every step.
 _CHECKS: "weakref.WeakKeyDictionary[Any, ReplicaCheck]" = weakref.WeakKeyDictionary()
+#: The compressor states whose ranks have been checked to agree (once, at the first exchange).
+_AGREED: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExchangeOptions:
-    """Horovod's arguments for gradient reduction, checked on construction."""
+    """The TF front end's arguments: the shared ones (:class:`hvdcompress.options.Options`,
+    ``core``) and TensorFlow's own."""
 
+    core: Options
     device_dense: str = ""
     device_sparse: str = ""
-    sparse_as_dense: bool = False
-    op: Any = hvd.Average
-    gradient_predivide_factor: float = 1.0
-    groups: Any = None
     process_set: Any = hvd.global_process_set
-    clip_grad_norm: Any = None
-    collective: str = "auto"
-    intra_node: Any = None        # two-level compression: see hvdcompress.two_level
-    ranks_per_node: Any = None
-    check_replicas: Any = None    # compare the replicas every N steps: see hvdcompress.replicas
-
-    def __post_init__(self) -> None:
-        self.check_replicas = check_every(self.check_replicas)
-        for key in ("device_dense", "device_sparse"):
-            if not isinstance(getattr(self, key), str):
-                raise ValueError(f"{key}={getattr(self, key)!r}: allowed: a device string such as "
-                                 "'/cpu:0' or '' (Horovod's default)")
-        if not isinstance(self.sparse_as_dense, bool):
-            raise ValueError(f"sparse_as_dense={self.sparse_as_dense!r}: allowed: True or False")
-        if self.op not in (hvd.Average, hvd.Sum):
-            raise ValueError(f"op={self.op!r}: allowed: hvd.Average or hvd.Sum (Adasum, Min, Max "
-                             "and Product do not combine with compression)")
-        factor = self.gradient_predivide_factor
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
-            raise ValueError(f"gradient_predivide_factor={factor!r}: allowed: a number > 0")
-        if factor != 1.0 and self.op != hvd.Average:
-            raise ValueError(f"gradient_predivide_factor={factor!r} needs op=hvd.Average "
-                             f"(got op={self.op!r})")
-        groups = self.groups
-        valid_int = isinstance(groups, int) and not isinstance(groups, bool) and groups > 0
-        valid_list = isinstance(groups, list) and all(isinstance(g, (list, tuple)) for g in groups)
-        if groups is not None and not (valid_int or valid_list):
-            raise ValueError(f"groups={groups!r}: allowed: None, a positive integer, or a list of "
-                             "lists of variables")
-        if not isinstance(self.process_set, hvd.ProcessSet):
-            raise ValueError(f"process_set={self.process_set!r}: allowed: a horovod ProcessSet "
-                             "(default hvd.global_process_set)")
-
-    def bundles(self, sources: Sequence[Any]) -> list:
-        """Positions of ``sources``, grouped for one grouped collective each (``groups``)."""
-        n = len(sources)
-        if self.groups is None:
-            return [list(range(n))] if n else []
-        if isinstance(self.groups, int):
-            per = -(-n // self.groups)
-            return [list(range(i, min(i + per, n))) for i in range(0, n, per)]
-        where = {id(s): i for i, s in enumerate(sources)}
-        listed = [[where[id(v)] for v in group if id(v) in where] for group in self.groups]
-        seen = {i for bundle in listed for i in bundle}
-        return [b for b in listed if b] + [[i] for i in range(n) if i not in seen]
 
 
-def exchange_options(num_groups: int = 0, **kwargs: Any) -> ExchangeOptions:
-    """:class:`ExchangeOptions` from Horovod's keyword arguments, with the deprecated
-    ``num_groups`` folded into ``groups`` (as Horovod does, with a DeprecationWarning)."""
-    if num_groups:
-        warnings.warn("num_groups is deprecated, use groups", DeprecationWarning, stacklevel=3)
-        if kwargs.get("groups") is None:
-            kwargs["groups"] = num_groups
-    return ExchangeOptions(**kwargs)
+def exchange_options(compression: Any = None, device_dense: str = "", device_sparse: str = "",
+                     process_set: Any = hvd.global_process_set, op: Any = hvd.Average,
+                     **kwargs: Any) -> ExchangeOptions:
+    """:class:`ExchangeOptions` from Horovod's keyword arguments and hvdcompress's, each checked
+    once (:func:`hvdcompress.options.parse_options`; the deprecated ``num_groups`` folded into
+    ``groups``, as Horovod does, with a DeprecationWarning)."""
+    for key, value in (("device_dense", device_dense), ("device_sparse", device_sparse)):
+        if not isinstance(value, str):
+            raise ValueError(f"{key}={value!r}: allowed: a device string such as '/cpu:0' or '' "
+                             "(Horovod's default)")
+    if not isinstance(process_set, hvd.ProcessSet):
+        raise ValueError(f"process_set={process_set!r}: allowed: a horovod ProcessSet "
+                         "(default hvd.global_process_set)")
+    core = parse_options(compression, op=op, average_op=hvd.Average, sum_op=hvd.Sum,
+                         process_set=process_set, global_set=hvd.global_process_set, **kwargs)
+    return ExchangeOptions(core, device_dense, device_sparse, process_set)
 
 
 def source_names(sources: Sequence[Any]) -> list:
@@ -137,9 +101,9 @@ class GradientExchange:
     ``last_step_bytes`` / ``total_bytes``: this rank's dense versus sent bytes.
     """
 
-    def __init__(self, compressor: Compressor, options: ExchangeOptions,
-                 momentum: float = 0.0, nesterov: bool = False,
+    def __init__(self, options: ExchangeOptions, momentum: float = 0.0, nesterov: bool = False,
                  adam_settings: Optional[Callable[[], AdamSettings]] = None):
+        compressor = options.core.compressor
         if getattr(compressor, "takes_over_adam", False) and adam_settings is None:
             raise ValueError(f"compression={compressor!r}: the Adam take-over (FrozenAdam) replaces "
                              "the optimizer's step, so it runs on hvdcompress.torch."
@@ -149,24 +113,22 @@ class GradientExchange:
         self.adam_settings = adam_settings   # the Keras optimizer's Adam settings, read each step
         self.compressor = compressor
         self.options = options
-        check_clip_grad_norm(options.clip_grad_norm, compressor)
+        self.core = core = options.core
         self.momentum = momentum
         self.nesterov = nesterov
         self.state = compression_state(compressor)
         self.engine = build_exchange(hvd, lambda ps: HorovodCollectives(ps, options.device_dense),
                                      options.process_set, compressor, OPS,
-                                     intra_node=options.intra_node,
-                                     ranks_per_node=options.ranks_per_node,
-                                     average=options.op == hvd.Average,
-                                     predivide=options.gradient_predivide_factor,
-                                     collective=options.collective)
+                                     intra_node=core.intra_node, ranks_per_node=core.ranks_per_node,
+                                     average=core.average, predivide=core.predivide,
+                                     collective=core.collective)
         if self.state not in _CHECKS:
             ps = options.process_set
-            _CHECKS[self.state] = ReplicaCheck(options.check_replicas, OPS,
+            _CHECKS[self.state] = ReplicaCheck(core.check_replicas, OPS,
                                                HorovodCollectives(ps, options.device_dense),
                                                ranks=getattr(ps, "ranks", None))
         self.replicas = _CHECKS[self.state]
-        self.replicas.every = options.check_replicas
+        self.replicas.every = core.check_replicas
 
     # ---- entry point --------------------------------------------------------------------------
     @tf.autograph.experimental.do_not_convert  # plain Python on Python values: nothing to convert
@@ -179,12 +141,11 @@ class GradientExchange:
         (as Horovod does)."""
         if not self.options.process_set.included():
             return list(grads)
-        c = self.options.clip_grad_norm
+        c = self.core.clip_grad_norm
         if c is None:
             return self._reduce(grads, sources)
-        if clips_before_exchange(self.compressor, self.options.intra_node):
-            limit = local_clip_limit(c, self.options.process_set.size(),
-                                     average=self.options.op == hvd.Average)
+        if self.core.clip_before:
+            limit = local_clip_limit(c, self.options.process_set.size(), average=self.core.average)
             return self._reduce(self._clip(grads, limit), sources)
         return self._clip(self._reduce(grads, sources), c)
 
@@ -197,7 +158,7 @@ class GradientExchange:
         dense = []
         for i, g in enumerate(grads):
             if isinstance(g, tf.IndexedSlices):
-                if not (self.options.sparse_as_dense or self.compressor.takes_over_momentum
+                if not (self.core.sparse_as_dense or self.compressor.takes_over_momentum
                         or self.adam_settings is not None):
                     out[i] = self._gather_slices(g, names[i])
                     continue
@@ -222,6 +183,16 @@ class GradientExchange:
         return out
 
     # ---- pieces ---------------------------------------------------------------------------------
+    def _bundles(self, infos: list, params: list) -> list:
+        """Positions of the exchanged gradients, one list per grouped collective, in name order
+        (:meth:`hvdcompress.options.Options.group_ids`)."""
+        names = {id(p): info.name for info, p in zip(infos, params) if p is not None}
+        ids = self.core.group_ids([info.name for info in infos], lambda v: names.get(id(v)))
+        bundles: dict = {}
+        for i in sorted(range(len(infos)), key=lambda i: infos[i].name):
+            bundles.setdefault(ids[infos[i].name], []).append(i)
+        return list(bundles.values())
+
     @staticmethod
     def _clip(grads: Sequence[Any], limit: float) -> list:
         """``grads`` (None kept) scaled together to a global L2 norm of at most ``limit``
@@ -255,7 +226,7 @@ class GradientExchange:
         with tf.device(self.options.device_sparse):
             values = hvd.allgather(grad.values, process_set=ps)
             indices = hvd.allgather(grad.indices, process_set=ps)
-        if self.options.op == hvd.Average:
+        if self.core.average:
             values = values / tf.cast(ps.size(), values.dtype)
         return tf.IndexedSlices(values, indices, grad.dense_shape)
 
@@ -264,14 +235,15 @@ class GradientExchange:
         First, every ``check_replicas`` steps, the variables (``(name, variable)`` in name
         order) as this step found them are compared across ranks."""
         self.state.pull()
+        self._check_ranks_agree(grads, infos)
         self.replicas.after_step(
             lambda: [(n, v.read_value() if hasattr(v, "read_value") else v) for n, v in variables],
             lambda: counters_checksum(self.compressor.state_dict(), sorted(self.state.named().items())))
-        factor = self.options.gradient_predivide_factor
+        factor = self.core.predivide
         adam = self.compressor if self.adam_settings is not None else None
         settings = None if adam is None else self.adam_settings()
         totals: list = [None] * len(grads)
-        for bundle in self.options.bundles(params):
+        for bundle in self._bundles(infos, params):
             entries = []
             for i in bundle:
                 info = infos[i]
@@ -297,6 +269,18 @@ class GradientExchange:
         self.engine.end_step()
         return [tf.reshape(tf.cast(t, g.dtype), tf.shape(g)) if t is not None else g
                 for g, t in zip(grads, totals)]
+
+    def _check_ranks_agree(self, grads: list, infos: list) -> None:
+        """At the first exchange of this compressor state: fail on every rank, naming the
+        difference, if ranks disagree on the tensors or settings they exchange with
+        (:mod:`hvdcompress.agreement`)."""
+        if self.state in _AGREED:
+            return
+        _AGREED[self.state] = True
+        mine = {"params": sorted((info.name, info.shape, g.dtype.name) for info, g in zip(infos, grads)),
+                **self.core.agreement(self.engine)}
+        check_ranks_agree(mine, HorovodCollectives(self.options.process_set, self.options.device_dense),
+                          OPS, tf.zeros([1]), "hvdcompress.tensorflow")
 
     @property
     def last_step_bytes(self) -> ByteCount:

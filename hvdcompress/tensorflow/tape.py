@@ -21,7 +21,6 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from .subclass import subclass_with
-from ..registry import as_compressor
 from .exchange import GradientExchange, exchange_options
 
 
@@ -68,7 +67,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"gradtape={gradtape!r}: allowed: a tf.GradientTape")
-    options = exchange_options(device_dense=device_dense, device_sparse=device_sparse,
+    options = exchange_options(compression, device_dense=device_dense, device_sparse=device_sparse,
                                sparse_as_dense=sparse_as_dense, op=op,
                                gradient_predivide_factor=gradient_predivide_factor,
                                num_groups=num_groups, groups=groups, process_set=process_set,
@@ -78,5 +77,5 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     cls = subclass_with(gradtape.__class__, _DistributedGradientTape)
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
-    tape.exchange = GradientExchange(as_compressor(compression), options)
+    tape.exchange = GradientExchange(options)
     return tape

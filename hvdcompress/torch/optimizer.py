@@ -37,16 +37,15 @@ import torch
 
 from ..accounting import ByteCount
 from ..adam import adam_settings
-from ..clipping import check_clip_grad_norm, clips_before_exchange
+from ..agreement import check_ranks_agree
 from ..compressor import Compressor, TensorInfo
+from ..options import Options, parse_options
+from ..replicas import ReplicaCheck, counters_checksum
 from ..two_level import build_exchange
-from ..registry import as_compressor
-from ..replicas import ReplicaCheck, check_every, counters_checksum
 from .backend import TorchOps
 from .clipping import GradientWatch, clip_gradients, clip_local_gradients
 from .collectives import HorovodCollectives
 from .momentum_takeover import check_adam, check_momentum, momentum_fields, suspended, takes_over
-from .rank_agreement import check_ranks_agree
 
 _OPS = TorchOps()
 
@@ -71,39 +70,35 @@ def _weak_hook(optimizer) -> Callable:
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the wrapped optimizer's class by :func:`DistributedOptimizer`."""
 
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
-                 op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
-                 sparse_as_dense=False, process_set=hvd.global_process_set, defaults=None,
-                 clip_grad_norm=None, collective="auto", intra_node=None, ranks_per_node=None,
-                 check_replicas=None):
+    def __init__(self, params, named_parameters, options: Options, process_set, defaults=None):
         try:
             super(self.__class__, self).__init__(params, **(defaults or {}))
         except TypeError:
             super(self.__class__, self).__init__(params)
-        self._compression = compression
+        self._options = options
+        self._compression = compression = options.compressor
         self._parameter_names = self._check_names(named_parameters)
         #: every parameter in name order: all loops that span several tensors use it (or
         #: _requires_update, its trainable part), so they run in the same order on every rank
         self._by_name = sorted(self._parameter_names, key=lambda p: self._parameter_names[p])
-        self.backward_passes_per_step = backward_passes_per_step
-        self.op = op
-        self.gradient_predivide_factor = gradient_predivide_factor
-        self.sparse_as_dense = sparse_as_dense
+        self.backward_passes_per_step = options.backward_passes_per_step
+        self.op = hvd.Average if options.average else hvd.Sum
+        self.gradient_predivide_factor = options.predivide
+        self.sparse_as_dense = options.sparse_as_dense
         self.process_set = process_set
-        self.clip_grad_norm = clip_grad_norm
-        self._clip_before = clip_grad_norm is not None and clips_before_exchange(compression, intra_node)
+        self.clip_grad_norm = options.clip_grad_norm
         self._awaiting_clip = []   # parameters whose gradient is complete, held for the local clip
-        self._watch = GradientWatch(compression, intra_node)  # the clip-after-synchronize trap
+        self._watch = GradientWatch(compression, options.intra_node)  # the clip-after-synchronize trap
         self._tensor_state = {name: {} for name in self._parameter_names.values()}
-        self._delay = {p: backward_passes_per_step for p in self._parameter_names}
+        self._delay = {p: self.backward_passes_per_step for p in self._parameter_names}
         self._requires_update = []  # in name order: every multi-tensor loop is rank-independent
         self._comm = HorovodCollectives(process_set)
-        self._intra_node = intra_node
         self._exchange = build_exchange(hvd, HorovodCollectives, process_set, compression, _OPS,
-                                        intra_node=intra_node, ranks_per_node=ranks_per_node,
-                                        average=op == hvd.Average,
-                                        predivide=gradient_predivide_factor, collective=collective)
-        self._replicas = ReplicaCheck(check_replicas, _OPS, self._comm, ranks=_ranks_of(process_set))
+                                        intra_node=options.intra_node,
+                                        ranks_per_node=options.ranks_per_node,
+                                        average=options.average, predivide=options.predivide,
+                                        collective=options.collective)
+        self._replicas = ReplicaCheck(options.check_replicas, _OPS, self._comm, ranks=_ranks_of(process_set))
         self._prepared = {}        # group id -> [Entry] compressed, not yet launched
         self._inflight = []        # launched rounds of the exchange engine
         self._sparse = {}          # p -> handle of Horovod's sparse allreduce
@@ -112,7 +107,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._plain_step = False
         check_momentum(compression, self)
         self._adam = check_adam(compression, self)
-        self._group_of = self._make_groups(groups)
+        ids = options.group_ids(list(self._parameter_names.values()), self._name_in_groups)
+        self._group_of = {p: ids[name] for p, name in self._parameter_names.items()}
         self._param_group = {p: g for g in self.param_groups for p in g["params"]}
         if self._included():  # a rank outside the process set does no collective (as Horovod)
             self._check_ranks_agree()
@@ -158,40 +154,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              f"are not in it (shapes: {[tuple(p.shape) for p in unnamed]})")
         return {p: by_id[id(p)] for p in params}
 
-    def _make_groups(self, groups) -> dict:
-        """Parameter -> group id; a group's payloads are launched together."""
-        ordered = self._by_name
-        if groups is None:
-            return {p: i for i, p in enumerate(ordered)}
-        if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0:
-            per = -(-len(ordered) // groups)
-            return {p: i // per for i, p in enumerate(ordered)}
-        if isinstance(groups, list):
-            group_of = {}
-            for gid, members in enumerate(groups):
-                for p in members:
-                    if not isinstance(p, torch.Tensor) or p not in self._parameter_names:
-                        raise ValueError("groups must be a list of lists of this optimizer's parameters")
-                    if p in group_of:
-                        raise ValueError(f"parameter '{self._parameter_names[p]}' appears in more than one group")
-                    group_of[p] = gid
-            for p in ordered:
-                group_of.setdefault(p, f"single.{self._parameter_names[p]}")
-            return group_of
-        raise ValueError(f"groups={groups!r}: allowed: None, a positive integer, or a list of lists of parameters")
+    def _name_in_groups(self, p) -> str:
+        if not isinstance(p, torch.Tensor) or p not in self._parameter_names:
+            raise ValueError("groups must be a list of lists of this optimizer's parameters")
+        return self._parameter_names[p]
 
     def _check_ranks_agree(self) -> None:
         """Fail on every rank, with the difference, if ranks disagree on what they will send."""
-        mine = {"params": [(self._parameter_names[p], tuple(p.shape), str(p.dtype))
-                           for p in self._by_name],
-                "compression": repr(self._compression),
-                "backward_passes_per_step": self.backward_passes_per_step,
-                "collective": self._exchange.collective,
-                "intra_node": repr(self._intra_node),
-                "ranks_per_node": None if self._intra_node is None else self._exchange.comm.world,
-                "op": int(self.op),
-                "check_replicas": self._replicas.every}
-        check_ranks_agree(mine, self.process_set, self._rank())
+        mine = {"params": [(self._parameter_names[p], tuple(p.shape), str(p.dtype)) for p in self._by_name],
+                **self._options.agreement(self._exchange)}
+        check_ranks_agree(mine, self._comm, _OPS, torch.zeros(1), "hvdcompress.torch.DistributedOptimizer")
 
     # ---- hooks and communication -----------------------------------------------------------------
     def _register_hooks(self) -> None:
@@ -234,8 +206,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Whether ``clip_grad_norm`` clips each rank's gradients before compression this step:
         with a compressor that carries state, except in FrozenAdam's full-precision warm-up,
         where the exchanged mean is the gradient and Horovod's clip after the exchange is exact."""
-        if not self._clip_before or self._adam is None:
-            return self._clip_before
+        if not self._options.clip_before or self._adam is None:
+            return self._options.clip_before
         return not self._adam.warming_up([adam_settings(g, i) for i, g in enumerate(self.param_groups)])
 
     def _info(self, p: torch.Tensor) -> TensorInfo:
@@ -502,28 +474,18 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     A rank outside ``process_set`` builds the optimizer, does no collective for it, and its
     ``step()`` applies its own local gradients with the wrapped optimizer, as Horovod's does.
     """
-    compressor = as_compressor(compression)
-    if op not in (hvd.Average, hvd.Sum):
-        raise ValueError(f"op={op!r}: allowed: hvd.Average or hvd.Sum (Adasum does not combine "
-                         "with compression)")
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} needs op=hvd.Average")
-    if not gradient_predivide_factor > 0:
-        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r}: allowed: a number > 0")
-    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
-            or backward_passes_per_step <= 0:
-        raise ValueError(f"backward_passes_per_step={backward_passes_per_step!r}: allowed: an integer >= 1")
-    if num_groups:
-        warnings.warn("num_groups is deprecated, use groups", DeprecationWarning)
-        groups = groups if groups is not None else num_groups
-    clip_grad_norm = check_clip_grad_norm(clip_grad_norm, compressor)
-    check_replicas = check_every(check_replicas)
+    options = parse_options(compression, op=op, average_op=hvd.Average, sum_op=hvd.Sum,
+                            backward_passes_per_step=backward_passes_per_step,
+                            gradient_predivide_factor=gradient_predivide_factor,
+                            num_groups=num_groups, groups=groups, sparse_as_dense=sparse_as_dense,
+                            clip_grad_norm=clip_grad_norm, collective=collective,
+                            intra_node=intra_node, ranks_per_node=ranks_per_node,
+                            check_replicas=check_replicas, process_set=process_set,
+                            global_set=hvd.global_process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
-    wrapped = cls(optimizer.param_groups, named_parameters, compressor, backward_passes_per_step,
-                  op, gradient_predivide_factor, groups, sparse_as_dense, process_set,
-                  dict(optimizer.defaults), clip_grad_norm, collective, intra_node, ranks_per_node,
-                  check_replicas)
+    wrapped = cls(optimizer.param_groups, named_parameters, options, process_set,
+                  dict(optimizer.defaults))
     wrapped.state.update(optimizer.state)
     return wrapped
 

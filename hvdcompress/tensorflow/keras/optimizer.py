@@ -44,7 +44,6 @@ from ...adam import AdamSettings
 from ...clipping import state_carrier, what_it_keeps
 from ...compressor import Compressor
 from ..subclass import subclass_with
-from ...registry import as_compressor
 from ..exchange import GradientExchange, exchange_options
 
 
@@ -210,26 +209,23 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     if not isinstance(optimizer, _keras_classes("Optimizer")):
         raise TypeError(f"optimizer={optimizer!r}: allowed: a Keras optimizer "
                         "(tf.keras.optimizers.*)")
-    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
-            or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step={backward_passes_per_step!r}: allowed: an "
-                         "integer >= 1")
-    options = exchange_options(device_dense=device_dense, device_sparse=device_sparse,
+    options = exchange_options(compression, device_dense=device_dense, device_sparse=device_sparse,
                                sparse_as_dense=sparse_as_dense, op=op,
+                               backward_passes_per_step=backward_passes_per_step,
                                gradient_predivide_factor=gradient_predivide_factor,
                                num_groups=num_groups, groups=groups, process_set=process_set,
                                clip_grad_norm=clip_grad_norm, collective=collective,
                                intra_node=intra_node, ranks_per_node=ranks_per_node,
                                check_replicas=check_replicas)
-    compressor = as_compressor(compression)
+    compressor = options.core.compressor
     config = optimizer.get_config()
-    _warn_keras_clipping(compressor, intra_node, config)
+    _warn_keras_clipping(compressor, options.core.intra_node, config)
     if name is not None:
         config["name"] = name
     momentum, nesterov = _take_over_momentum(compressor, optimizer, config)
     cls = subclass_with(optimizer.__class__, _DistributedOptimizer)
     wrapped = cls.from_config(config)
-    wrapped._hvdc_exchange = GradientExchange(compressor, options, momentum, nesterov,
+    wrapped._hvdc_exchange = GradientExchange(options, momentum, nesterov,
                                               adam_settings=_adam_settings(wrapped, compressor, config))
     wrapped._hvdc_compression_state = wrapped._hvdc_exchange.state
     wrapped._hvdc_accumulator = (GradientAccumulator(backward_passes_per_step,

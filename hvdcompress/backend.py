@@ -297,6 +297,14 @@ class Ops(ABC):
             raise ValueError(f"out has {self.numel(out)} elements; the decoded tensor has {n}")
         return decode(out)
 
+    def half_cast(self, x: Tensor, dtype: str) -> Tensor:
+        """``x`` cast to the 16-bit float ``dtype`` ("float16" or "bfloat16"): rounded to nearest
+        even with the same NaN bits on every path (kernels.h ``half_cast``) when ``x`` is a flat
+        float32 tensor, else :meth:`cast`."""
+        if dtype not in ("float16", "bfloat16") or not self._is_flat_float32(x):
+            return self.cast(x, dtype)
+        return self.bitcast(self._impl(x).half_cast(x, dtype == "bfloat16"), dtype)
+
     def sign_pack(self, x: Tensor) -> tuple:
         """``(packed, [mean |x|])`` (kernels.h ``sign_pack``)."""
         self._check_x(x)

@@ -641,6 +641,57 @@ def test_bf16_sum_matches_numpy(ops, n, ranks):
     np.testing.assert_array_equal(got, want)  # NaN where a payload holds a NaN pattern, on both
 
 
+def cast_inputs(n: int) -> np.ndarray:
+    """Random bit patterns (NaN payloads of both signs, subnormals, infinities) then normal values
+    over many octaves, with the edge cases of both formats at the front."""
+    rng = np.random.default_rng(71)
+    half = n // 2
+    x = np.concatenate([rng.integers(0, 2 ** 32, half, dtype=np.uint64).astype(np.uint32).view(np.float32),
+                        (rng.standard_normal(n - half) * 10.0 ** rng.integers(-9, 6, n - half)).astype(np.float32)])
+    edges = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFA12345, 0x7F800000, 0xFF800000, 0, 0x80000000,
+                      0x477FF000, 0x477FEFFF, 0xC77FF000, 0x33000000, 0x33000001, 0x387FF000, 0x00000001,
+                      0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF, 0xFF7F8000], np.uint32)  # ties, rounding to inf
+    x[:edges.size] = edges.view(np.float32)
+    return x
+
+
+def np_fp16_bits(x: np.ndarray) -> np.ndarray:
+    """numpy's binary16 cast (round to nearest even); NaN: sign | 0x7E00 | top 10 payload bits."""
+    u = x.view(np.uint32)
+    with np.errstate(over="ignore"):
+        bits = x.astype(np.float16).view(np.uint16).copy()
+    nan = np.isnan(x)
+    bits[nan] = (((u >> 16) & 0x8000) | 0x7E00 | ((u >> 13) & 0x3FF))[nan].astype(np.uint16)
+    return bits
+
+
+def np_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """bfloat16 by round to nearest even on the bits; NaN: 0xFFFF."""
+    u = x.view(np.uint32).astype(np.uint64)
+    bits = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0xFFFF), bits)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 70001])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_cast_matches_numpy_and_the_framework_cast(ops, dtype, n):
+    x = cast_inputs(max(n, 40))[:n]  # small n: the edge cases, in the kernel's vector tail
+    got = ops.half_cast(t(x), dtype)
+    assert got.dtype == getattr(torch, dtype)
+    bits = got.view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(bits, (np_fp16_bits if dtype == "float16" else np_bf16_bits)(x))
+    finite = ~np.isnan(x)  # torch's own cast: the same bits but for NaNs
+    want = t(x).to(getattr(torch, dtype)).view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(bits[finite], want[finite])
+
+
+def test_half_cast_of_other_dtypes_is_the_framework_cast(ops):
+    x = t(data(100).astype(np.float64))
+    assert torch.equal(ops.half_cast(x, "float16"), x.to(torch.float16))
+    h = x.to(torch.float16)
+    assert ops.half_cast(h, "float16") is h
+
+
 def test_bf16_sum_rejects_bad_payloads(ops):
     with pytest.raises(TypeError, match="int16"):
         ops.bf16_sum(torch.zeros(10, dtype=torch.int32), 5)

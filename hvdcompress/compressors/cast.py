@@ -3,7 +3,9 @@
 Halves the bytes for float32 gradients with no state. The trade-off: fp16 has 10 mantissa bits
 and a range of about 6e-8 to 65504, so tiny gradients underflow and a sum over many ranks can
 overflow; bf16 keeps float32's range with only 7 mantissa bits. Mild: for fast links and the
-intra-node level. A gradient already in the target dtype is sent as it is.
+intra-node level. A gradient already in the target dtype is sent as it is. Float32 gradients are
+rounded to nearest even by ``Ops.half_cast`` (kernels.h ``half_cast``: one pass into a recycled
+buffer on the CPU, the same bits on every path and framework, NaNs included).
 
 Horovod's collectives have no bfloat16 type, so bf16 payloads travel as their int16 bits through
 allgather and are decoded and summed in float32 in one pass (``Ops.bf16_sum``), then cast to the
@@ -28,7 +30,7 @@ class Cast(Compressor):
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         check_float_tensor(ops, x, info)
-        wire = ops.cast(x, self.wire_dtype)
+        wire = ops.half_cast(x, self.wire_dtype)
         if self.carrier is None:
             return Packet([wire], ops.dtype(x), summable=True)
         return Packet([ops.bitcast(wire, self.carrier)], ops.dtype(x), summable=False)

@@ -158,7 +158,7 @@ class DGC(MomentumCorrection):
         values, indices = self.select(ops, v, 1.0 - self.current_sparsity, info)
         self.release(ops, state, u, v, indices)
         if self.fp16_values:
-            values = ops.cast(values, "float16")
+            values = ops.half_cast(values, "float16")
         packet = self.packet(ops, values, indices, info)
         packet.ctx = ops.dtype(x)
         return packet

@@ -65,6 +65,10 @@ int hvdc_natural_pack(const float* x, int64_t n, uint32_t key, uint8_t* out) {
   return guarded([&] { hvdc::natural_pack(x, n, key, out); });
 }
 
+int hvdc_half_cast(const float* x, int64_t n, int bf16, uint16_t* out) {
+  return guarded([&] { hvdc::half_cast(x, n, bf16 != 0, out); });
+}
+
 int hvdc_unpack_sum(const uint8_t* packed, int64_t n, int bits, const float* tables, int64_t R,
                     float* out) {
   return guarded([&] { hvdc::unpack_sum(packed, n, bits, tables, R, out); });

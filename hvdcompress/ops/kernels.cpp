@@ -14,6 +14,11 @@
 #include <omp.h>
 #endif
 
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define HVDC_F16C 1  // binary16 conversion by F16C when the CPU has it (checked at run time)
+#endif
+
 // Hot block loops (the hashing ones, 2-bit and EF-sign quantisation, PowerSGD's products) are
 // compiled twice on x86-64 Linux with GCC, for AVX2 and for the baseline, and picked at load time
 // (function multi-versioning). Results are identical: no FMA contraction (-ffp-contract=off),
@@ -322,6 +327,63 @@ HVDC_ISA_CLONES void natural_block(const float* x, uint32_t m, uint32_t base, ui
   }
 }
 
+
+// The binary16 bits of v (kernels.h half_cast), in integer arithmetic: the code for CPUs without
+// F16C, whose vcvtps2ph gives the same bits.
+inline uint16_t fp16_bits(float v) {
+  const uint32_t u = bits_of(v), a = u & 0x7FFFFFFFu;
+  uint32_t h;
+  if (a > 0x7F800000u) {  // NaN: quiet, with the top 10 bits of the payload
+    h = 0x7E00u | ((a >> 13) & 0x3FFu);
+  } else if (a >= 0x477FF000u) {  // 65520 (the midpoint above 65504, which is odd) or more
+    h = 0x7C00u;
+  } else if (a >= 0x38800000u) {  // 2^-14 or more: normal; rebias the exponent, round off 13 bits
+    const uint32_t r = a - 0x38000000u;
+    h = (r + 0xFFFu + ((r >> 13) & 1u)) >> 13;
+  } else if (a >= 0x33000000u) {  // 2^-25 or more: a subnormal count of 2^-24, rounded
+    const uint32_t m = (a & 0x7FFFFFu) | 0x800000u, shift = 126 - (a >> 23);  // |v| = m 2^-shift 2^-24
+    h = (m + (1u << (shift - 1)) - 1u + ((m >> shift) & 1u)) >> shift;
+  } else {  // below half of 2^-24: zero
+    h = 0;
+  }
+  return static_cast<uint16_t>(((u >> 16) & 0x8000u) | h);
+}
+
+void fp16_block(const float* x, int64_t m, uint16_t* out) {
+  for (int64_t j = 0; j < m; ++j) out[j] = fp16_bits(x[j]);
+}
+
+#ifdef HVDC_F16C
+// fp16_block by F16C (8 at a time; the tail through a zero-padded vector).
+__attribute__((target("avx,f16c"))) void fp16_block_f16c(const float* x, int64_t m, uint16_t* out) {
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  int64_t j = 0;
+  for (; j + 8 <= m; j += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm256_cvtps_ph(_mm256_loadu_ps(x + j), kRound));
+  if (j < m) {
+    float tail[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    uint16_t h[8];
+    std::memcpy(tail, x + j, static_cast<size_t>(m - j) * sizeof(float));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(h), _mm256_cvtps_ph(_mm256_loadu_ps(tail), kRound));
+    std::memcpy(out + j, h, static_cast<size_t>(m - j) * sizeof(uint16_t));
+  }
+}
+
+bool cpu_has_f16c() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+}
+#endif
+
+// The bfloat16 bits of x[0..m) (kernels.h half_cast); integer arithmetic, so an ISA clone.
+HVDC_ISA_CLONES void bf16_cast_block(const float* x, int64_t m, uint16_t* out) {
+#pragma omp simd
+  for (int64_t j = 0; j < m; ++j) {
+    const uint32_t u = bits_of(x[j]);
+    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    out[j] = static_cast<uint16_t>(static_cast<int32_t>(u & 0x7FFFFFFFu) > 0x7F800000 ? 0xFFFFu : rounded);
+  }
+}
 
 // Packs the m codes of c (BITS bits each; c has room for padding up to a whole byte) into
 // ceil(m * BITS / 8) bytes of o, 8 / BITS codes per byte by one multiplication.
@@ -658,6 +720,16 @@ void unpack_sum(const uint8_t* packed, int64_t n, int bits, const float* tables,
     case 8: return unpack_sum_impl<8>(packed, n, tables, R, out, keep);
     default: throw std::invalid_argument("unpack_sum: bits=" + std::to_string(bits) + "; allowed: 1, 2, 8");
   }
+}
+
+void half_cast(const float* x, int64_t n, bool bf16, uint16_t* out) {
+#ifdef HVDC_F16C
+  static const bool f16c = cpu_has_f16c();
+  void (*fp16)(const float*, int64_t, uint16_t*) = f16c ? fp16_block_f16c : fp16_block;
+#else
+  void (*fp16)(const float*, int64_t, uint16_t*) = fp16_block;
+#endif
+  parallel_blocks(n, [=](int64_t i0, int64_t m) { (bf16 ? bf16_cast_block : fp16)(x + i0, m, out + i0); });
 }
 
 void bf16_sum(const uint16_t* bits, int64_t n, int64_t R, float* out) {

@@ -79,6 +79,14 @@ void ternary_pack(const float* x, int64_t n, float inv, uint32_t key, uint8_t* o
 // c = 1..126 -> 2^(c - 101), c = 127 -> infinity (|x| rounds to 2^26 or more). NaN -> 0x80.
 void natural_pack(const float* x, int64_t n, uint32_t key, uint8_t* out);
 
+// ---- 16-bit floats ----------------------------------------------------------------------------
+// out[i] = the 16-bit pattern of x[i] rounded to nearest, ties to even. bf16 = false: IEEE
+// binary16, as x86's F16C converts (overflow to +-inf, binary16 subnormals kept); a NaN becomes
+// sign | 0x7E00 | the top 10 bits of its payload (quiet). bf16 = true: bfloat16, the top 16 bits
+// of (bits + 0x7FFF + bit 16 of bits); a NaN becomes 0xFFFF (as torch's CPU cast). Decoding
+// bfloat16 is bf16_sum.
+void half_cast(const float* x, int64_t n, bool bf16, uint16_t* out);
+
 // ---- decoding of packed codes ---------------------------------------------------------------
 // out[i] = sum_r tables[r * 2^bits + code_r(i)], code_r(i) the i-th `bits`-bit code of payload r
 // (payload r starts at byte r * packed_bytes(n, bits)). bits in {1, 2, 8}.

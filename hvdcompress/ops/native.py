@@ -44,6 +44,7 @@ _SIGNATURES = {
     "levels_pack": [_P, _I64, _F32, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, _P],
     "ternary_pack": [_P, _I64, _F32, ctypes.c_uint32, _P],
     "natural_pack": [_P, _I64, ctypes.c_uint32, _P],
+    "half_cast": [_P, _I64, ctypes.c_int, _P],
     "unpack_sum": [_P, _I64, ctypes.c_int, _P, _I64, _P],
     "bf16_sum": [_P, _I64, _I64, _P],
     "sign_vote": [_P, _I64, _I64, _F32, _P],
@@ -204,6 +205,13 @@ def ternary_pack(x: Array, inv: float, key: int) -> Array:
 def natural_pack(x: Array, key: int) -> Array:
     out = empty(x.size, np.uint8)
     _call("natural_pack", _buf(x, np.float32, "x"), x.size, key, out.ctypes.data)
+    return out
+
+
+def half_cast(x: Array, bf16: bool) -> Array:
+    """The bit patterns of ``x`` rounded to binary16 (bfloat16 when ``bf16``), as int16."""
+    out = empty(x.size, np.int16)
+    _call("half_cast", _buf(x, np.float32, "x"), x.size, int(bf16), out.ctypes.data)
     return out
 
 
@@ -375,7 +383,7 @@ def lowrank_residual(m: Array, p: Array, q: Array, out: Optional[Array] = None) 
 
 
 KERNELS = ("sign_pack", "ef_sign_pack", "twobit_pack", "levels_pack", "ternary_pack", "natural_pack",
-           "minmax_pack", "unpack_sum", "bf16_sum", "sign_vote", "minmax_unpack_sum", "sparse_sum",
+           "half_cast", "minmax_pack", "unpack_sum", "bf16_sum", "sign_vote", "minmax_unpack_sum", "sparse_sum",
            "max_abs", "l2_norm", "count_ge", "select_ge", "sampled_threshold", "topk_abs", "fill_at",
            "sub_finite", "momentum_correction", "lowrank_project", "lowrank_project_back",
            "lowrank_residual")

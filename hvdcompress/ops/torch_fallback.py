@@ -150,6 +150,18 @@ def natural_pack(x: Tensor, key: int) -> Tensor:
     return torch.where(mag > 0x7F800000, 0x80, c).to(torch.uint8)
 
 
+def half_cast(x: Tensor, bf16: bool) -> Tensor:
+    """The framework's round-to-nearest-even cast, with kernels.h's NaN bits on every device (a
+    framework's own NaN bits vary: torch's CPU bfloat16 gives 0xFFFF, TensorFlow's 0x7FC0 or
+    0xFFC0)."""
+    bits = x.view(torch.int32)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    if bf16:
+        return torch.where(nan, -1, x.to(torch.bfloat16).view(torch.int16))
+    quiet = ((bits >> 16) & 0x8000) | 0x7E00 | ((bits >> 13) & 0x3FF)
+    return torch.where(nan, quiet.to(torch.int16), x.to(torch.float16).view(torch.int16))
+
+
 def _output(out: Optional[Tensor], n: int, device) -> Tensor:
     """The caller's buffer zeroed, or a new zero buffer (decoders accumulate into it)."""
     return torch.zeros(n, dtype=torch.float32, device=device) if out is None else out.zero_()

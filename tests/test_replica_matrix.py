@@ -1,8 +1,10 @@
 """Replicas stay bit-identical (issue 19), under real Horovod processes, in few launches:
 
 * 2 ranks: every registered compressor x {SGD momentum, SGD Nesterov, AdamW} x {no clip,
-  clip_grad_norm} x {step(), synchronize() + skip_synchronize()} x {backward_passes_per_step 1,
-  2}, 20 steps each; Horovod's own fp16 next to hvdcompress's FP16/BF16; the replica guard
+  clip_grad_norm}, each of these 6 cases of a compressor with the next of {step(),
+  synchronize() + skip_synchronize()} x {backward_passes_per_step 1, 2} in turn (so every
+  compressor meets all four, and every optimizer and clip setting meets all four), 20 steps
+  each; decorated compressors, the Adam take-over (FrozenAdam, both placements); Horovod's own fp16 next to hvdcompress's FP16/BF16; the replica guard
   (check_replicas) catching a one-bit difference.
 * 3 ranks: the compressed allreduce (collective='alltoall' for every compressor that runs it),
   process_set=, and sparse embeddings (Horovod's sparse path and sparse_as_dense).
@@ -61,10 +63,12 @@ def check_identical(results: dict, cases: list, np: int) -> None:
     assert not drifted, f"{len(drifted)} case(s) drift (case, first step): {drifted[:10]}"
 
 
-MATRIX = [dict(spec={"compressor": name}, optimizer=opt, clip=clip, mode=mode, passes=passes)
-          for name, opt, clip, mode, passes in itertools.product(
-              hvdcompress.available(), ("momentum", "nesterov", "adamw"), (None, CLIP),
-              ("step", "sync"), (1, 2))]
+MODES = list(itertools.product(("step", "sync"), (1, 2)))  # (how to step, backward passes)
+SETTINGS = list(itertools.product(("momentum", "nesterov", "adamw"), (None, CLIP)))
+MATRIX = [dict(spec={"compressor": name}, optimizer=opt, clip=clip, mode=MODES[(c + j) % 4][0],
+               passes=MODES[(c + j) % 4][1])
+          for c, name in enumerate(hvdcompress.available())
+          for j, (opt, clip) in enumerate(SETTINGS)]
 # decorated and non-default settings, with and without clipping
 DECORATED = [dict(spec=spec, optimizer=opt, clip=clip, mode="step", passes=1)
              for spec in ({"compressor": "topk", "k": "0.02", "ef": "vanilla"},
@@ -75,7 +79,13 @@ DECORATED = [dict(spec=spec, optimizer=opt, clip=clip, mode="step", passes=1)
                            "warmup_steps": "5"},
                           {"compressor": "onebit", "ef": "vanilla", "momentum": "nesterov"},
                           {"compressor": "csc", "ratio": "0.05", "chunk": "64"})
-             for opt, clip in (("momentum", CLIP), ("adamw", None))]
+             for opt, clip in (("momentum", CLIP), ("adamw", None))] + [
+    dict(spec=spec, optimizer="adamw", clip=clip, mode="step", passes=1)
+    for spec in ({"compressor": "onebit", "ef": "vanilla", "adam": "frozen", "freeze_steps": "5"},
+                 {"compressor": "topk", "k": "0.02", "ef": "vanilla", "adam": "frozen",
+                  "freeze_steps": "5", "adam_send": "gradient"},
+                 {"compressor": "powersgd", "adam": "frozen", "freeze_steps": "5", "adam_send": "gradient"})
+    for clip in (None, CLIP)]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +94,12 @@ def two_ranks():
 
 
 def test_matrix_covers_every_compressor_and_feature():
-    assert len(MATRIX) == len(hvdcompress.available()) * 3 * 2 * 2 * 2 >= 18 * 24
+    assert len(MATRIX) == len(hvdcompress.available()) * 3 * 2 >= 18 * 6
+    for name in hvdcompress.available():  # every compressor meets every mode
+        assert {(c["mode"], c["passes"]) for c in MATRIX if c["spec"]["compressor"] == name} == set(MODES)
+    for opt, clip in SETTINGS:
+        assert {(c["mode"], c["passes"]) for c in MATRIX
+                if (c["optimizer"], c["clip"]) == (opt, clip)} == set(MODES)
 
 
 def test_every_compressor_optimizer_clip_mode_and_accumulation_keeps_replicas_identical(two_ranks):

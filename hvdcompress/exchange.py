@@ -153,7 +153,7 @@ class Send(NamedTuple):
     """What one entry sends in a round: ``tensors`` through ``collective`` over ``comm`` (None:
     the engine's own); ``then(entry, received, collective, out_of)`` takes what came back and
     returns the entry's next :class:`Send`, or None when its total is set (None: the engine's
-    default, :meth:`Exchange._after`). A two-level exchange sends over two process sets."""
+    default, :meth:`Exchange.after_round`). A two-level exchange sends over two process sets."""
 
     entry: Entry
     tensors: list
@@ -198,7 +198,7 @@ class Exchange:
     honours_dense: bool = True
 
     def __init__(self, compressor: Compressor, ops: Ops, comm: Collectives, average: bool = True,
-                 predivide: float = 1.0, collective: str = "auto"):
+                 predivide: float = 1.0, collective: str = "auto", log_plan: bool = True):
         self.compressor = compressor
         self.ops = ops
         self.comm = comm
@@ -209,7 +209,7 @@ class Exchange:
         self.last_step_bytes = ByteCount()
         self.total_bytes = ByteCount()
         self.plan: dict = {}   # tensor name -> (numel, collective, payload bytes, wire bytes)
-        self._logged = False
+        self._logged = not log_plan   # log_plan=False: an engine that logs this one's plan
         self._auto: dict = {}  # tensor name -> the collective 'auto' measured for it
 
     @property
@@ -384,15 +384,17 @@ class Exchange:
         for send in flight.sends:
             stream = outputs[(positions[id(send.comm or self.comm)], send.collective)]
             received = [next(stream) for _ in send.tensors]
-            nxt = (send.then or self._after)(send.entry, received, send.collective, out_of)
+            nxt = (send.then or self.after_round)(send.entry, received, send.collective, out_of)
             if nxt is not None:
                 follow.append(nxt)
         if follow:
             self.finish(self._launch(follow, flight.number + 1, follow[0].entry.info.name), out_of)
         return [s.entry for s in flight.sends]
 
-    def _after(self, entry: Entry, received: list, collective: str, out_of) -> Optional[Send]:
-        """What follows a round of an entry: its next send, or its decoded total (None)."""
+    def after_round(self, entry: Entry, received: list, collective: str, out_of) -> Optional[Send]:
+        """What follows a round of an entry: its next send, or its decoded total (None).
+        ``received``: the round's outputs for the entry; ``out_of(entry)``: the buffer to decode
+        into (or None). A composing engine (two-level) runs another engine's rounds with it."""
         packet, info = entry.packet, entry.info
         if collective == "alltoall":
             return self._reduce_segment(entry, received)

@@ -151,8 +151,9 @@ class TwoLevelExchange(Exchange):
                  collective: str = "auto", everyone: Optional[Collectives] = None):
         super().__init__(intra_node, ops, node, average, predivide)
         self.everyone = everyone   # the global set's collectives: the exit barrier (exit_guard)
-        self.cross = Exchange(compressor, ops, cross, average=False, collective=collective)
-        self.cross._logged = True   # this engine logs the plan of both levels
+        # this engine logs the plan of both levels
+        self.cross = Exchange(compressor, ops, cross, average=False, collective=collective,
+                              log_plan=False)
         self.collective = self.cross.collective
         self.last_node_bytes = ByteCount()
         self.total_node_bytes = ByteCount()
@@ -209,7 +210,7 @@ class TwoLevelExchange(Exchange):
     def _relay(self, entry: Entry, send: Send) -> Send:
         """``send`` of the cross-node exchange, carried by ``entry`` over the cross-node set."""
         def then(_: Entry, received: list, collective: str, out_of) -> Send:
-            nxt = (send.then or self.cross._after)(send.entry, received, collective, lambda e: None)
+            nxt = (send.then or self.cross.after_round)(send.entry, received, collective, lambda e: None)
             if nxt is not None:
                 return self._relay(entry, nxt)
             return self._share_segment(entry, send.entry.total)

@@ -15,7 +15,7 @@ import argparse
 from typing import Any, Optional
 
 import hvdcompress
-from hvdcompress.two_level import node_process_sets
+from hvdcompress.process_sets import node_process_sets
 from hvdcompress.registry import parse_params
 
 COMPRESSIONS = {

@@ -15,7 +15,9 @@ from hvdcompress.exchange import Exchange
 from hvdcompress.torch.backend import TorchOps
 from hvdcompress import two_level as tl
 from hvdcompress.options import check_intra_node, parse_options
-from hvdcompress.two_level import TwoLevelExchange, node_layout
+from hvdcompress import process_sets as psets
+from hvdcompress.process_sets import node_layout
+from hvdcompress.two_level import TwoLevelExchange
 from simulator import run_nodes
 from test_exchange import onebit
 
@@ -308,7 +310,7 @@ class FakeHorovod:
 
 @pytest.fixture
 def fresh_sets(monkeypatch):
-    monkeypatch.setattr(tl, "_SETS", {})
+    monkeypatch.setattr(psets, "_SETS", {})
     monkeypatch.delenv("HOROVOD_DYNAMIC_PROCESS_SETS", raising=False)
 
 
@@ -316,37 +318,37 @@ def test_node_process_sets_from_horovodrun_variables(fresh_sets, monkeypatch):
     monkeypatch.setenv("HOROVOD_SIZE", "8")
     monkeypatch.setenv("HOROVOD_LOCAL_SIZE", "4")
     hvd = FakeHorovod(8, 4, 0, initialized=False)
-    sets = tl.node_process_sets(hvd)
+    sets = psets.node_process_sets(hvd)
     assert [ps.ranks for ps in sets] == [[0, 1, 2, 3], [4, 5, 6, 7], [0, 4], [1, 5], [2, 6], [3, 7]]
-    assert tl.node_process_sets(hvd) is sets   # the same objects: registered once
+    assert psets.node_process_sets(hvd) is sets   # the same objects: registered once
     monkeypatch.delenv("HOROVOD_SIZE")
-    monkeypatch.setattr(tl, "_SETS", {})
+    monkeypatch.setattr(psets, "_SETS", {})
     with pytest.raises(ValueError, match="HOROVOD_SIZE is not set"):
-        tl.node_process_sets(hvd)
+        psets.node_process_sets(hvd)
 
 
 def test_unregistered_process_sets_are_a_value_error_that_says_how(fresh_sets):
     with pytest.raises(ValueError, match=r"hvd.init\(process_sets=hvdcompress.torch.node_process_sets"
                                          r"\(ranks_per_node=2\)\).*HOROVOD_DYNAMIC_PROCESS_SETS=1"):
-        tl.registered_node_sets(FakeHorovod(4, 4, 1), 2)
+        psets.registered_node_sets(FakeHorovod(4, 4, 1), 2)
 
 
 def test_registered_sets_are_found_and_dynamic_ones_added(fresh_sets, monkeypatch):
     hvd = FakeHorovod(4, 4, 3)
-    for ps in tl.node_process_sets(hvd, 2):
+    for ps in psets.node_process_sets(hvd, 2):
         ps.process_set_id = 9
-    node, cross = tl.registered_node_sets(hvd, 2)
+    node, cross = psets.registered_node_sets(hvd, 2)
     assert (node.ranks, cross.ranks, hvd.added) == ([2, 3], [1, 3], [])
-    monkeypatch.setattr(tl, "_SETS", {})
+    monkeypatch.setattr(psets, "_SETS", {})
     monkeypatch.setenv("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
-    node, cross = tl.registered_node_sets(hvd, 2)
+    node, cross = psets.registered_node_sets(hvd, 2)
     assert hvd.added == [[0, 1], [2, 3], [0, 2], [1, 3]] and cross.process_set_id == 4
 
 
 def test_ranks_not_placed_node_by_node_are_a_value_error(fresh_sets, monkeypatch):
     monkeypatch.setenv("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
     with pytest.raises(ValueError, match="rank 1 is local rank 0 on node 1, not 1 on 0"):
-        tl.registered_node_sets(FakeHorovod(4, 2, 1, local_rank=0, cross_rank=1), None)
+        psets.registered_node_sets(FakeHorovod(4, 2, 1, local_rank=0, cross_rank=1), None)
 
 
 def test_two_level_argument_checks():

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from .. import two_level
+from .. import process_sets
 from ..exchange import Collectives
 
 
@@ -68,5 +68,5 @@ class HorovodCollectives(Collectives):
 def node_process_sets(ranks_per_node: Optional[int] = None) -> list:
     """The process sets of two-level compression (``intra_node=``), to register on every rank:
     ``hvd.init(process_sets=hvdcompress.tensorflow.node_process_sets())`` (see
-    :func:`hvdcompress.torch.node_process_sets` and :mod:`hvdcompress.two_level`)."""
-    return two_level.node_process_sets(hvd, ranks_per_node)
+    :func:`hvdcompress.torch.node_process_sets` and :mod:`hvdcompress.process_sets`)."""
+    return process_sets.node_process_sets(hvd, ranks_per_node)

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import horovod.torch as hvd
 
-from .. import two_level
+from .. import process_sets
 from ..exchange import Collectives
 
 
@@ -56,5 +56,5 @@ def node_process_sets(ranks_per_node: Optional[int] = None) -> list:
     """The process sets of two-level compression (``intra_node=``), to register on every rank:
     ``hvd.init(process_sets=hvdcompress.torch.node_process_sets())``. Computed from horovodrun's
     HOROVOD_SIZE / HOROVOD_LOCAL_SIZE before ``hvd.init`` (``ranks_per_node`` overrides the local
-    size, e.g. to emulate nodes on one machine); see :mod:`hvdcompress.two_level`."""
-    return two_level.node_process_sets(hvd, ranks_per_node)
+    size, e.g. to emulate nodes on one machine); see :mod:`hvdcompress.process_sets`."""
+    return process_sets.node_process_sets(hvd, ranks_per_node)

@@ -214,11 +214,18 @@ def test_tape_clip_grad_norm_and_process_set_exclusion():
         assert cases["tf_after"][r]["total"] == 1.0
 
 
-def test_ranks_that_disagree_get_a_clear_error_at_the_first_exchange():
-    """Rank agreement on TF (tape and Keras): variables, shapes and compressor, one launch."""
+@pytest.fixture(scope="module")
+def mismatch_launch() -> dict:
+    """tests/hvd/tf_mismatch.py's records: case -> [rank 0's, rank 1's] error or weights."""
     cases: dict = {}
-    for r in run_horovod("tf_mismatch.py", np=2, timeout=300):
-        cases.setdefault(r["case"], []).append(r["error"])
+    for r in sorted(run_horovod("tf_mismatch.py", np=2, timeout=300), key=lambda r: r["rank"]):
+        cases.setdefault(r["case"], []).append(r.get("error", r.get("weights")))
+    return cases
+
+
+def test_ranks_that_disagree_get_a_clear_error_at_the_first_exchange(mismatch_launch):
+    """Rank agreement on TF (tape and Keras): variables, shapes and compressor, one launch."""
+    cases = mismatch_launch
     for front in ("tape", "keras"):
         for case, message in (("extra_variable", "ranks disagree on params"),
                               ("shape", "ranks disagree on params"),
@@ -226,3 +233,15 @@ def test_ranks_that_disagree_get_a_clear_error_at_the_first_exchange():
             errors = cases[f"{front}.{case}"]
             assert len(errors) == 2 and all(e and message in e for e in errors), (front, case, errors)
         assert cases[f"{front}.same"] == [None, None]
+
+
+def test_local_variables_keep_their_own_gradient(mismatch_launch):
+    """register_local_source (tape) / register_local_var (Keras): TopK(2) of a constant vector
+    sends its first 2 elements, so w's mean gradient is 1.5 there and 0 elsewhere (plus the
+    residual-free TopK), while h steps by its own c_r = rank + 1 on every element; the replica
+    guard (check_replicas=1) ignores h."""
+    for front in ("tape", "keras"):
+        for r, weights in enumerate(mismatch_launch[f"{front}.local"]):
+            for step, (w, h) in enumerate(weights, start=1):
+                assert w == [-1.5 * step, -1.5 * step, 0.0, 0.0], (front, r, w)
+                assert h == [-(r + 1.0) * step] * 4, (front, r, h)

@@ -129,6 +129,16 @@ class GradientExchange:
                                                ranks=getattr(ps, "ranks", None))
         self.replicas = _CHECKS[self.state]
         self.replicas.every = core.check_replicas
+        self.local: dict = {}   # id -> variable whose gradient stays this rank's own
+
+    def register_local(self, variable: Any) -> None:
+        """Keep ``variable``'s gradient local: not exchanged, clipped or checked across ranks
+        (Horovod's ``register_local_var`` / ``register_local_source``: e.g. a per-rank head)."""
+        if self.adam_settings is not None:
+            raise ValueError("register_local_var with the Adam take-over (FrozenAdam): the exchange "
+                             "updates the variables itself, so a local variable would not be "
+                             "updated; use a compressor without FrozenAdam")
+        self.local[id(variable)] = variable
 
     # ---- entry point --------------------------------------------------------------------------
     @tf.autograph.experimental.do_not_convert  # plain Python on Python values: nothing to convert
@@ -138,9 +148,19 @@ class GradientExchange:
         is the exchanged gradient (warm-up) or momentum (after the freeze).
 
         On a rank outside the process set: its own gradients, untouched, with no collective
-        (as Horovod does)."""
+        (as Horovod does); the same for the sources registered as local (:meth:`register_local`)."""
         if not self.options.process_set.included():
             return list(grads)
+        local = [i for i, s in enumerate(sources) if id(s) in self.local]
+        if not local:
+            return self._shared(grads, sources)
+        out = self._shared([None if i in local else g for i, g in enumerate(grads)], sources)
+        for i in local:
+            out[i] = grads[i]
+        return out
+
+    def _shared(self, grads: Sequence[Any], sources: Sequence[Any]) -> list:
+        """The exchange of ``grads`` with ``clip_grad_norm`` before or after it (None kept)."""
         c = self.core.clip_grad_norm
         if c is None:
             return self._reduce(grads, sources)
@@ -152,7 +172,8 @@ class GradientExchange:
     def _reduce(self, grads: Sequence[Any], sources: Sequence[Any]) -> list:
         """The exchange of ``grads`` (see :meth:`__call__`)."""
         names = source_names(sources)
-        variables = sorted(((n, s) for n, s in zip(names, sources) if hasattr(s, "assign")),
+        variables = sorted(((n, s) for n, s in zip(names, sources)
+                            if hasattr(s, "assign") and id(s) not in self.local),
                            key=lambda pair: pair[0])
         out = list(grads)
         dense = []

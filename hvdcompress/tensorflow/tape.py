@@ -35,6 +35,10 @@ class _DistributedGradientTape:
         flat = self.exchange(tf.nest.flatten(grads), tf.nest.flatten(sources))
         return tf.nest.pack_sequence_as(grads, flat)
 
+    def register_local_source(self, source) -> None:
+        """Keep ``source``'s gradient this rank's own: not averaged over ranks (Horovod's API)."""
+        self.exchange.register_local(source)
+
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             device_sparse: str = "", compression: Any = None,

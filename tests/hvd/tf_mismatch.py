@@ -1,5 +1,6 @@
 """TF: ranks that disagree on variables or compression get a clear error at the first exchange
-(tape and Keras optimizer), not a hang; every case in one launch."""
+(tape and Keras optimizer), not a hang; local variables (register_local_source /
+register_local_var) keep their own gradient and stay out of the replica guard. One launch."""
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
@@ -37,3 +38,27 @@ for front in ("tape", "keras"):
             result(rank, case=f"{front}.{case}", error=None)
         except ValueError as e:
             result(rank, case=f"{front}.{case}", error=str(e))
+
+
+# local variables: w is shared, h is this rank's own; gradients c_r = rank + 1 for both
+for front in ("tape", "keras"):
+    comp = hc.TopK(2)
+    w, h = tf.Variable(tf.zeros([4]), name="w"), tf.Variable(tf.zeros([4]), name="h")
+    opt = hvk.DistributedOptimizer(tf.keras.optimizers.SGD(1.0), compression=comp, check_replicas=1)
+    if front == "keras":
+        opt.register_local_var(h)
+    seen = []
+    for step in range(3):  # check_replicas=1: h differs across ranks, and must not trip the guard
+        c = tf.fill([4], float(rank + 1))
+        if front == "tape":
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(w * c) + tf.reduce_sum(h * c)
+            tape = hvt.DistributedGradientTape(tape, compression=comp, check_replicas=1)
+            tape.register_local_source(h)
+            gw, gh = tape.gradient(loss, [w, h])
+            w.assign_sub(gw)
+            h.assign_sub(gh)
+        else:
+            opt.apply_gradients([(c, w), (c, h)])
+        seen.append([w.numpy().tolist(), h.numpy().tolist()])
+    result(rank, case=f"{front}.local", weights=seen)

@@ -168,6 +168,10 @@ class _DistributedOptimizer:
             return step() if bool(ready) else tf.constant(False)
         return tf.cond(ready, step, lambda: tf.constant(False))
 
+    def register_local_var(self, var) -> None:
+        """Keep ``var``'s gradient this rank's own: not averaged over ranks (Horovod's API)."""
+        self._hvdc_exchange.register_local(var)
+
     @property
     def compression_bytes(self):
         """This rank's dense versus sent bytes: ``(last step, total)`` :class:`ByteCount`."""

@@ -13,17 +13,17 @@ warm-up, steps t <= T0 (full precision, exactly Adam on the averaged gradient)::
     every rank sends its gradient g_r dense (allreduce);  g = mean_r g_r
     m <- b1·m + (1-b1)·g;   v <- b2·v + (1-b2)·g²
 
-after the freeze, t > T0 (v kept as it was at T0)::
+after the freeze, t > T0 (v kept as it was at T0), ``send="gradient"`` (the default): each
+rank's gradient is compressed by the wrapped compressor (with its error feedback: the residual
+lives in gradient space) and the momentum is formed from the exchanged mean, as in the warm-up::
 
-    m_r = b1·m + (1-b1)·g_r          each rank's own momentum, compressed by the wrapped compressor
-                                      (with its error feedback: the residual lives in m-space)
-    m <- mean_r D(C(m_r))             the exchange (allgather, compressed allreduce, two-level...)
+    g = mean_r D(C(g_r))              the exchange (allgather, compressed allreduce, two-level...)
+    m <- b1·m + (1-b1)·g
 
-or, with ``send="gradient"``, after the freeze each rank's gradient is compressed instead (its
-error feedback in gradient space) and the momentum is formed from the exchanged mean, as in the
-warm-up but with v frozen::
+or, with ``send="momentum"`` (1-bit Adam's placement), each rank's own momentum is compressed
+(the residual lives in m-space)::
 
-    g = mean_r D(C(g_r));   m <- b1·m + (1-b1)·g
+    m_r = b1·m + (1-b1)·g_r;   m <- mean_r D(C(m_r))
 
 then in both phases, as torch.optim.Adam/AdamW (bias corrections with v's at T0 once frozen)::
 
@@ -32,7 +32,7 @@ then in both phases, as torch.optim.Adam/AdamW (bias corrections with v's at T0 
 Adam's own (L2) weight decay adds λ·w to the exchanged gradient (to m, times 1-b1, after the
 freeze): it is the same on every rank, so it is added exactly instead of being compressed.
 Since m is the same on every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression
-both phases are Adam.
+both placements, and both phases, are Adam.
 
 ``clip_grad_norm`` (the wrappers'): during the warm-up the exchanged mean is the gradient, so
 the torch optimizer clips it after the exchange, as Horovod's pattern does; after the freeze
@@ -40,11 +40,13 @@ each rank clips its own gradient to c·sqrt(N) before forming m_r (the local cli
 compressor that carries state, :mod:`hvdcompress.clipping`). The TF wrappers clip locally
 throughout (the choice is made when the graph is traced).
 
-Which to send: the momentum (1-bit Adam's choice) carries 1/(1-b1) = 10 steps of gradient in
-each message, so the compression error relative to the signal is smaller for a sign or a
-low-rank code; for a sparsifier the momentum of the unsent 99% decays by b1 each step while
-the residual holds it, and sending the gradient keeps one residual in one space
-(benchmarks/README.md section 8 measures both).
+Which to send: measured on two byte-level language models (benchmarks/README.md section 8),
+sending the gradient is as good or better for every compressor: with the momentum sent, the
+exchanged m replaces every rank's m, so the compression error of one step stays in m and is
+then amplified by 1/sqrt(v) for 1/(1-b1) steps, and a sparsifier's unsent coordinates see
+their momentum decay by b1 each step while the residual holds their mass; with the gradient
+sent, the error goes through m's low-pass once, and error feedback repays it in the space it
+was made in (top-k: +0.091 -> +0.027, PowerSGD +0.068 -> -0.002 on the LSTM).
 
 The trade-off: T0 steps at full precision (dense bytes), then the wrapped compressor's bytes;
 too early a freeze keeps a v estimated from few gradients. The default T0 is
@@ -67,8 +69,8 @@ from .compressor import Compressor, Packet, TensorInfo
 from .memory import Decorator
 from .validation import check_int
 
-#: what each rank compresses after the freeze
-SEND = ("momentum", "gradient")
+#: what each rank compresses after the freeze (the first: the default)
+SEND = ("gradient", "momentum")
 
 #: the param-group keys of torch.optim.Adam/AdamW that the take-over refuses when set
 UNSUPPORTED = {"amsgrad": False, "maximize": False}
@@ -105,15 +107,15 @@ class FrozenAdam(Decorator):
     ``inner``: any compressor that does not apply momentum itself (onebit, EF-signSGD, top-k,
     random-k, int8, the quantisers, PowerSGD; with ``ErrorFeedback`` where it keeps no residual
     of its own). ``freeze_steps``: T0, the full-precision warm-up; None: ``ceil(0.25 / (1-b2))``.
-    ``send``: what each rank compresses after the freeze, ``"momentum"`` (1-bit Adam) or
-    ``"gradient"``. From strings: ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen",
+    ``send``: what each rank compresses after the freeze, ``"gradient"`` (default) or
+    ``"momentum"`` (1-bit Adam's placement). From strings: ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen",
     "freeze_steps": "100", "adam_send": "gradient"}``.
     """
 
     takes_over_adam = True
 
     def __init__(self, inner: Compressor, freeze_steps: Optional[int] = None,
-                 send: str = "momentum"):
+                 send: str = "gradient"):
         super().__init__(inner)
         if send not in SEND:
             raise ValueError(f"FrozenAdam: send={send!r}; allowed: {', '.join(map(repr, SEND))}")
@@ -156,8 +158,8 @@ class FrozenAdam(Decorator):
     # ---- the wrapper's side ---------------------------------------------------------------
     def before_exchange(self, ops: Ops, x: Tensor, state: dict, settings: AdamSettings,
                         param: Tensor) -> Tensor:
-        """What this rank exchanges for the local gradient ``x`` (flat): ``x`` in the warm-up,
-        its momentum b1·m + (1-b1)·x after the freeze. ``state`` is the whole tensor's (m and v
+        """What this rank exchanges for the local gradient ``x`` (flat): ``x``, except after the
+        freeze with ``send="momentum"``: its momentum b1·m + (1-b1)·x. ``state`` is the whole tensor's (m and v
         are created there on first use), not a segment's or a shard's."""
         for key in ("adam.m", "adam.v"):
             if key not in state:

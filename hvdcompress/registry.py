@@ -14,7 +14,7 @@ Values may be strings (as from a command line or a config file) or typed. Keys:
   and ``momentum_mu`` their ``momentum``.
 * ``adam``: ``"none"`` or ``"frozen"`` (wrap in :class:`~hvdcompress.adam.FrozenAdam`, outermost:
   the Adam/AdamW take-over), with ``freeze_steps`` (default: ``ceil(0.25 / (1 - beta2))``) and
-  ``adam_send``: what is compressed after the freeze, ``"momentum"`` (default) or ``"gradient"``.
+  ``adam_send``: what is compressed after the freeze, ``"gradient"`` (default) or ``"momentum"``.
 * ``seed``: the seed of compressors that draw random numbers; checked and unused by the others.
 
 BytePS's keys are read as the same keys, so a BytePS config works unchanged:
@@ -259,7 +259,7 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
     if momentum != "none":
         compressor = Momentum(compressor, mu=mu, nesterov=momentum == "nesterov")
     if adam == "frozen":
-        compressor = FrozenAdam(compressor, freeze_steps=freeze, send=send or "momentum")
+        compressor = FrozenAdam(compressor, freeze_steps=freeze, send=send or SEND[0])
     return compressor
 
 

@@ -59,12 +59,13 @@ def clipped(x: np.ndarray, limit: float) -> np.ndarray:
 
 def reference(steps: int, freeze: int, lr: float, b1: float, b2: float, wd: float, decoupled: bool,
               exchange=None, eps: float = 1e-8, clip: float | None = None,
-              send: str = "momentum") -> list:
+              send: str = "gradient") -> list:
     """Weights after each step of the take-over on WORLD ranks (module doc of hvdcompress.adam):
     dense mean gradient for t <= freeze (clipped after the exchange to ``clip``), then
     ``exchange`` (default: the exact mean) of every rank's b1*m + (1-b1)*g_r (g_r clipped to
-    clip*sqrt(WORLD) first); Adam's L2 decay added after the exchange. ``send="gradient"``:
-    after the freeze ``exchange`` takes every rank's g_r and m is formed from its result."""
+    clip*sqrt(WORLD) first); Adam's L2 decay added after the exchange. ``send="gradient"``
+    (FrozenAdam's default): after the freeze ``exchange`` takes every rank's g_r and m is formed
+    from its result."""
     f32 = np.float32
     w = np.linspace(-1, 1, N, dtype=np.float32)
     m, v = np.zeros(N, f32), np.zeros(N, f32)

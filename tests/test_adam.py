@@ -30,9 +30,9 @@ def test_without_compression_it_is_adamw_then_adamw_with_v_frozen(runs):
 
 
 @pytest.mark.horovod
-def test_onebit_with_error_feedback_after_the_freeze_matches_numpy(runs):
+def test_onebit_sending_the_momentum_after_the_freeze_matches_numpy(runs):
     want = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
-                               exchange=allgather_exchange))
+                               exchange=allgather_exchange, send="momentum"))
     for r in range(WORLD):
         got = np.array(runs["onebit"][r]["weights"], dtype=np.float32)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -44,11 +44,11 @@ def test_onebit_with_error_feedback_after_the_freeze_matches_numpy(runs):
 
 
 @pytest.mark.horovod
-def test_sending_the_gradient_after_the_freeze_matches_numpy(runs):
+def test_sending_the_gradient_after_the_freeze_by_default_matches_numpy(runs):
     want = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
                               exchange=allgather_exchange, send="gradient"))
     momentum = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
-                                  exchange=allgather_exchange))
+                                  exchange=allgather_exchange, send="momentum"))
     assert np.abs(want - momentum).max() > 1e-4  # the two placements differ
     for r in range(WORLD):
         np.testing.assert_allclose(np.array(runs["gradient"][r]["weights"], dtype=np.float32), want,
@@ -75,7 +75,7 @@ def test_state_dict_resume_continues_exactly(runs):
 def test_compressed_allreduce_with_worker_and_server_residuals_matches_numpy(runs):
     """1-bit Adam's exchange: error feedback on both sides of the compressed allreduce."""
     want = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
-                              exchange=compressed_allreduce))
+                              exchange=compressed_allreduce, send="momentum"))
     for r in range(WORLD):
         np.testing.assert_allclose(np.array(runs["a2a"][r]["weights"], dtype=np.float32), want,
                                    rtol=1e-5, atol=1e-6)
@@ -118,7 +118,7 @@ def test_dgc_next_to_adam_warns_that_its_momentum_correction_is_sgds(hvc):
     ({"compressor": "onebit", "adam": "frozen", "freeze_steps": "-1"}, "freeze_steps"),
     ({"compressor": "onebit", "adam_send": "gradient"}, "adam_send='gradient' without adam"),
     ({"compressor": "onebit", "adam": "frozen", "adam_send": "both"},
-     "adam_send='both' is unknown; allowed: 'momentum', 'gradient'"),
+     "adam_send='both' is unknown; allowed: 'gradient', 'momentum'"),
 ])
 def test_from_params_errors(params, message):
     with pytest.raises(ValueError, match=message):
@@ -130,9 +130,9 @@ def test_from_params_and_default_freeze_point():
     assert isinstance(c, hc.FrozenAdam) and isinstance(c.inner, hc.ErrorFeedback)
     assert c.freeze_point(0.999) == 250 and c.freeze_point(0.99) == 25
     assert hc.from_params({"compressor": "int8", "adam": "frozen", "freeze_steps": "7"}).freeze_point(0.999) == 7
-    assert c.send == "momentum"
-    assert hc.from_params({"compressor": "int8", "adam": "frozen", "adam_send": "gradient"}).send == "gradient"
-    with pytest.raises(ValueError, match="FrozenAdam: send='m'; allowed: 'momentum', 'gradient'"):
+    assert c.send == "gradient" and hc.FrozenAdam(hc.OneBit()).send == "gradient"
+    assert hc.from_params({"compressor": "int8", "adam": "frozen", "adam_send": "momentum"}).send == "momentum"
+    with pytest.raises(ValueError, match="FrozenAdam: send='m'; allowed: 'gradient', 'momentum'"):
         hc.FrozenAdam(hc.OneBit(), send="m")
     c.on_step()
     restored = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})

@@ -627,6 +627,20 @@ def test_fill_at_matches_numpy_and_checks_bounds(ops):
         assert torch.equal(tx, before)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])  # float64: the framework's own ops
+def test_fill_at_non_finite_only_fills_only_nan_and_inf(ops, dtype):
+    """DGC's momentum without masking: of the sent elements, only the non-finite are cleared."""
+    x = data(70001, 64).astype(dtype)
+    x[[3, 10, 20, 30]] = [np.nan, np.inf, -np.inf, -0.0]
+    idx = np.array([3, 10, 20, 30, 40, 3, 50000], np.int64)  # a repeated index
+    want = x.copy()
+    want[[3, 10, 20]] = 0.0
+    tx = t(x)
+    got = ops.fill_at(tx, t(idx), 0.0, non_finite_only=True)
+    np.testing.assert_array_equal(got.numpy(), want)
+    assert got.data_ptr() == tx.data_ptr()
+
+
 @pytest.mark.parametrize("n,ranks", [(1, 1), (13, 2), (70001, 3)])
 def test_bf16_sum_matches_numpy(ops, n, ranks):
     rng = np.random.default_rng(70 + n)

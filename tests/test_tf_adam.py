@@ -23,8 +23,10 @@ def runs():
 def test_keras_adamw_take_over_matches_numpy_eager_and_in_a_tf_function(runs):
     plain = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True))
     onebit = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=True,
-                                exchange=allgather_exchange))
-    for case, want, steps in (("none", plain, 6), ("onebit", onebit, 5), ("function", onebit, 5)):
+                                exchange=allgather_exchange, send="momentum"))
+    gradient = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=True,
+                                  exchange=allgather_exchange, send="gradient"))
+    for case, want, steps in (("none", plain, 6), ("onebit", onebit, 5), ("function", gradient, 5)):
         for r in range(WORLD):
             seen = runs[case][r]
             np.testing.assert_allclose(np.array(seen["weights"], dtype=np.float32), want, rtol=1e-5, atol=1e-6,

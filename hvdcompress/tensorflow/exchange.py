@@ -271,7 +271,7 @@ class GradientExchange:
                 if params[i] is not None:
                     info.param = tf.reshape(tf.convert_to_tensor(params[i]), [-1])
                 x = tf.reshape(grads[i], [-1])
-                if adam is not None:  # each rank's momentum after the freeze (hvdcompress.adam)
+                if adam is not None:  # the gradient or momentum to send (hvdcompress.adam)
                     x = adam.before_exchange(OPS, x, self.state.tensor(info.name), settings, info.param)
                     info.dense = not adam.frozen(settings)
                 if factor != 1.0:

@@ -234,7 +234,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grad = grad.to_dense()
         info = self._info(p)
         x = grad.reshape(-1)
-        if self._adam is not None:  # the Adam take-over: each rank's momentum after the freeze
+        if self._adam is not None:  # the Adam take-over: the gradient or momentum to send
             settings = adam_settings(self._param_group[p])
             x = self._adam.before_exchange(_OPS, x, self._tensor_state[info.name], settings,
                                            p.detach().reshape(-1))

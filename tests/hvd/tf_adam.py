@@ -3,8 +3,8 @@ under horovodrun: apply_gradients with the exact gradient c_r of loss = sum(w * 
 recomputes every step in numpy, tests/adam_reference.py). Cases, each reporting every step's w:
 
 "none":     FrozenAdam(NoCompression, freeze 3), Keras AdamW, 6 eager steps
-"onebit":   FrozenAdam(ErrorFeedback(OneBit), freeze 2), Keras AdamW, 5 eager steps
-"function": "onebit" with apply_gradients inside a tf.function
+"onebit":   FrozenAdam(ErrorFeedback(OneBit), freeze 2, send="momentum"), Keras AdamW, 5 eager steps
+"function": the same with the default send="gradient", apply_gradients inside a tf.function
 """
 import horovod.tensorflow as hvd
 import numpy as np
@@ -40,7 +40,7 @@ def run(compression, lr, b1, b2, wd, steps, function=False) -> tuple:
 
 weights, iterations = run(hc.FrozenAdam(hc.NoCompression(), freeze_steps=3), 0.01, 0.9, 0.99, 0.1, 6)
 result(rank, case="none", weights=weights, iterations=iterations)
-for name, function in (("onebit", False), ("function", True)):
-    weights, iterations = run(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2),
+for name, function, send in (("onebit", False, "momentum"), ("function", True, "gradient")):
+    weights, iterations = run(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2, send=send),
                               0.01, 0.8, 0.95, 0.05, 5, function)
     result(rank, case=name, weights=weights, iterations=iterations)

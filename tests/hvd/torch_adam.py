@@ -5,10 +5,11 @@ step in numpy). Cases, each reporting every step's weights:
 "none":   FrozenAdam(NoCompression, freeze 3), AdamW, 6 steps (equals Adam with v frozen at 3)
 "torch":  plain torch AdamW through the optimizer with no compression (the reference for "none"
           before the freeze)
-"onebit": FrozenAdam(ErrorFeedback(OneBit), freeze 2), Adam with L2 weight decay, 5 steps
+"onebit": FrozenAdam(ErrorFeedback(OneBit), freeze 2, send="momentum"), Adam with L2 weight
+          decay, 5 steps
 "resume": "onebit" for 3 steps, state_dict() into a new optimizer, 2 more steps
 "a2a":    the compressed allreduce (collective='alltoall') of "onebit", 5 steps
-"gradient": "onebit" with send="gradient" (each rank's gradient compressed after the freeze)
+"gradient": "onebit" with the default send="gradient" (each rank's gradient compressed after the freeze)
 "clip":   "none" with clip_grad_norm=5 (Horovod's clip in the warm-up, the local one after)
 """
 import horovod.torch as hvd
@@ -57,7 +58,7 @@ result(rank, case="torch", weights=train(model, opt, 6))
 
 
 def onebit():
-    return hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2)
+    return hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2, send="momentum")
 
 
 model, opt = make(onebit(), kind="adam")
@@ -75,7 +76,7 @@ with torch.no_grad():
 opt2.load_state_dict(saved)
 result(rank, case="resume", weights=first + train(model2, opt2, 2, first=3))
 
-model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2, send="gradient"), kind="adam")
+model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2), kind="adam")  # default send
 result(rank, case="gradient", weights=train(model, opt, 5))
 
 model, opt = make(onebit(), kind="adam", collective="alltoall")

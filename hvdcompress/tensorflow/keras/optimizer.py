@@ -20,7 +20,7 @@ with momentum is an error (momentum would apply twice). Other optimizers are lef
 
 Adam taken over: with :class:`hvdcompress.FrozenAdam` around the compressor and a Keras ``Adam``
 or ``AdamW``, the exchange updates the variables itself (:mod:`hvdcompress.adam`: a
-full-precision warm-up, then each rank's momentum compressed, v frozen), reading the learning
+full-precision warm-up, then each rank's gradient compressed, v frozen), reading the learning
 rate (or schedule), betas, epsilon and the decoupled weight decay of the wrapped optimizer; the
 wrapped optimizer's own step is not run (its ``iterations`` still count the steps), and m and v
 live in the compressor state, checkpointed with the optimizer.

@@ -129,3 +129,18 @@ def test_keras_clipping_without_state_or_with_clip_grad_norm_does_not_warn():
                                   compression=hvdcompress.FP16())
         hvck.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=hvdcompress.DGC(0.99),
                                   clip_grad_norm=1.0)
+
+
+def test_gradient_accumulator_restarts_from_zeros_after_a_step():
+    """backward_passes_per_step: an inf of one aggregation cycle does not reach the next
+    (Horovod's test_grad_aggregation_with_inf_grad)."""
+    import numpy as np
+    from hvdcompress.tensorflow.keras.optimizer import GradientAccumulator
+    acc = GradientAccumulator(2, average=True)
+    assert not bool(acc.add([tf.constant([np.inf, 1.0])]))
+    assert bool(acc.add([tf.constant([1.0, 1.0])]))
+    first = acc.take()[0].numpy()
+    assert np.isinf(first[0]) and first[1] == 1.0
+    acc.add([tf.constant([2.0, 2.0])])
+    assert bool(acc.add([tf.constant([4.0, 0.0])]))
+    np.testing.assert_array_equal(acc.take()[0].numpy(), [3.0, 1.0])

@@ -215,17 +215,17 @@ def test_tape_clip_grad_norm_and_process_set_exclusion():
 
 
 @pytest.fixture(scope="module")
-def mismatch_launch() -> dict:
-    """tests/hvd/tf_mismatch.py's records: case -> [rank 0's, rank 1's] error or weights."""
+def front_end() -> dict:
+    """tests/hvd/tf_front_end.py's records: case -> [rank 0's, rank 1's] error or weights."""
     cases: dict = {}
-    for r in sorted(run_horovod("tf_mismatch.py", np=2, timeout=300), key=lambda r: r["rank"]):
+    for r in sorted(run_horovod("tf_front_end.py", np=2, timeout=300), key=lambda r: r["rank"]):
         cases.setdefault(r["case"], []).append(r.get("error", r.get("weights")))
     return cases
 
 
-def test_ranks_that_disagree_get_a_clear_error_at_the_first_exchange(mismatch_launch):
+def test_ranks_that_disagree_get_a_clear_error_at_the_first_exchange(front_end):
     """Rank agreement on TF (tape and Keras): variables, shapes and compressor, one launch."""
-    cases = mismatch_launch
+    cases = front_end
     for front in ("tape", "keras"):
         for case, message in (("extra_variable", "ranks disagree on params"),
                               ("shape", "ranks disagree on params"),
@@ -235,13 +235,24 @@ def test_ranks_that_disagree_get_a_clear_error_at_the_first_exchange(mismatch_la
         assert cases[f"{front}.same"] == [None, None]
 
 
-def test_local_variables_keep_their_own_gradient(mismatch_launch):
+def test_local_variables_keep_their_own_gradient(front_end):
     """register_local_source (tape) / register_local_var (Keras): TopK(2) of a constant vector
     sends its first 2 elements, so w's mean gradient is 1.5 there and 0 elsewhere (plus the
     residual-free TopK), while h steps by its own c_r = rank + 1 on every element; the replica
     guard (check_replicas=1) ignores h."""
     for front in ("tape", "keras"):
-        for r, weights in enumerate(mismatch_launch[f"{front}.local"]):
+        for r, weights in enumerate(front_end[f"{front}.local"]):
             for step, (w, h) in enumerate(weights, start=1):
                 assert w == [-1.5 * step, -1.5 * step, 0.0, 0.0], (front, r, w)
                 assert h == [-(r + 1.0) * step] * 4, (front, r, h)
+
+
+def test_gradient_aggregation_counts_iterations_and_applies_every_fourth_call(front_end):
+    """Horovod's test_gradient_aggregation: after call i (1-based) with 4 passes per step,
+    k = i // 4 steps have run: x = -k·s, y = [1 + k·s, 2] with s = 1 (averaged) or 4 (summed);
+    iterations = i."""
+    for average, s in ((True, 1.0), (False, 4.0)):
+        for weights in front_end[f"aggregate.{average}"]:
+            for i, (x, y0, y1, iterations) in enumerate(weights, start=1):
+                k = i // 4
+                assert (x, y0, y1, iterations) == (-k * s, 1 + k * s, 2.0, i), (average, i)

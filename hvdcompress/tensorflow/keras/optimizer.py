@@ -27,7 +27,9 @@ live in the compressor state, checkpointed with the optimizer.
 
 ``backward_passes_per_step=N``: gradients are summed locally in variables (averaged if
 ``average_aggregated_gradients``) and exchanged and applied on every N-th call only, as in
-Horovod. IndexedSlices are densified for that.
+Horovod; ``iterations`` counts every call, as Horovod's does, and the sums restart from zeros
+after each step (an inf or NaN of one cycle does not reach the next). IndexedSlices are
+densified for that.
 
 Compressor state (residuals, momenta, velocities, DGC's counters) is tracked by the optimizer,
 so ``tf.train.Checkpoint(optimizer=opt)`` and TF-format ``model.save_weights`` capture it.
@@ -164,9 +166,13 @@ class _DistributedOptimizer:
             self._hvdc_apply(self._hvdc_accumulator.take(), variables, args, kwargs)
             return tf.constant(True)
 
+        def accumulate():  # as Horovod: iterations counts every pass (schedules read it)
+            self.iterations.assign_add(1)
+            return tf.constant(False)
+
         if tf.executing_eagerly():
-            return step() if bool(ready) else tf.constant(False)
-        return tf.cond(ready, step, lambda: tf.constant(False))
+            return step() if bool(ready) else accumulate()
+        return tf.cond(ready, step, accumulate)
 
     def register_local_var(self, var) -> None:
         """Keep ``var``'s gradient this rank's own: not averaged over ranks (Horovod's API)."""

@@ -1,6 +1,13 @@
-"""TF: ranks that disagree on variables or compression get a clear error at the first exchange
-(tape and Keras optimizer), not a hang; local variables (register_local_source /
-register_local_var) keep their own gradient and stay out of the replica guard. One launch."""
+"""The TF front end's behaviours that Horovod's own Keras tests check, in one launch:
+
+* ranks that disagree on variables or compression get a clear error at the first exchange
+  (tape and Keras optimizer), not a hang;
+* local variables (register_local_source / register_local_var) keep their own gradient and
+  stay out of the replica guard;
+* backward_passes_per_step=4 with average_aggregated_gradients on and off, with an
+  IndexedSlices gradient, inside a tf.function (Horovod's test_gradient_aggregation): the
+  weights after every call and ``iterations``, which counts every call.
+"""
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
@@ -62,3 +69,23 @@ for front in ("tape", "keras"):
             opt.apply_gradients([(c, w), (c, h)])
         seen.append([w.numpy().tolist(), h.numpy().tolist()])
     result(rank, case=f"{front}.local", weights=seen)
+
+
+# gradient aggregation (Horovod's test_gradient_aggregation): loss = x - y[0], SGD(1.0)
+for average in (True, False):
+    x, y = tf.Variable([0.0]), tf.Variable([1.0, 2.0])
+    opt = hvk.DistributedOptimizer(tf.keras.optimizers.SGD(1.0), compression=hc.FP16(),
+                                   backward_passes_per_step=4, average_aggregated_gradients=average)
+
+    @tf.function
+    def train():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(x - tf.gather(y, [0]))  # IndexedSlices gradient for y
+        grads = tape.gradient(loss, [x, y])
+        opt.apply_gradients(zip(grads, [x, y]))
+
+    seen = []
+    for _ in range(10):
+        train()
+        seen.append([float(x.numpy()[0]), *map(float, y.numpy()), int(opt.iterations.numpy())])
+    result(rank, case=f"aggregate.{average}", weights=seen)

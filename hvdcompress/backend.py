@@ -98,13 +98,10 @@ class Ops(ABC):
         tensor, zeros plus ``values`` added at the int64 ``indices`` (repeats sum)."""
 
     @abstractmethod
-    def fill_at(self, x: Tensor, indices: Tensor, value: float) -> Tensor:
-        """``x`` with ``x[indices] = value``; may work in place and return ``x``."""
-
-    @abstractmethod
-    def put(self, x: Tensor, indices: Tensor, values: Tensor) -> Tensor:
-        """``x`` with ``x[indices] = values`` (same dtype; a repeated index must carry one value);
-        may work in place and return ``x``."""
+    def fill_at(self, x: Tensor, indices: Tensor, value: float, non_finite_only: bool = False) -> Tensor:
+        """``x`` with ``x[indices] = value``, or with ``non_finite_only`` only where
+        ``x[indices]`` is NaN or ±Inf (kernels.h ``fill_at`` for float32); may work in place and
+        return ``x``."""
 
     @abstractmethod
     def concat(self, xs: Sequence[Tensor]) -> Tensor: ...

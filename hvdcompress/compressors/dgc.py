@@ -117,11 +117,7 @@ class MomentumCorrection(SparsityWarmup, SparseCompressor):
         masking, from the momentum; without masking, clear only the non-finite ones there (O(k),
         no host read)."""
         ops.write(state, "velocity", ops.fill_at(v, indices, 0.0))
-        if self.masking:
-            ops.write(state, "momentum", ops.fill_at(u, indices, 0.0))
-        else:
-            sent = ops.gather(u, indices)
-            ops.write(state, "momentum", ops.put(u, indices, ops.zero_non_finite(sent)))
+        ops.write(state, "momentum", ops.fill_at(u, indices, 0.0, non_finite_only=not self.masking))
 
 
 class DGC(MomentumCorrection):
@@ -170,17 +166,18 @@ class DGC(MomentumCorrection):
         values, indices = tensors
         return super().decompress(ops, [ops.cast(values, ctx), indices], ctx, info, out)
 
-    def adapt(self, ops: Ops, v32: Tensor, threshold: Scalar, k: int) -> Scalar:
-        """The sampled threshold adapted to the count it selects: while that count is below
-        ``lower·k`` (or above ``upper·k`` without ``resample``) the threshold is scaled by
-        ``lower`` (``upper``) and the count taken again, at most ``max_adaptation_iters`` times.
+    def adapt(self, ops: Ops, v32: Tensor, threshold: Scalar, count: int, k: int) -> Scalar:
+        """The sampled threshold adapted to the count it selects (``count``, known from its
+        selection): while that count is below ``lower·k`` (or above ``upper·k`` without
+        ``resample``) the threshold is scaled by ``lower`` (``upper``) and the count taken again,
+        at most ``max_adaptation_iters`` times. Returns ``threshold`` itself when ``count`` is
+        in range.
 
         On the host (the C++ kernels' Python numbers) the loop stops at the first count in
-        range. On a device the threshold and the counts are 0-d tensors and the loop is restated
-        without a host read: every iteration runs, and once a count is in range the threshold
-        and count are frozen (``active`` stays false), which gives the host loop's result at
-        the price of ``max_adaptation_iters`` counting passes instead of usually one."""
-        count = ops.count_ge(v32, threshold)
+        range. On a device the later thresholds and counts are 0-d tensors and the loop is
+        restated without a host read: every iteration runs, and once a count is in range the
+        threshold and count are frozen (``active`` stays false), which gives the host loop's
+        result at the price of ``max_adaptation_iters`` counting passes instead of usually one."""
         active = True
         for _ in range(self.max_adaptation_iters):
             too_many = (count > k * self.upper) & (not self.resample)
@@ -211,10 +208,15 @@ class DGC(MomentumCorrection):
             threshold = ops.cast(threshold, "float64")  # (rounded to float32 where compared, as in C++)
         # NaNs fill the sample's top: send the non-finite elements
         threshold = ops.choose(threshold != threshold, math.inf, threshold)
-        if sampled and self.max_adaptation_iters:
-            threshold = self.adapt(ops, v32, threshold, k)
+        # Select first: the selection's size (a host read on a device) is the count that adapt
+        # starts from, so no counting pass precedes the selection; a second selection (and host
+        # read) only when that count was out of range.
         values, indices = ops.select_ge(v32, threshold)
-        count = ops.numel(values)  # the selection's size: the one host read on a device
+        if sampled and self.max_adaptation_iters:
+            adapted = self.adapt(ops, v32, threshold, ops.numel(values), k)
+            if adapted is not threshold:
+                values, indices = ops.select_ge(v32, adapted)
+        count = ops.numel(values)
         if sampled and self.resample and count > k * self.upper:
             values, best = ops.topk_abs(values, k)
             indices = ops.gather(indices, best)

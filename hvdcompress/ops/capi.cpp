@@ -141,8 +141,8 @@ int hvdc_lowrank_residual(const float* m, const float* p, const float* q, int64_
   return guarded([&] { hvdc::lowrank_residual(m, p, q, rows, cols, r, out); });
 }
 
-int hvdc_fill_at(float* x, int64_t n, const int64_t* indices, int64_t m, float value) {
-  return guarded([&] { hvdc::fill_at(x, n, indices, m, value); });
+int hvdc_fill_at(float* x, int64_t n, const int64_t* indices, int64_t m, float value, int non_finite_only) {
+  return guarded([&] { hvdc::fill_at(x, n, indices, m, value, non_finite_only != 0); });
 }
 
 int hvdc_scatter_add_i32(const float* values, const int32_t* indices, int64_t m, int64_t n, float* out) {

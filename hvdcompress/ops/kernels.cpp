@@ -1006,10 +1006,17 @@ void topk_abs(const float* x, int64_t n, int64_t k, float* values, int64_t* indi
   });
 }
 
-void fill_at(float* x, int64_t n, const int64_t* indices, int64_t m, float value) {
+void fill_at(float* x, int64_t n, const int64_t* indices, int64_t m, float value, bool non_finite_only) {
   check_indices("fill_at", indices, m, n);
   parallel_for(m, 1, [&](int64_t b, int64_t e) {
-    for (int64_t j = b; j < e; ++j) x[indices[j]] = value;
+    if (non_finite_only) {
+      for (int64_t j = b; j < e; ++j) {
+        float& target = x[indices[j]];
+        if (!(target - target == 0.0f)) target = value;  // NaN or +-inf
+      }
+    } else {
+      for (int64_t j = b; j < e; ++j) x[indices[j]] = value;
+    }
   });
 }
 

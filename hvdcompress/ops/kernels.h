@@ -9,7 +9,8 @@
 //
 // Conventions
 //  * Inputs are float32, contiguous; n is the element count. Output buffers are given by the
-//    caller and have the sizes stated; no function allocates more than O(threads * 2048) words.
+//    caller and have the sizes stated; no function allocates more than O(threads * 2048) words
+//    unless its entry says so.
 //  * Work is split over OpenMP threads when compiled with OpenMP (serial otherwise).
 //  * Packed codes: a byte holds 8/bits codes, the FIRST element in the HIGHEST bits
 //    (numpy.packbits order; MXNet's 2-bit order). A payload of n codes of `bits` bits takes
@@ -162,9 +163,10 @@ void lowrank_project_back(const float* m, const float* p, int64_t rows, int64_t 
 void lowrank_residual(const float* m, const float* p, const float* q, int64_t rows, int64_t cols,
                       int64_t r, float* out);
 
-// x[indices[j]] = value for j = 0..m-1 (e.g. clearing the sent elements of DGC's velocity).
+// x[indices[j]] = value for j = 0..m-1 (e.g. clearing the sent elements of DGC's velocity); with
+// non_finite_only, for the j where x[indices[j]] is NaN or +-inf (DGC's momentum without masking).
 // Throws std::out_of_range before writing if an index is outside [0, n).
-void fill_at(float* x, int64_t n, const int64_t* indices, int64_t m, float value);
+void fill_at(float* x, int64_t n, const int64_t* indices, int64_t m, float value, bool non_finite_only);
 
 // out[0..n) = 0, then out[indices[j]] += values[j] for j = 0..m-1 in order. Throws
 // std::out_of_range (naming the first bad position) before writing if an index is outside [0, n).

@@ -61,7 +61,7 @@ _SIGNATURES = {
     "lowrank_project": [_P, _P, _P, _I64, _I64, _I64, _P, _P],
     "lowrank_project_back": [_P, _P, _I64, _I64, _I64, _P],
     "lowrank_residual": [_P, _P, _P, _I64, _I64, _I64, _P],
-    "fill_at": [_P, _I64, _P, _I64, _F32],
+    "fill_at": [_P, _I64, _P, _I64, _F32, ctypes.c_int],
     "scatter_add_i32": [_P, _P, _I64, _I64, _P],
     "scatter_add_i64": [_P, _P, _I64, _I64, _P],
 }
@@ -316,8 +316,10 @@ def topk_abs(x: Array, k: int) -> Tuple[Array, Array]:
 
 
 # ---- state updates --------------------------------------------------------------------------
-def fill_at(x: Array, indices: Array, value: float, out: Optional[Array] = None) -> Array:
-    """``x`` with ``x[indices] = value``, in ``out`` (which may be ``x``; None: a copy of ``x``)."""
+def fill_at(x: Array, indices: Array, value: float, out: Optional[Array] = None,
+            non_finite_only: bool = False) -> Array:
+    """``x`` with ``x[indices] = value`` (only where ``x[indices]`` is not finite when
+    ``non_finite_only``), in ``out`` (which may be ``x``; None: a copy of ``x``)."""
     _buf(x, np.float32, "x")
     if out is None:
         out = empty(x.size, np.float32)
@@ -326,7 +328,7 @@ def fill_at(x: Array, indices: Array, value: float, out: Optional[Array] = None)
         _buf(_writable(out, "out"), np.float32, "out", x.size)
         out[...] = x
     _call("fill_at", _writable(out, "x").ctypes.data, x.size, _buf(indices, np.int64, "indices"),
-          indices.size, value)
+          indices.size, value, int(non_finite_only))
     return out
 
 

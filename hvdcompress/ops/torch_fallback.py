@@ -280,12 +280,16 @@ def sparse_sum(n: int, indices: Tensor, values: Tensor, out: Optional[Tensor] = 
     return _output(out, n, values.device).index_add_(0, indices.long(), values)
 
 
-def fill_at(x: Tensor, indices: Tensor, value: float, out: Optional[Tensor] = None) -> Tensor:
+def fill_at(x: Tensor, indices: Tensor, value: float, out: Optional[Tensor] = None,
+            non_finite_only: bool = False) -> Tensor:
     bad = torch.nonzero((indices < 0) | (indices >= x.numel())).view(-1)
     if bad.numel():
         j = int(bad[0])
         raise IndexError(f"fill_at: index {int(indices[j])} at position {j} is outside [0, {x.numel()})")
     target = x.clone() if out is None else _into(out, x) if out is not x else x
+    if non_finite_only:
+        sent = target[indices]
+        return target.index_put_((indices,), torch.where(torch.isfinite(sent), sent, value))
     return target.index_fill_(0, indices, value)
 
 

@@ -117,14 +117,15 @@ class TFOps(Ops):
     def _scatter_add(self, n: int, indices: Tensor, values: Tensor) -> Tensor:
         return tf.tensor_scatter_nd_add(tf.zeros([n], values.dtype), tf.expand_dims(indices, 1), values)
 
-    def fill_at(self, x: Tensor, indices: Tensor, value: float) -> Tensor:
+    def fill_at(self, x: Tensor, indices: Tensor, value: float, non_finite_only: bool = False) -> Tensor:
+        indices = _as_int64(indices)
         if self._is_flat_float32(x):
-            return self._impl(x).fill_at(x, _as_int64(indices), float(value))
+            return self._impl(x).fill_at(x, indices, float(value), non_finite_only=non_finite_only)
         fill = tf.fill(tf.shape(indices), tf.constant(value, x.dtype))
-        return tf.tensor_scatter_nd_update(x, tf.expand_dims(_as_int64(indices), 1), fill)
-
-    def put(self, x: Tensor, indices: Tensor, values: Tensor) -> Tensor:
-        return tf.tensor_scatter_nd_update(x, tf.expand_dims(_as_int64(indices), 1), values)
+        if non_finite_only:
+            sent = tf.gather(x, indices)
+            fill = tf.where(tf.math.is_finite(sent), sent, fill)
+        return tf.tensor_scatter_nd_update(x, tf.expand_dims(indices, 1), fill)
 
     def concat(self, xs: Sequence[Tensor]) -> Tensor:
         return tf.concat(list(xs), 0)

@@ -181,13 +181,15 @@ class TorchOps(Ops):
         out = torch.zeros(n, dtype=values.dtype, device=values.device)
         return out.index_add_(0, indices, values)
 
-    def fill_at(self, x, indices, value):
+    def fill_at(self, x, indices, value, non_finite_only=False):
         indices = indices.long()
         if self._is_flat_float32(x):
-            return self._impl(x).fill_at(x, indices.contiguous(), float(value), out=x)
+            return self._impl(x).fill_at(x, indices.contiguous(), float(value), out=x,
+                                         non_finite_only=non_finite_only)
+        if non_finite_only:
+            sent = x[indices]
+            return x.index_copy_(0, indices, torch.where(torch.isfinite(sent), sent, value))
         return x.index_fill_(0, indices, value)
-
-    def put(self, x, indices, values): return x.index_copy_(0, indices.long(), values)
 
     def concat(self, xs: Sequence[Any]): return torch.cat(list(xs))
 

@@ -96,10 +96,23 @@ def np_topk(c: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+def cases_of(records: list) -> dict:
+    """case -> that case's records, in rank order."""
+    out: dict = {}
+    for r in sorted(records, key=lambda r: r["rank"]):
+        out.setdefault(r["case"], []).append(r)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sparse_sums() -> dict:
+    return cases_of(run_horovod("tf_sparse_sum.py"))
+
+
 @pytest.mark.parametrize("op", ["average", "sum"])
-def test_topk_allgather_equals_hand_computed_sum(op):
+def test_topk_allgather_equals_hand_computed_sum(sparse_sums, op):
     n, k = 1000, 50
-    results = run_horovod("tf_sparse_sum.py", args=["--case", "topk", "--numel", n, "--topk", k, "--op", op])
+    results = sparse_sums[f"topk.{op}"]
     c = [np.random.default_rng(10 + r).standard_normal(n).astype(np.float32) for r in range(2)]
     expected = np_topk(c[0], k) + np_topk(c[1], k)
     if op == "average":
@@ -109,8 +122,8 @@ def test_topk_allgather_equals_hand_computed_sum(op):
         assert r["bytes"]["sent"] == k * (4 + 4) and r["bytes"]["dense"] == n * 4
 
 
-def test_indexed_slices_pass_through_uncompressed():
-    results = run_horovod("tf_sparse_sum.py", args=["--case", "slices"])
+def test_indexed_slices_pass_through_uncompressed(sparse_sums):
+    results = sparse_sums["slices"]
     expected = np.zeros((10, 4), np.float32)
     for rank in range(2):
         for row in (rank, 3, 3):  # rank r looks up rows [r, 3, 3] with weight r + 1
@@ -121,8 +134,13 @@ def test_indexed_slices_pass_through_uncompressed():
         np.testing.assert_array_equal(np.asarray(r["grad"], np.float32), expected)
 
 
-def test_exponential_warmup_per_epoch_reaches_the_logs():
-    results = run_horovod("tf_warmup.py", args=["--schedule", "exp", "--epochs", 5])
+@pytest.fixture(scope="module")
+def warmups() -> dict:
+    return cases_of(run_horovod("tf_warmup.py"))
+
+
+def test_exponential_warmup_per_epoch_reaches_the_logs(warmups):
+    results = warmups["exp"]
     expected = [1 - 0.001 ** ((e + 1) / 3) for e in range(3)] + [0.999, 0.999]
     for r in results:
         np.testing.assert_allclose(r["sparsity"], expected, rtol=1e-6)  # Horovod's
@@ -132,8 +150,8 @@ def test_exponential_warmup_per_epoch_reaches_the_logs():
     assert results[0]["weights"] == results[1]["weights"]
 
 
-def test_list_warmup_per_step_reaches_the_logs():
-    results = run_horovod("tf_warmup.py", args=["--schedule", "list", "--epochs", 5])
+def test_list_warmup_per_step_reaches_the_logs(warmups):
+    results = warmups["list"]
     sparsities, begin, length = [0.5, 0.75, 0.9], 2, 3
 
     def at(t):  # Paddle's rampup: dense before begin, the list walked over length steps
@@ -147,8 +165,13 @@ def test_list_warmup_per_step_reaches_the_logs():
     assert results[0]["weights"] == results[1]["weights"]
 
 
-def test_checkpoint_round_trip_restores_compressor_state(tmp_path):
-    results = run_horovod("tf_state.py", args=["--case", "checkpoint", "--dir", tmp_path])
+@pytest.fixture(scope="module")
+def states(tmp_path_factory) -> dict:
+    return cases_of(run_horovod("tf_state.py", args=["--dir", tmp_path_factory.mktemp("ckpt")]))
+
+
+def test_checkpoint_round_trip_restores_compressor_state(states):
+    results = states["checkpoint"]
     for r in results:
         assert all(v > 0 for v in r["saved"].values()), "nothing to restore: state is zero"
         assert r["saved_counters"]["step"] == 3
@@ -157,8 +180,8 @@ def test_checkpoint_round_trip_restores_compressor_state(tmp_path):
         assert r["resumed_without_state"] != r["continued"], "control: state made no difference"
 
 
-def test_tf_function_step_does_not_retrace_on_sparsity_or_lr_change():
-    results = run_horovod("tf_state.py", args=["--case", "retrace"])
+def test_tf_function_step_does_not_retrace_on_sparsity_or_lr_change(states):
+    results = states["retrace"]
     for r in results:
         assert r["traces"] == [r["traces"][0]] * 4, r["traces"]  # no trace after the first call
         assert r["sparsities"] == [1 - 0.5 ** 0.5, 0.5, 0.99, 0.99]

@@ -1,9 +1,10 @@
-"""Compressor state across a checkpoint, and tracing of a tf.function step.
+"""Compressor state across a checkpoint, and tracing of a tf.function step; both cases in one
+launch (``--dir``: where the checkpoint goes), reported with case=:
 
---case checkpoint: train 3 steps (Keras DistributedOptimizer, SGD momentum taken over by DGC),
+checkpoint: train 3 steps (Keras DistributedOptimizer, SGD momentum taken over by DGC),
   save a tf.train.Checkpoint, train 2 more; then rebuild everything fresh, restore, train the
   same 2 steps. Prints both final weights and the saved / restored compressor state.
---case retrace: a tf.function step with the tape; between calls change the DGC sparsity, the
+retrace: a tf.function step with the tape; between calls change the DGC sparsity, the
   warm-up epoch and the learning rate. Prints the number of traces and the bytes sent per call.
 """
 import argparse
@@ -78,7 +79,7 @@ def checkpoint(rank: int, directory: str) -> None:
     train_step = trainer(model3, opt3)
     for step in range(3, 5):
         train_step(*batch(rank, step))
-    result(rank, saved=saved, saved_counters=saved_counters, restored_counters=dgc2.state_dict(),
+    result(rank, case="checkpoint", saved=saved, saved_counters=saved_counters, restored_counters=dgc2.state_dict(),
            continued_counters=dgc.state_dict(), continued=continued,
            resumed=model2.get_weights()[0].ravel().tolist(),
            resumed_without_state=model3.get_weights()[0].ravel().tolist())
@@ -112,20 +113,17 @@ def retrace(rank: int) -> None:
         traces.append(len(exchanges))
         sent.append(exchanges[-1].last_step_bytes.sent)
         weights.append(float(tf.reduce_sum(w)))
-    result(rank, traces=traces, sparsities=sparsities, sent=sent, weights=weights,
+    result(rank, case="retrace", traces=traces, sparsities=sparsities, sent=sent, weights=weights,
            step=dgc.state_dict()["step"])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--case", choices=["checkpoint", "retrace"], required=True)
-    ap.add_argument("--dir", default="")
+    ap.add_argument("--dir", required=True)
     args = ap.parse_args()
     hvd.init()
-    if args.case == "checkpoint":
-        checkpoint(hvd.rank(), args.dir)
-    else:
-        retrace(hvd.rank())
+    checkpoint(hvd.rank(), args.dir)
+    retrace(hvd.rank())
 
 
 if __name__ == "__main__":

@@ -1,11 +1,10 @@
 """model.fit with DGC and SparsityWarmupCallback; print the per-epoch logs.
 
---schedule exp:  ExponentialWarmup(3) over epochs, target 0.999
---schedule list: ListWarmup([0.5, 0.75, 0.9], begin=2, length=3, unit="step"), 2 steps/epoch
+Runs, each 5 epochs, reported with case=:
+exp:  ExponentialWarmup(3) over epochs, target 0.999
+list: ListWarmup([0.5, 0.75, 0.9], begin=2, length=3, unit="step"), 2 steps/epoch
 On Keras 2, Horovod's own BroadcastGlobalVariablesCallback and MetricAverageCallback run beside it.
 """
-import argparse
-
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
@@ -17,13 +16,7 @@ from hvdcompress import DGC, ExponentialWarmup, ListWarmup
 KERAS2 = int(tf.keras.__version__.split(".")[0]) < 3 if hasattr(tf.keras, "__version__") else True
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--schedule", choices=["exp", "list"], required=True)
-    ap.add_argument("--epochs", type=int, default=5)
-    args = ap.parse_args()
-    hvd.init()
-    rank = hvd.rank()
+def run(rank: int, schedule_name: str, epochs: int = 5) -> None:
     rng = np.random.default_rng(rank)
     x = rng.standard_normal((32, 64)).astype(np.float32)
     y = rng.standard_normal((32, 64)).astype(np.float32)
@@ -31,7 +24,7 @@ def main() -> None:
     dgc = DGC(0.999, min_numel=0)
     opt = hvck.DistributedOptimizer(tf.keras.optimizers.SGD(0.01, momentum=0.9), compression=dgc)
     model.compile(opt, "mse", jit_compile=False)
-    if args.schedule == "exp":
+    if schedule_name == "exp":
         schedule = ExponentialWarmup(3)
     else:
         schedule = ListWarmup([0.5, 0.75, 0.9], begin=2, length=3, unit="step")
@@ -44,13 +37,15 @@ def main() -> None:
                       hvdk.callbacks.MetricAverageCallback()]
     else:
         callbacks.append(hvck.callbacks.BroadcastGlobalVariablesCallback(0))
-    history = model.fit(x, y, batch_size=16, epochs=args.epochs, shuffle=False, verbose=0,
+    history = model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
                         callbacks=callbacks)
-    result(rank, sparsity=[float(s) for s in history.history["sparsity"]],
+    result(rank, case=schedule_name, sparsity=[float(s) for s in history.history["sparsity"]],
            sent=[int(s) for s in history.history["sent"]],
            dense=opt.compression_bytes[0].dense, keras2=KERAS2,
            weights=float(np.sum(model.get_weights()[0])))
 
 
 if __name__ == "__main__":
-    main()
+    hvd.init()
+    for name in ("exp", "list"):
+        run(hvd.rank(), name)

@@ -73,16 +73,31 @@ def test_error_feedback_loses_nothing():
         assert r["max_error"] < 1e-5      # ...and nothing was lost
 
 
-@pytest.mark.parametrize("case,np,keys", [
-    ("dgc_sampled_warmup", 2, []), ("topk_ef_nesterov", 2, []), ("randomk_ef", 2, []),
+RESUME = {  # case: (ranks, state keys it must have)
+    "dgc_sampled_warmup": (2, []), "topk_ef_nesterov": (2, []), "randomk_ef": (2, []),
     # the compressed allreduce's client residual per segment and server residual (issue 12.1)
-    ("onebit_ef_alltoall", 3, ["seg0.residual", "seg1.residual", "seg2.residual", "sum.residual"]),
+    "onebit_ef_alltoall": (3, ["seg0.residual", "seg1.residual", "seg2.residual", "sum.residual"]),
     # two-level, 2 nodes x 2: the shard's compressed allreduce across the nodes, under cross.
-    ("two_level_onebit_ef", 4, ["cross.seg0.residual", "cross.seg1.residual", "cross.sum.residual"]),
-])
-def test_state_dict_round_trip_gives_the_same_next_steps(case, np, keys):
-    results = run_horovod("torch_resume.py", np=np, args=[case])
-    assert len(results) == np
+    "two_level_onebit_ef": (4, ["cross.seg0.residual", "cross.seg1.residual", "cross.sum.residual"]),
+}
+
+
+@pytest.fixture(scope="module")
+def resumes() -> dict:
+    """tests/hvd/torch_resume.py's records by case: one launch per rank count."""
+    out: dict = {}
+    for np_ in sorted({n for n, _ in RESUME.values()}):
+        cases = ",".join(c for c, (n, _) in RESUME.items() if n == np_)
+        for r in run_horovod("torch_resume.py", np=np_, args=[cases], timeout=300):
+            out.setdefault(r["case"], []).append(r)
+    return out
+
+
+@pytest.mark.parametrize("case", list(RESUME))
+def test_state_dict_round_trip_gives_the_same_next_steps(resumes, case):
+    np_, keys = RESUME[case]
+    results = resumes[case]
+    assert len(results) == np_
     for r in results:
         assert r["diff"] == 0.0, r
         assert r["diff_without_state"] > 1e-6, "the compressor state made no difference"

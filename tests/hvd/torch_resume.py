@@ -1,6 +1,7 @@
 """A state_dict round trip mid-training gives the same next steps as no round trip.
 
-argv[1] names a case: the compressor and the optimizer's keyword arguments. The compressed
+argv[1] names the cases to run, comma-separated: each a compressor and the optimizer's keyword
+arguments; every case is reported with case=. The compressed
 allreduce cases keep their error-feedback residuals per segment (``seg<j>.residual``) and of
 the reduced segment (``sum.residual``), under ``cross.`` for two-level (np=4, 2 ranks per
 node, whose process sets are registered at hvd.init)."""
@@ -30,13 +31,14 @@ OPTIONS = {  # the optimizer's keyword arguments besides compression=
     "two_level_onebit_ef": lambda: {"collective": "alltoall", "intra_node": hvdcompress.FP16(),
                                     "ranks_per_node": 2},
 }
-case = sys.argv[1]
-per_node = OPTIONS.get(case, dict)().get("ranks_per_node")
+cases = sys.argv[1].split(",")
+per_node = next((OPTIONS[c]()["ranks_per_node"] for c in cases
+                 if "ranks_per_node" in OPTIONS.get(c, dict)()), None)
 hvd.init(process_sets=hvc.node_process_sets(ranks_per_node=per_node) if per_node else None)
 torch.set_num_threads(1)
 
 
-def make(model):
+def make(model, case: str):
     return hvc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                     named_parameters=model.named_parameters(),
                                     compression=CASES[case](), **OPTIONS.get(case, dict)())
@@ -52,25 +54,30 @@ def run(model, opt, chunk):
         opt.step()
 
 
-model = mlp(seed=3)
-opt = make(model)
-run(model, opt, data[:4])
-saved_model = copy.deepcopy(model.state_dict())
-saved_opt = copy.deepcopy(opt.state_dict())
-run(model, opt, data[4:])
-straight = flat(model).clone()
+def round_trip(case: str) -> None:
+    model = mlp(seed=3)
+    opt = make(model, case)
+    run(model, opt, data[:4])
+    saved_model = copy.deepcopy(model.state_dict())
+    saved_opt = copy.deepcopy(opt.state_dict())
+    run(model, opt, data[4:])
+    straight = flat(model).clone()
 
-resumed = mlp(seed=11)  # different init: everything must come from the checkpoint
-resumed.load_state_dict(saved_model)
-opt2 = make(resumed)
-opt2.load_state_dict(saved_opt)
-run(resumed, opt2, data[4:])
+    resumed = mlp(seed=11)  # different init: everything must come from the checkpoint
+    resumed.load_state_dict(saved_model)
+    opt2 = make(resumed, case)
+    opt2.load_state_dict(saved_opt)
+    run(resumed, opt2, data[4:])
 
-fresh = mlp(seed=11)  # the same restart without compressor state must differ
-fresh.load_state_dict(saved_model)
-opt3 = make(fresh)
-opt3.load_state_dict({k: v for k, v in saved_opt.items() if k != "hvdcompress"})
-run(fresh, opt3, data[4:])
-result(hvd.rank(), diff=float((straight - flat(resumed)).abs().max()),
-       diff_without_state=float((straight - flat(fresh)).abs().max()),
-       state_keys=sorted(saved_opt["hvdcompress"]["tensors"]["0.weight"]))
+    fresh = mlp(seed=11)  # the same restart without compressor state must differ
+    fresh.load_state_dict(saved_model)
+    opt3 = make(fresh, case)
+    opt3.load_state_dict({k: v for k, v in saved_opt.items() if k != "hvdcompress"})
+    run(fresh, opt3, data[4:])
+    result(hvd.rank(), case=case, diff=float((straight - flat(resumed)).abs().max()),
+           diff_without_state=float((straight - flat(fresh)).abs().max()),
+           state_keys=sorted(saved_opt["hvdcompress"]["tensors"]["0.weight"]))
+
+
+for case in cases:
+    round_trip(case)

@@ -154,12 +154,15 @@ def half_cast(x: Tensor, bf16: bool) -> Tensor:
     """The framework's round-to-nearest-even cast, with kernels.h's NaN bits on every device (a
     framework's own NaN bits vary: torch's CPU bfloat16 gives 0xFFFF, TensorFlow's 0x7FC0 or
     0xFFC0)."""
-    bits = x.view(torch.int32)
-    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    nan = torch.isnan(x)
     if bf16:
-        return torch.where(nan, -1, x.to(torch.bfloat16).view(torch.int16))
-    quiet = ((bits >> 16) & 0x8000) | 0x7E00 | ((bits >> 13) & 0x3FF)
-    return torch.where(nan, quiet.to(torch.int16), x.to(torch.float16).view(torch.int16))
+        return x.to(torch.bfloat16).view(torch.int16).masked_fill_(nan, -1)
+    # For the NaNs: their sign and top 10 payload bits on the exponent of 2^15 (bits & 0x807FE000,
+    # written as an int32, | 0x47000000) convert exactly on every device, to sign | 0x7800 |
+    # payload; | 0x0600 then adds the exponent's last bit and the quiet bit.
+    payload = (x.view(torch.int32) & -0x7F802000).bitwise_or_(0x47000000).view(torch.float32)
+    quiet = payload.to(torch.float16).view(torch.int16).bitwise_or_(0x0600)
+    return torch.where(nan, quiet, x.to(torch.float16).view(torch.int16))
 
 
 def _output(out: Optional[Tensor], n: int, device) -> Tensor:

@@ -16,6 +16,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .ops import counter_hash
+
 Tensor = Any
 #: A scalar: a Python number, or a 0-d / 1-element tensor on the data's device.
 Scalar = Any
@@ -428,15 +430,7 @@ class Ops(ABC):
         copied to the device (no device read); a backend may compute them on the device (torch
         does)."""
         self._check_range("shared_indices: k", k, 0, n)
-        j = np.arange(k, dtype=np.uint64)
-        low32 = np.uint64(0xFFFFFFFF)
-        h = (j * np.uint64(0x9E3779B1) + np.uint64(key & 0xFFFFFFFF)) & low32
-        for shift, multiplier in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
-            h = ((h ^ (h >> np.uint64(shift))) * np.uint64(multiplier)) & low32
-        u24 = (h ^ (h >> np.uint64(16))) >> np.uint64(8)
-        lo = j * np.uint64(n) // np.uint64(k) if k else j
-        size = (j + np.uint64(1)) * np.uint64(n) // np.uint64(max(k, 1)) - lo
-        return self.from_numpy((lo + ((u24 * size) >> np.uint64(24))).astype(np.int64), like)
+        return self.from_numpy(counter_hash.stratified(np.arange(k, dtype=np.int64), n, k, key), like)
 
     def _scalar_arg(self, impl: Any, value: Scalar) -> Scalar:
         """A scalar argument for ``impl``: kept as a device tensor for an implementation that

@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import counter_hash
 from .layout import SHIFTS, packed_bytes
 
 Tensor = torch.Tensor
@@ -46,33 +47,16 @@ def _finite_or_zero(x: Tensor) -> Tensor:
     return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
 
 
-_GOLDEN, _M1, _M2, _LOW32 = 0x9E3779B1, 0x85EBCA6B, 0xC2B2AE35, 0xFFFFFFFF
-
-
-def _mul32(h: Tensor, c: int) -> Tensor:
-    """``h * c mod 2^32`` for int64 ``h`` in [0, 2^32), without int64 overflow: with
-    h = hi * 2^16 + lo, the product is lo * c + ((hi * c) mod 2^16) * 2^16 (mod 2^32)."""
-    lo, hi = h & 0xFFFF, h >> 16
-    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & _LOW32
-
-
 def uniform24(n: int, key: int, device) -> Tensor:
-    """kernels.h's uniforms as 24-bit integers (int64): for element i,
-    ``fmix32(uint32(i) * 0x9E3779B1 + key) >> 8``, fmix32 being MurmurHash3's finaliser."""
-    h = (_mul32(torch.arange(n, dtype=torch.int64, device=device) & _LOW32, _GOLDEN) + (key & _LOW32)) & _LOW32
-    h = _mul32(h ^ (h >> 16), _M1)
-    h = _mul32(h ^ (h >> 13), _M2)
-    return (h ^ (h >> 16)) >> 8
+    """kernels.h's uniforms as 24-bit integers (int64) of elements 0..n-1, on ``device``
+    (:mod:`hvdcompress.ops.counter_hash`)."""
+    return counter_hash.uniform24(torch.arange(n, dtype=torch.int64, device=device), key)
 
 
 def shared_indices(n: int, k: int, key: int, device) -> Tensor:
-    """``k`` distinct indices of [0, n), ascending int64, one per stratum: stratum j is
-    [lo_j, lo_{j+1}) with lo_j = floor(j·n/k), and its index is
-    ``lo_j + (uniform24(j, key) · size_j) >> 24``. O(k) integer arithmetic on ``device``, so
-    every device, rank and path gives the same set."""
-    j = torch.arange(k, dtype=torch.int64, device=device)
-    lo = j * n // k
-    return lo + ((uniform24(k, key, device) * ((j + 1) * n // k - lo)) >> 24)
+    """RandomK's ``k`` indices of [0, n), one per stratum, on ``device``
+    (:func:`hvdcompress.ops.counter_hash.stratified`)."""
+    return counter_hash.stratified(torch.arange(k, dtype=torch.int64, device=device), n, k, key)
 
 
 def _uniform(n: int, key: int, device) -> Tensor:

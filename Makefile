@@ -17,7 +17,7 @@ demo: setup
 	PATH=$(VENV)/bin:$$PATH $(PY) examples/demo.py
 
 test: setup
-	PATH=$(VENV)/bin:$$PATH $(PY) -m pytest -q -p no:cacheprovider tests
+	PATH=$(VENV)/bin:$$PATH $(PY) -m pytest -q -p no:cacheprovider --durations=15 tests
 
 test-unit: setup
 	PATH=$(VENV)/bin:$$PATH $(PY) -m pytest -q -p no:cacheprovider tests -m "not horovod"

@@ -270,14 +270,26 @@ def np_toy_training(cfg: dict, world: int) -> tuple:
     return w, b, sent
 
 
+@pytest.fixture(scope="module")
+def horovod_runs() -> dict:
+    """(script, nesterov) -> the ranks' records: torch's two configs in one launch, TF's in one."""
+    from conftest import run_horovod
+
+    out: dict = {}
+    torch_runs = run_horovod("torch_csc.py", np=2, args=[json.dumps([dict(TOY, nesterov=False),
+                                                                     dict(TOY, nesterov=True)])])
+    for r in torch_runs:
+        out.setdefault(("torch_csc.py", r["run"] == 1), []).append(r)
+    out[("tf_csc.py", True)] = run_horovod("tf_csc.py", np=2, args=[json.dumps(dict(TOY, nesterov=True))])
+    return out
+
+
 @pytest.mark.horovod
 @pytest.mark.parametrize("script,nesterov", [("torch_csc.py", False), ("torch_csc.py", True),
                                              ("tf_csc.py", True)])
-def test_horovod_ranks_end_identical_and_equal_to_numpy(script, nesterov):
-    from conftest import run_horovod
-
+def test_horovod_ranks_end_identical_and_equal_to_numpy(horovod_runs, script, nesterov):
     cfg = dict(TOY, nesterov=nesterov)
-    results = sorted(run_horovod(script, np=2, args=[json.dumps(cfg)]), key=lambda r: r["rank"])
+    results = sorted(horovod_runs[(script, nesterov)], key=lambda r: r["rank"])
     assert [r["rank"] for r in results] == [0, 1]
     w, b, sent = np_toy_training(cfg, world=2)
     assert sent[0] > sent[1] == sent[-1]  # the warm-up sent 8 chunks, then 4

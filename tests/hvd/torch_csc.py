@@ -1,6 +1,7 @@
 """CSC through hvdcompress.torch.DistributedOptimizer under real Horovod.
 
-argv[1]: a JSON config (n, bias, chunk, ratio, min_numel, warmup, steps, lr, mu, nesterov). A
+argv[1]: a JSON list of configs (n, bias, chunk, ratio, min_numel, warmup, steps, lr, mu,
+nesterov), each run in turn and reported with its index as ``run``. A
 weight of ``n`` elements (compressed: two rounds, chunk norms then the chosen chunks) and a bias
 of ``bias`` elements (below min_numel: dense, one round) in one group; torch SGD's momentum is
 taken over by CSC; an exponential warm-up over ``warmup`` steps. Each rank reports its final
@@ -30,10 +31,7 @@ class Toy(torch.nn.Module):
         return (self.w * c).sum() + (self.b * d).sum()
 
 
-def main() -> None:
-    cfg = json.loads(sys.argv[1])
-    hvd.init()
-    torch.set_num_threads(1)
+def train(run: int, cfg: dict) -> None:
     model = Toy(cfg["n"], cfg["bias"])
     csc = hc.CSC(cfg["ratio"], cfg["chunk"], min_numel=cfg["min_numel"],
                  warmup=hc.ExponentialWarmup(cfg["warmup"], unit="step"))
@@ -47,8 +45,11 @@ def main() -> None:
         model(c, d).backward()
         opt.step()
         sent.append(opt.last_step_bytes.sent)
-    result(hvd.rank(), w=model.w.detach().tolist(), b=model.b.detach().tolist(), sent=sent,
+    result(hvd.rank(), run=run, w=model.w.detach().tolist(), b=model.b.detach().tolist(), sent=sent,
            momentum_kept=opt.param_groups[0]["momentum"])
 
 
-main()
+hvd.init()
+torch.set_num_threads(1)
+for i, config in enumerate(json.loads(sys.argv[1])):
+    train(i, config)

@@ -13,7 +13,7 @@ kernels decode into it and the average is applied in place, with no per-step all
 
 Momentum taken over: compressors with ``takes_over_momentum`` (DGC, the Momentum decorator)
 apply the momentum and weight decay themselves; see :mod:`hvdcompress.torch.momentum_takeover`.
-Ranks must agree on what they send: see :mod:`hvdcompress.torch.rank_agreement`.
+Ranks must agree on what they send: see :mod:`hvdcompress.agreement`.
 
 Defined behaviour for unusual gradients:
   * ``p.grad is None`` on this rank at ``synchronize()``: zeros are sent (another rank may have

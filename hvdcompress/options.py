@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .clipping import check_clip_grad_norm, clips_before_exchange
@@ -71,10 +72,11 @@ class Options:
     ranks_per_node: Optional[int] = None
     check_replicas: Optional[int] = None
 
-    @property
+    @cached_property
     def clip_before(self) -> bool:
         """Whether ``clip_grad_norm`` clips each rank's gradients before compression (the local
-        clip, c·sqrt(N)): with a compressor, or a two-level intra-node one, that carries state."""
+        clip, c·sqrt(N)): with a compressor, or a two-level intra-node one, that carries state.
+        Decided once (the torch optimizer asks at every gradient hook)."""
         return self.clip_grad_norm is not None and clips_before_exchange(self.compressor, self.intra_node)
 
     def group_ids(self, names: Sequence[str], name_of: Callable[[Any], Optional[str]]) -> dict:

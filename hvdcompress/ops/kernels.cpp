@@ -100,20 +100,11 @@ inline float float_of(uint32_t u) {
   return v;
 }
 
-inline uint32_t mix32(uint32_t h) {  // MurmurHash3's finaliser
-  h ^= h >> 16;
-  h *= 0x85EBCA6Bu;
-  h ^= h >> 13;
-  h *= 0xC2B2AE35u;
-  h ^= h >> 16;
-  return h;
-}
+// The uniforms of elements i0 + j, j = 0, 1, ... (kernels.h): base = uint32(i0) * kGolden + key,
+// so that vectorised loops keep a 32-bit counter j.
+inline uint32_t block_base(uint32_t key, int64_t i0) { return static_cast<uint32_t>(i0) * kGolden + key; }
 
-// The uniforms of elements i0 + j, j = 0, 1, ...: base = uint32(i0) * 0x9E3779B1 + key, so that
-// vectorised loops keep a 32-bit counter j.
-inline uint32_t block_base(uint32_t key, int64_t i0) { return static_cast<uint32_t>(i0) * 0x9E3779B1u + key; }
-
-inline uint32_t uniform24(uint32_t base, uint32_t j) { return mix32(base + j * 0x9E3779B1u) >> 8; }
+inline uint32_t uniform24(uint32_t base, uint32_t j) { return fmix32(base + j * kGolden) >> 8; }
 
 inline float uniform(uint32_t base, uint32_t j) {
   return static_cast<float>(uniform24(base, j)) * (1.0f / 16777216.0f);
@@ -650,8 +641,6 @@ void scatter_add_impl(const float* values, const Index* indices, int64_t m, int6
 
 int64_t packed_bytes(int64_t n, int bits) { return (n * bits + 7) / 8; }
 
-uint32_t fmix32(uint32_t h) { return mix32(h); }
-
 // ---- signs ------------------------------------------------------------------------------------
 double sign_pack(const float* x, int64_t n, uint8_t* out) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
@@ -1020,11 +1009,11 @@ void fill_at(float* x, int64_t n, const int64_t* indices, int64_t m, float value
   });
 }
 
-void scatter_add(const float* values, const int32_t* indices, int64_t m, int64_t n, float* out) {
+void scatter_add_i32(const float* values, const int32_t* indices, int64_t m, int64_t n, float* out) {
   scatter_add_impl(values, indices, m, n, out);
 }
 
-void scatter_add(const float* values, const int64_t* indices, int64_t m, int64_t n, float* out) {
+void scatter_add_i64(const float* values, const int64_t* indices, int64_t m, int64_t n, float* out) {
   scatter_add_impl(values, indices, m, n, out);
 }
 

@@ -1,11 +1,12 @@
 // hvdcompress kernels: the one C++ source of truth, on raw buffers, and THE specification of
 // every kernel (semantics and byte layouts; the byte layouts are part of the wire format).
 //
-// Framework-agnostic: no torch or TensorFlow header here. capi.cpp exports these functions as a
-// plain C ABI, which hvdcompress/ops/native.py loads with ctypes and calls on numpy views of
-// PyTorch and TensorFlow CPU tensors alike (docs/kernels.md). The only other implementation is
-// the plain-torch one (hvdcompress/ops/torch_fallback.py: other devices, builds without the
-// library), which follows this file bit for bit, random numbers included.
+// Framework-agnostic: no torch or TensorFlow header here. capi.cpp exports the functions listed
+// in HVDC_KERNELS (at the end) as a plain C ABI, which hvdcompress/ops/native.py loads with
+// ctypes and calls on numpy views of PyTorch and TensorFlow CPU tensors alike (docs/kernels.md).
+// The other implementations, plain torch (hvdcompress/ops/torch_fallback.py: other devices,
+// builds without the library) and Triton (triton_kernels.py), follow this file bit for bit,
+// random numbers included.
 //
 // Conventions
 //  * Inputs are float32, contiguous; n is the element count. Output buffers are given by the
@@ -36,9 +37,18 @@ int64_t packed_bytes(int64_t n, int bits);
 
 // ---- random numbers -------------------------------------------------------------------------
 // Counter-based uniform in [0, 1) for element i under a 32-bit key (identical on every thread):
-//   h = fmix32(uint32(i) * 0x9E3779B1 + key);  u = (h >> 8) * 2^-24
-// where fmix32 is MurmurHash3's finaliser. Reproducible from (key, i) alone.
-uint32_t fmix32(uint32_t h);
+//   h = fmix32(uint32(i) * kGolden + key);  u = (h >> 8) * 2^-24
+// where fmix32 is MurmurHash3's finaliser. Reproducible from (key, i) alone. Defined here once
+// for C++; Python's is hvdcompress/ops/counter_hash.py, Triton's triton_kernels._uniform24.
+constexpr uint32_t kGolden = 0x9E3779B1u;
+inline uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  h ^= h >> 16;
+  return h;
+}
 
 // ---- 1 bit: signs ---------------------------------------------------------------------------
 // bit = 1 iff the sign bit of x[i] is clear (+0 -> 1, -0 -> 0). Returns sum |x[i]| (in double;
@@ -170,7 +180,19 @@ void fill_at(float* x, int64_t n, const int64_t* indices, int64_t m, float value
 
 // out[0..n) = 0, then out[indices[j]] += values[j] for j = 0..m-1 in order. Throws
 // std::out_of_range (naming the first bad position) before writing if an index is outside [0, n).
-void scatter_add(const float* values, const int32_t* indices, int64_t m, int64_t n, float* out);
-void scatter_add(const float* values, const int64_t* indices, int64_t m, int64_t n, float* out);
+void scatter_add_i32(const float* values, const int32_t* indices, int64_t m, int64_t n, float* out);
+void scatter_add_i64(const float* values, const int64_t* indices, int64_t m, int64_t n, float* out);
 
 }  // namespace hvdc
+
+// The kernels that capi.cpp exports: for each hvdc::<name> here, a C function generated from its
+// C++ signature (a returned value is written through an extra last pointer argument; argument
+// types: pointers, bool, int, uint32_t, int64_t, float, double). The names are the C functions
+// of hvdcompress/ops/table.py; native.py checks, when it loads the library, that both list the
+// same ones.
+#define HVDC_KERNELS(X)                                                                        \
+  X(sign_pack) X(ef_sign_pack) X(twobit_pack) X(levels_pack) X(ternary_pack) X(natural_pack)  \
+  X(half_cast) X(unpack_sum) X(bf16_sum) X(sign_vote) X(minmax_pack) X(minmax_unpack_sum)     \
+  X(max_abs) X(l2_norm) X(count_ge) X(select_ge) X(sampled_threshold) X(topk_abs)             \
+  X(momentum_correction) X(sub_finite) X(lowrank_project) X(lowrank_project_back)             \
+  X(lowrank_residual) X(fill_at) X(scatter_add_i32) X(scatter_add_i64)

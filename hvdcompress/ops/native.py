@@ -3,15 +3,18 @@
 capi.cpp exports the kernels as a plain C ABI; setup.py compiles it with kernels.cpp into the
 shared library ``hvdcompress/ops/_kernels*.so`` (no framework is needed to build or load it), and
 this module calls it through ctypes, which releases the GIL for the duration of each call. The
-functions take and return C-contiguous numpy arrays; :class:`Bridge` runs them on a framework's
-CPU tensors through zero-copy numpy views (``Tensor.numpy()`` for torch, ``np.asarray`` and
-DLPack for TensorFlow). Semantics: kernels.h; why this design: docs/kernels.md.
+library lists its C functions with their argument types, from which :func:`load` builds the
+ctypes signatures. The functions here take and return C-contiguous numpy arrays; :class:`Bridge`
+runs them on a framework's CPU tensors through zero-copy numpy views (``Tensor.numpy()`` for
+torch, ``np.asarray`` and DLPack for TensorFlow). Semantics: kernels.h; why this design:
+docs/kernels.md.
 
-Function signatures are shared with :mod:`hvdcompress.ops.torch_fallback` (the plain-torch
-implementation): an ``out`` / ``*_out`` argument is an output buffer that may be the input it
-replaces (in place, as torch does) or None (a new array, as TensorFlow needs). The argument checks
-here are the raw-memory boundary's (dtype, contiguity, sizes): they keep a wrong buffer from
-reaching C++. The user-facing checks are :class:`hvdcompress.backend.Ops`'.
+The function signatures are the kernel table's (:mod:`hvdcompress.ops.table`), shared with the
+plain-torch and Triton implementations: an ``out`` / ``*_out`` argument is an output buffer that
+may be the input it replaces (in place, as torch does) or None (a new array, as TensorFlow
+needs). The argument checks here are the raw-memory boundary's (dtype, contiguity, sizes): they
+keep a wrong buffer from reaching C++. The user-facing checks are
+:class:`hvdcompress.backend.Ops`'.
 """
 from __future__ import annotations
 
@@ -19,11 +22,13 @@ import ctypes
 import importlib.machinery
 import os
 import sys
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
+from . import table
 from .layout import packed_bytes
+from .table import implements
 
 Array = np.ndarray
 _ALIGN = 64  # TensorFlow wraps a buffer without copying only when it is this aligned
@@ -34,37 +39,9 @@ _POOL_PER_SIZE = 4
 _POOL_MAX_BYTES = 1 << 30
 _POOL_BYTES = [0]
 
-_P = ctypes.c_void_p
-_I64 = ctypes.c_int64
-_F32 = ctypes.c_float
-_SIGNATURES = {
-    "sign_pack": [_P, _I64, _P, _P],
-    "ef_sign_pack": [_P, _P, _I64, _P, _P, _P],
-    "twobit_pack": [_P, _P, _I64, _F32, _P, _P],
-    "levels_pack": [_P, _I64, _F32, ctypes.c_int, ctypes.c_int, ctypes.c_uint32, _P],
-    "ternary_pack": [_P, _I64, _F32, ctypes.c_uint32, _P],
-    "natural_pack": [_P, _I64, ctypes.c_uint32, _P],
-    "half_cast": [_P, _I64, ctypes.c_int, _P],
-    "unpack_sum": [_P, _I64, ctypes.c_int, _P, _I64, _P],
-    "bf16_sum": [_P, _I64, _I64, _P],
-    "sign_vote": [_P, _I64, _I64, _F32, _P],
-    "minmax_pack": [_P, _I64, _I64, _P, _P],
-    "minmax_unpack_sum": [_P, _P, _I64, _I64, _I64, _P],
-    "max_abs": [_P, _I64, _P],
-    "l2_norm": [_P, _I64, _P],
-    "count_ge": [_P, _I64, _F32, _P],
-    "select_ge": [_P, _I64, _F32, _I64, _P, _P, _P],
-    "sampled_threshold": [_P, _I64, _I64, _I64, _I64, _P],
-    "topk_abs": [_P, _I64, _I64, _P, _P],
-    "momentum_correction": [_P, _P, _P, _I64, _F32, ctypes.c_int, _P, _P],
-    "sub_finite": [_P, _P, _I64, _P],
-    "lowrank_project": [_P, _P, _P, _I64, _I64, _I64, _P, _P],
-    "lowrank_project_back": [_P, _P, _I64, _I64, _I64, _P],
-    "lowrank_residual": [_P, _P, _P, _I64, _I64, _I64, _P],
-    "fill_at": [_P, _I64, _P, _I64, _F32, ctypes.c_int],
-    "scatter_add_i32": [_P, _P, _I64, _I64, _P],
-    "scatter_add_i64": [_P, _P, _I64, _I64, _P],
-}
+#: ctypes types of the argument codes in the library's kernel list (Python struct letters).
+_CTYPES = {"P": ctypes.c_void_p, "?": ctypes.c_bool, "i": ctypes.c_int, "I": ctypes.c_uint32,
+           "q": ctypes.c_int64, "f": ctypes.c_float, "d": ctypes.c_double}
 _ERRORS = {1: ValueError, 2: IndexError}
 
 
@@ -79,28 +56,47 @@ def library_path() -> str:
                       f"{here}); build it with `pip install --no-build-isolation -e .`")
 
 
-def load() -> ctypes.CDLL:
-    """The kernel library with its function signatures set (loaded once); ImportError when it is
-    not built."""
-    if "lib" not in _LIB:
+class _Entry(ctypes.Structure):
+    """capi.cpp's ``hvdc_kernel``: a C function of the library with its argument codes."""
+    _fields_ = [("name", ctypes.c_char_p), ("signature", ctypes.c_char_p), ("function", ctypes.c_void_p)]
+
+
+def load() -> Dict[str, Callable[..., int]]:
+    """The kernel library's C functions by name, with their ctypes signatures (loaded once);
+    ImportError when it is not built or does not export exactly the C functions of
+    :data:`hvdcompress.ops.table.C_FUNCTIONS` (a library built from other sources)."""
+    if "functions" not in _LIB:
         path = library_path()
         try:
             lib = ctypes.CDLL(path)
-        except OSError as exc:
+            listing = lib.hvdc_kernels
+        except (OSError, AttributeError) as exc:
             raise ImportError(f"could not load the C++ kernel library {path}: {exc}") from exc
-        for name, argtypes in _SIGNATURES.items():
-            fn = getattr(lib, "hvdc_" + name)
-            fn.argtypes, fn.restype = argtypes, ctypes.c_int
+        listing.argtypes, listing.restype = [ctypes.POINTER(ctypes.c_int64)], ctypes.POINTER(_Entry)
         lib.hvdc_error.restype = ctypes.c_char_p
+        count = ctypes.c_int64()
+        exported = {e.name.decode(): e for e in listing(ctypes.byref(count))[:count.value]}
+        _check_exports(exported, path)
         _LIB["lib"] = lib
-    return _LIB["lib"]
+        _LIB["functions"] = {
+            name: ctypes.CFUNCTYPE(ctypes.c_int, *(_CTYPES[c] for c in e.signature.decode()))(e.function)
+            for name, e in exported.items()}
+    return _LIB["functions"]
+
+
+def _check_exports(exported: Iterable[str], path: str) -> None:
+    """ImportError unless the library at ``path`` exports exactly the table's C functions."""
+    missing, extra = set(table.C_FUNCTIONS) - set(exported), set(exported) - set(table.C_FUNCTIONS)
+    if missing or extra:
+        raise ImportError(f"the C++ kernel library {path} does not match hvdcompress/ops/table.py "
+                          f"(missing: {sorted(missing)}, not declared: {sorted(extra)}); rebuild "
+                          "it with `pip install --no-build-isolation -e .`")
 
 
 def _call(name: str, *args: Any) -> None:
-    lib = load()
-    status = getattr(lib, "hvdc_" + name)(*args)
+    status = load()[name](*args)
     if status:
-        raise _ERRORS.get(status, RuntimeError)(lib.hvdc_error().decode())
+        raise _ERRORS.get(status, RuntimeError)(_LIB["lib"].hvdc_error().decode())
 
 
 def empty(n: int, dtype: Any) -> Array:
@@ -164,6 +160,7 @@ def _ranks(a: Array, each: int, what: str) -> int:
 
 
 # ---- encoders -------------------------------------------------------------------------------
+@implements
 def sign_pack(x: Array) -> Tuple[Array, Array]:
     total = ctypes.c_double()
     out = empty(packed_bytes(x.size, 1), np.uint8)
@@ -171,6 +168,7 @@ def sign_pack(x: Array) -> Tuple[Array, Array]:
     return out, np.array([total.value / max(1, x.size)], np.float32)
 
 
+@implements
 def ef_sign_pack(x: Array, residual: Array, out: Optional[Array] = None) -> Tuple[Array, Array, Array]:
     res_out = _out(out, x.size, np.float32, "residual out")
     packed, scale = empty(packed_bytes(x.size, 1), np.uint8), ctypes.c_float()
@@ -179,6 +177,7 @@ def ef_sign_pack(x: Array, residual: Array, out: Optional[Array] = None) -> Tupl
     return packed, np.array([scale.value], np.float32), res_out
 
 
+@implements
 def twobit_pack(x: Array, threshold: float, residual: Optional[Array] = None,
                 out: Optional[Array] = None) -> Tuple[Array, Optional[Array]]:
     packed = empty(packed_bytes(x.size, 2), np.uint8)
@@ -189,32 +188,37 @@ def twobit_pack(x: Array, threshold: float, residual: Optional[Array] = None,
     return packed, res_out
 
 
+@implements
 def levels_pack(x: Array, inv: float, levels: int, natural: bool, key: int) -> Array:
     out = empty(x.size, np.uint8)
-    _call("levels_pack", _buf(x, np.float32, "x"), x.size, inv, levels, int(natural), key,
+    _call("levels_pack", _buf(x, np.float32, "x"), x.size, inv, levels, bool(natural), key,
           out.ctypes.data)
     return out
 
 
+@implements
 def ternary_pack(x: Array, inv: float, key: int) -> Array:
     out = empty(packed_bytes(x.size, 2), np.uint8)
     _call("ternary_pack", _buf(x, np.float32, "x"), x.size, inv, key, out.ctypes.data)
     return out
 
 
+@implements
 def natural_pack(x: Array, key: int) -> Array:
     out = empty(x.size, np.uint8)
     _call("natural_pack", _buf(x, np.float32, "x"), x.size, key, out.ctypes.data)
     return out
 
 
+@implements
 def half_cast(x: Array, bf16: bool) -> Array:
     """The bit patterns of ``x`` rounded to binary16 (bfloat16 when ``bf16``), as int16."""
     out = empty(x.size, np.int16)
-    _call("half_cast", _buf(x, np.float32, "x"), x.size, int(bf16), out.ctypes.data)
+    _call("half_cast", _buf(x, np.float32, "x"), x.size, bool(bf16), out.ctypes.data)
     return out
 
 
+@implements
 def minmax_pack(x: Array, chunk: int) -> Tuple[Array, Array]:
     codes, bounds = empty(x.size, np.uint8), empty(2 * -(-x.size // chunk), np.float32)
     _call("minmax_pack", _buf(x, np.float32, "x"), x.size, chunk, codes.ctypes.data,
@@ -223,6 +227,7 @@ def minmax_pack(x: Array, chunk: int) -> Tuple[Array, Array]:
 
 
 # ---- decoders -------------------------------------------------------------------------------
+@implements
 def unpack_sum(packed: Array, n: int, bits: int, tables: Array, out: Optional[Array] = None) -> Array:
     ranks = _ranks(packed, packed_bytes(n, bits), "packed")
     if tables.size != ranks << bits:
@@ -234,6 +239,7 @@ def unpack_sum(packed: Array, n: int, bits: int, tables: Array, out: Optional[Ar
     return out
 
 
+@implements
 def bf16_sum(bits: Array, n: int, out: Optional[Array] = None) -> Array:
     ranks = _ranks(bits, n, "bits")
     out = _out(out, n, np.float32)
@@ -241,6 +247,7 @@ def bf16_sum(bits: Array, n: int, out: Optional[Array] = None) -> Array:
     return out
 
 
+@implements
 def sign_vote(packed: Array, n: int, scale: float, out: Optional[Array] = None) -> Array:
     ranks = _ranks(packed, packed_bytes(n, 1), "packed")
     out = _out(out, n, np.float32)
@@ -248,6 +255,7 @@ def sign_vote(packed: Array, n: int, scale: float, out: Optional[Array] = None) 
     return out
 
 
+@implements
 def minmax_unpack_sum(codes: Array, bounds: Array, n: int, chunk: int,
                       out: Optional[Array] = None) -> Array:
     ranks = _ranks(codes, n, "codes")
@@ -261,6 +269,7 @@ def minmax_unpack_sum(codes: Array, bounds: Array, n: int, chunk: int,
     return out
 
 
+@implements
 def sparse_sum(n: int, indices: Array, values: Array, out: Optional[Array] = None) -> Array:
     if indices.dtype not in (np.int32, np.int64):
         raise TypeError(f"indices must be int32 or int64, got {indices.dtype}")
@@ -272,24 +281,28 @@ def sparse_sum(n: int, indices: Array, values: Array, out: Optional[Array] = Non
 
 
 # ---- reductions and selection -----------------------------------------------------------------
+@implements
 def max_abs(x: Array) -> Array:
     result = ctypes.c_float()
     _call("max_abs", _buf(x, np.float32, "x"), x.size, ctypes.byref(result))
     return np.array(result.value, np.float32)
 
 
+@implements
 def l2_norm(x: Array) -> Array:
     result = ctypes.c_float()
     _call("l2_norm", _buf(x, np.float32, "x"), x.size, ctypes.byref(result))
     return np.array(result.value, np.float32)
 
 
+@implements
 def count_ge(x: Array, threshold: float) -> int:
     result = ctypes.c_int64()
     _call("count_ge", _buf(x, np.float32, "x"), x.size, threshold, ctypes.byref(result))
     return result.value
 
 
+@implements
 def select_ge(x: Array, threshold: float) -> Tuple[Array, Array]:
     """One compaction into a guessed capacity (n / 64), again with the exact count if it was short."""
     cap = min(x.size, max(1024, x.size // 64))
@@ -302,6 +315,7 @@ def select_ge(x: Array, threshold: float) -> Tuple[Array, Array]:
         cap = total.value
 
 
+@implements
 def sampled_threshold(x: Array, start: int, stride: int, top: int) -> float:
     result = ctypes.c_float()
     _call("sampled_threshold", _buf(x, np.float32, "x"), x.size, start, stride, top,
@@ -309,6 +323,7 @@ def sampled_threshold(x: Array, start: int, stride: int, top: int) -> float:
     return result.value
 
 
+@implements
 def topk_abs(x: Array, k: int) -> Tuple[Array, Array]:
     values, indices = empty(k, np.float32), empty(k, np.int64)
     _call("topk_abs", _buf(x, np.float32, "x"), x.size, k, values.ctypes.data, indices.ctypes.data)
@@ -316,6 +331,7 @@ def topk_abs(x: Array, k: int) -> Tuple[Array, Array]:
 
 
 # ---- state updates --------------------------------------------------------------------------
+@implements
 def fill_at(x: Array, indices: Array, value: float, out: Optional[Array] = None,
             non_finite_only: bool = False) -> Array:
     """``x`` with ``x[indices] = value`` (only where ``x[indices]`` is not finite when
@@ -328,10 +344,11 @@ def fill_at(x: Array, indices: Array, value: float, out: Optional[Array] = None,
         _buf(_writable(out, "out"), np.float32, "out", x.size)
         out[...] = x
     _call("fill_at", _writable(out, "x").ctypes.data, x.size, _buf(indices, np.int64, "indices"),
-          indices.size, value, int(non_finite_only))
+          indices.size, value, bool(non_finite_only))
     return out
 
 
+@implements
 def sub_finite(a: Array, b: Array, out: Optional[Array] = None) -> Array:
     out = _out(out, a.size, np.float32)
     _call("sub_finite", _buf(a, np.float32, "a"), _buf(b, np.float32, "b", a.size), a.size,
@@ -339,11 +356,12 @@ def sub_finite(a: Array, b: Array, out: Optional[Array] = None) -> Array:
     return out
 
 
+@implements
 def momentum_correction(g: Array, u: Array, v: Array, mu: float, nesterov: bool,
                         u_out: Optional[Array] = None, v_out: Optional[Array] = None) -> Tuple[Array, Array]:
     u_out, v_out = _out(u_out, g.size, np.float32, "u_out"), _out(v_out, g.size, np.float32, "v_out")
     _call("momentum_correction", _buf(g, np.float32, "g"), _buf(u, np.float32, "u", g.size),
-          _buf(v, np.float32, "v", g.size), g.size, mu, int(nesterov), u_out.ctypes.data,
+          _buf(v, np.float32, "v", g.size), g.size, mu, bool(nesterov), u_out.ctypes.data,
           v_out.ctypes.data)
     return u_out, v_out
 
@@ -355,6 +373,7 @@ def _lowrank_shapes(m: Array, p: Array, q: Array, what: str) -> None:
                          "p (rows, r), q (cols, r)")
 
 
+@implements
 def lowrank_project(e: Array, g: Optional[Array], q: Array,
                     out: Optional[Array] = None) -> Tuple[Array, Array]:
     """``(m, m q)`` with ``m = e + g`` written into ``out`` (which may be ``e``)."""
@@ -367,6 +386,7 @@ def lowrank_project(e: Array, g: Optional[Array], q: Array,
     return m, p
 
 
+@implements
 def lowrank_project_back(m: Array, p: Array) -> Array:
     q = empty(m.shape[1] * p.shape[1], np.float32).reshape(m.shape[1], p.shape[1])
     _lowrank_shapes(m, p, q, "lowrank_project_back")
@@ -375,6 +395,7 @@ def lowrank_project_back(m: Array, p: Array) -> Array:
     return q
 
 
+@implements
 def lowrank_residual(m: Array, p: Array, q: Array, out: Optional[Array] = None) -> Array:
     """``m - p q^T`` flat, non-finite entries 0, into ``out`` (which may be ``m``)."""
     _lowrank_shapes(m, p, q, "lowrank_residual")
@@ -384,11 +405,8 @@ def lowrank_residual(m: Array, p: Array, q: Array, out: Optional[Array] = None) 
     return out
 
 
-KERNELS = ("sign_pack", "ef_sign_pack", "twobit_pack", "levels_pack", "ternary_pack", "natural_pack",
-           "half_cast", "minmax_pack", "unpack_sum", "bf16_sum", "sign_vote", "minmax_unpack_sum", "sparse_sum",
-           "max_abs", "l2_norm", "count_ge", "select_ge", "sampled_threshold", "topk_abs", "fill_at",
-           "sub_finite", "momentum_correction", "lowrank_project", "lowrank_project_back",
-           "lowrank_residual")
+#: The functions above by kernel name: every kernel of the table (checked at import).
+IMPLEMENTATION = table.implementation(globals())
 
 
 class Bridge:
@@ -401,8 +419,8 @@ class Bridge:
                  wrap: Callable[[Array], Any]):
         load()  # ImportError now, not at the first call, when the library is not built
         self._is_tensor, self._to_numpy, self._wrap = is_tensor, to_numpy, wrap
-        for name in KERNELS:
-            setattr(self, name, self._bind(globals()[name]))
+        for name, fn in IMPLEMENTATION.items():
+            setattr(self, name, self._bind(fn))
 
     def _bind(self, fn: Callable) -> Callable:
         def call(*args: Any, **kwargs: Any) -> Any:

@@ -1,5 +1,5 @@
 """The plain-torch implementation of the kernels in kernels.h (which specifies them), with the
-signatures of :mod:`hvdcompress.ops.native`.
+signatures of the kernel table (:mod:`hvdcompress.ops.table`).
 
 Used on devices the C++ kernels do not cover, and when the kernel library is not built (or
 HVDCOMPRESS_DISABLE_KERNELS=1). It follows kernels.h bit for bit, random numbers included: the
@@ -13,8 +13,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import counter_hash
+from . import counter_hash, table
 from .layout import SHIFTS, packed_bytes
+from .table import implements
 
 Tensor = torch.Tensor
 
@@ -69,11 +70,13 @@ def _into(out: Optional[Tensor], value: Tensor) -> Tensor:
     return value if out is None else out.copy_(value.view(out.shape))
 
 
+@implements
 def sign_pack(x: Tensor) -> Tuple[Tensor, Tensor]:
     mean = x.abs().sum(dtype=torch.float64) / max(1, x.numel())
     return _pack(_sign_bits(x), 1), mean.to(torch.float32).view(1)
 
 
+@implements
 def ef_sign_pack(x: Tensor, residual: Tensor, out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     p = x + residual
     packed, scale = sign_pack(p)
@@ -85,6 +88,7 @@ def _twobit_codes(v: Tensor, t: float) -> Tensor:
     return (3 * (v >= t).int() + 2 * (v <= -t).int() + torch.isnan(v).int())
 
 
+@implements
 def twobit_pack(x: Tensor, threshold: float, residual: Optional[Tensor] = None,
                 out: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     if residual is None:
@@ -110,6 +114,7 @@ def _levels(x: Tensor, inv: float, levels: int, natural: bool, key: int) -> Tens
     return (low.long() + (u < r - low).long()).clamp(max=levels)
 
 
+@implements
 def levels_pack(x: Tensor, inv: float, levels: int, natural: bool, key: int) -> Tensor:
     level = _levels(x, inv, levels, natural, key)
     code = torch.where(x < 0, -level, level)
@@ -117,12 +122,14 @@ def levels_pack(x: Tensor, inv: float, levels: int, natural: bool, key: int) -> 
     return code.to(torch.int8).view(torch.uint8)
 
 
+@implements
 def ternary_pack(x: Tensor, inv: float, key: int) -> Tensor:
     level = _levels(x, inv, 1, False, key)
     codes = level * torch.where(x < 0, 2, 3) + torch.isnan(x).long()
     return _pack(codes.int(), 2)
 
 
+@implements
 def natural_pack(x: Tensor, key: int) -> Tensor:
     bits = x.view(torch.int32)
     mag = bits & 0x7FFFFFFF
@@ -134,6 +141,7 @@ def natural_pack(x: Tensor, key: int) -> Tensor:
     return torch.where(mag > 0x7F800000, 0x80, c).to(torch.uint8)
 
 
+@implements
 def half_cast(x: Tensor, bf16: bool) -> Tensor:
     """The framework's round-to-nearest-even cast, with kernels.h's NaN bits on every device (a
     framework's own NaN bits vary: torch's CPU bfloat16 gives 0xFFFF, TensorFlow's 0x7FC0 or
@@ -154,6 +162,7 @@ def _output(out: Optional[Tensor], n: int, device) -> Tensor:
     return torch.zeros(n, dtype=torch.float32, device=device) if out is None else out.zero_()
 
 
+@implements
 def unpack_sum(packed: Tensor, n: int, bits: int, tables: Tensor, out: Optional[Tensor] = None) -> Tensor:
     per_rank = packed_bytes(n, bits)
     out = _output(out, n, packed.device)
@@ -163,6 +172,7 @@ def unpack_sum(packed: Tensor, n: int, bits: int, tables: Tensor, out: Optional[
     return out
 
 
+@implements
 def bf16_sum(bits: Tensor, n: int, out: Optional[Tensor] = None) -> Tensor:
     out = _output(out, n, bits.device)
     for payload in bits.split(n):
@@ -170,6 +180,7 @@ def bf16_sum(bits: Tensor, n: int, out: Optional[Tensor] = None) -> Tensor:
     return out
 
 
+@implements
 def sign_vote(packed: Tensor, n: int, scale: float, out: Optional[Tensor] = None) -> Tensor:
     ranks = packed.numel() // packed_bytes(n, 1)
     tables = torch.tensor([-1.0, 1.0], device=packed.device).repeat(ranks)
@@ -183,6 +194,7 @@ def _rows(x: Tensor, chunk: int) -> list:
     return [p for p in parts if p.numel()]
 
 
+@implements
 def minmax_pack(x: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
     codes = [torch.zeros(0, dtype=torch.uint8, device=x.device)]
     bounds = [torch.zeros(0, dtype=torch.float32, device=x.device)]
@@ -198,6 +210,7 @@ def minmax_pack(x: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
     return torch.cat(codes), torch.cat(bounds)
 
 
+@implements
 def minmax_unpack_sum(codes: Tensor, bounds: Tensor, n: int, chunk: int,
                       out: Optional[Tensor] = None) -> Tensor:
     chunks = -(-n // chunk)
@@ -213,6 +226,7 @@ def minmax_unpack_sum(codes: Tensor, bounds: Tensor, n: int, chunk: int,
     return out
 
 
+@implements
 def max_abs(x: Tensor) -> Tensor:
     if x.numel() == 0:
         return torch.zeros((), dtype=x.dtype, device=x.device)
@@ -220,6 +234,7 @@ def max_abs(x: Tensor) -> Tensor:
     return torch.maximum(-low, high)
 
 
+@implements
 def l2_norm(x: Tensor) -> Tensor:
     return x.double().square().sum().sqrt().to(torch.float32)
 
@@ -228,12 +243,14 @@ def _selected(x: Tensor, t: float) -> Tensor:
     return ~(x.abs() < t)
 
 
-def count_ge(x: Tensor, t: float) -> Tensor:
-    return _selected(x, t).sum()
+@implements
+def count_ge(x: Tensor, threshold: float) -> Tensor:
+    return _selected(x, threshold).sum()
 
 
-def select_ge(x: Tensor, t: float) -> Tuple[Tensor, Tensor]:
-    indices = torch.nonzero(_selected(x, t)).view(-1)
+@implements
+def select_ge(x: Tensor, threshold: float) -> Tuple[Tensor, Tensor]:
+    indices = torch.nonzero(_selected(x, threshold)).view(-1)
     return x[indices], indices
 
 
@@ -242,12 +259,14 @@ def _keys(x: Tensor) -> Tensor:
     return x.view(torch.int32) & 0x7FFFFFFF
 
 
+@implements
 def sampled_threshold(x: Tensor, start: int, stride: int, top: int) -> Tensor:
     keys = _keys(x[start::stride].contiguous())
     kth = torch.topk(keys, top).values[-1]
     return kth.view(1).view(torch.float32).view(())
 
 
+@implements
 def topk_abs(x: Tensor, k: int) -> Tuple[Tensor, Tensor]:
     if k == 0:
         return x[:0], torch.zeros(0, dtype=torch.int64, device=x.device)
@@ -259,6 +278,7 @@ def topk_abs(x: Tensor, k: int) -> Tuple[Tensor, Tensor]:
     return x[indices], indices
 
 
+@implements
 def sparse_sum(n: int, indices: Tensor, values: Tensor, out: Optional[Tensor] = None) -> Tensor:
     bad = torch.nonzero((indices < 0) | (indices >= n)).view(-1)
     if bad.numel():
@@ -267,6 +287,7 @@ def sparse_sum(n: int, indices: Tensor, values: Tensor, out: Optional[Tensor] = 
     return _output(out, n, values.device).index_add_(0, indices.long(), values)
 
 
+@implements
 def fill_at(x: Tensor, indices: Tensor, value: float, out: Optional[Tensor] = None,
             non_finite_only: bool = False) -> Tensor:
     bad = torch.nonzero((indices < 0) | (indices >= x.numel())).view(-1)
@@ -280,11 +301,13 @@ def fill_at(x: Tensor, indices: Tensor, value: float, out: Optional[Tensor] = No
     return target.index_fill_(0, indices, value)
 
 
+@implements
 def sub_finite(a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
     out = torch.sub(a, b) if out is None else torch.sub(a, b, out=out)
     return out.masked_fill_(~torch.isfinite(out), 0.0)
 
 
+@implements
 def momentum_correction(g: Tensor, u: Tensor, v: Tensor, mu: float, nesterov: bool,
                         u_out: Optional[Tensor] = None, v_out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """In the order of kernels.h (so the results are bit-identical)."""
@@ -293,6 +316,7 @@ def momentum_correction(g: Tensor, u: Tensor, v: Tensor, mu: float, nesterov: bo
     return _into(u_out, new_u), _into(v_out, new_v)
 
 
+@implements
 def lowrank_project(e: Tensor, g: Optional[Tensor], q: Tensor,
                     out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     m = e.clone() if out is None else out if out is e else out.copy_(e)
@@ -301,9 +325,14 @@ def lowrank_project(e: Tensor, g: Optional[Tensor], q: Tensor,
     return m, m @ q
 
 
+@implements
 def lowrank_project_back(m: Tensor, p: Tensor) -> Tensor:
     return m.t() @ p
 
 
+@implements
 def lowrank_residual(m: Tensor, p: Tensor, q: Tensor, out: Optional[Tensor] = None) -> Tensor:
     return sub_finite(m.reshape(-1), (p @ q.t()).view(-1), out=None if out is None else out.view(-1))
+
+
+table.implementation(globals())  # every kernel of the table, checked at import

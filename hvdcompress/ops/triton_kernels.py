@@ -22,9 +22,9 @@ returns as Python numbers (``count_ge``, ``sampled_threshold``) are 0-d tensors 
 nothing in this module reads the device except where an output's size depends on the data
 (``select_ge``) and the index check of ``sparse_sum``.
 
-Operations without a Triton kernel here (exact top-k, norms, PowerSGD's products, ``fill_at``)
-are the plain-torch ones (the module's ``__getattr__``), so that this module is a complete
-implementation table.
+Kernels without a Triton version here (``half_cast``, exact top-k, norms, PowerSGD's products,
+``fill_at``) are the plain-torch ones (the module's ``__getattr__``), so that this module
+implements the whole kernel table (:mod:`hvdcompress.ops.table`).
 """
 from __future__ import annotations
 
@@ -35,8 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import torch_fallback
+from . import table, torch_fallback
 from .layout import packed_bytes
+from .table import implements
 
 Tensor = torch.Tensor
 Scalar = Union[float, Tensor]
@@ -405,11 +406,14 @@ def _segment_sum_kernel(sorted_ptr, values_ptr, out_ptr, m, BLOCK: tl.constexpr)
 
 
 # ---- launchers ----------------------------------------------------------------------------------
-# The signatures and results of hvdcompress.ops.native; the argument checks are Ops' (done before
-# the call). Those kept here guard memory: a kernel given a short buffer would write past it.
+# The signatures (hvdcompress.ops.table) and results of hvdcompress.ops.native; the argument
+# checks are Ops' (done before the call). Those kept here guard memory: a kernel given a short
+# buffer would write past it.
 def __getattr__(name: str):
-    """The operations without a Triton kernel come from the plain-torch implementation."""
-    return getattr(torch_fallback, name)
+    """The kernels without a Triton version here are the plain-torch ones."""
+    if name in table.KERNELS:
+        return getattr(torch_fallback, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_device(t: Tensor) -> None:
@@ -465,6 +469,7 @@ def _mean_of_parts(parts: Tensor, n: int) -> Tensor:
     return (parts.sum() / max(1, n)).to(torch.float32).view(1)
 
 
+@implements
 def sign_pack(x: Tensor) -> Tuple[Tensor, Tensor]:
     _check_device(x)
     n, nbytes = x.numel(), packed_bytes(x.numel(), 1)
@@ -476,6 +481,7 @@ def sign_pack(x: Tensor) -> Tuple[Tensor, Tensor]:
     return out, _mean_of_parts(parts, n)
 
 
+@implements
 def ef_sign_pack(x: Tensor, residual: Tensor, out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """``(packed, [scale], new residual)``; the new residual goes into ``out`` (may be ``residual``)."""
     _check_device(x)
@@ -492,6 +498,7 @@ def ef_sign_pack(x: Tensor, residual: Tensor, out: Optional[Tensor] = None) -> T
     return packed, scale, res_out
 
 
+@implements
 def twobit_pack(x: Tensor, threshold: Scalar, residual: Optional[Tensor] = None,
                 out: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """``(packed, new residual or None)``; the new residual goes into ``out`` (may be ``residual``)."""
@@ -510,6 +517,7 @@ def twobit_pack(x: Tensor, threshold: Scalar, residual: Optional[Tensor] = None,
     return packed, res_out
 
 
+@implements
 def levels_pack(x: Tensor, inv: Scalar, levels: int, natural: bool, key: int) -> Tensor:
     _check_device(x)
     n = x.numel()
@@ -521,6 +529,7 @@ def levels_pack(x: Tensor, inv: Scalar, levels: int, natural: bool, key: int) ->
     return out
 
 
+@implements
 def ternary_pack(x: Tensor, inv: Scalar, key: int) -> Tensor:
     _check_device(x)
     n, nbytes = x.numel(), packed_bytes(x.numel(), 2)
@@ -531,6 +540,7 @@ def ternary_pack(x: Tensor, inv: Scalar, key: int) -> Tensor:
     return out
 
 
+@implements
 def natural_pack(x: Tensor, key: int) -> Tensor:
     _check_device(x)
     n = x.numel()
@@ -540,6 +550,7 @@ def natural_pack(x: Tensor, key: int) -> Tensor:
     return out
 
 
+@implements
 def minmax_pack(x: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
     _check_device(x)
     n = x.numel()
@@ -571,14 +582,17 @@ def _unpack(packed: Tensor, n: int, bits: int, tables: Optional[Tensor], scale: 
     return out
 
 
+@implements
 def unpack_sum(packed: Tensor, n: int, bits: int, tables: Tensor, out: Optional[Tensor] = None) -> Tensor:
     return _unpack(packed, n, bits, tables, None, out)
 
 
+@implements
 def sign_vote(packed: Tensor, n: int, scale: Scalar, out: Optional[Tensor] = None) -> Tensor:
     return _unpack(packed, n, 1, None, scale, out)
 
 
+@implements
 def bf16_sum(bits: Tensor, n: int, out: Optional[Tensor] = None) -> Tensor:
     _check_device(bits)
     ranks = _ranks(bits, n, "bits")
@@ -587,6 +601,7 @@ def bf16_sum(bits: Tensor, n: int, out: Optional[Tensor] = None) -> Tensor:
     return out
 
 
+@implements
 def minmax_unpack_sum(codes: Tensor, bounds: Tensor, n: int, chunk: int,
                       out: Optional[Tensor] = None) -> Tensor:
     _check_device(codes)
@@ -598,6 +613,7 @@ def minmax_unpack_sum(codes: Tensor, bounds: Tensor, n: int, chunk: int,
     return out
 
 
+@implements
 def sparse_sum(n: int, indices: Tensor, values: Tensor, out: Optional[Tensor] = None) -> Tensor:
     """out = 0, then out[indices[j]] += values[j] in j order, deterministically: a stable sort by
     index, then each run of equal indices summed in order by one thread (no atomics), so every
@@ -620,6 +636,7 @@ def sparse_sum(n: int, indices: Tensor, values: Tensor, out: Optional[Tensor] = 
 
 
 # ---- state updates
+@implements
 def momentum_correction(g: Tensor, u: Tensor, v: Tensor, mu: Scalar, nesterov: bool,
                         u_out: Optional[Tensor] = None, v_out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """``(new u, new v)``, written into ``u_out`` / ``v_out`` (which may be ``u`` / ``v``)."""
@@ -634,6 +651,7 @@ def momentum_correction(g: Tensor, u: Tensor, v: Tensor, mu: Scalar, nesterov: b
     return u_out, v_out
 
 
+@implements
 def sub_finite(a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
     """``a - b`` with non-finite results 0, into ``out`` (which may be ``a`` or ``b``)."""
     _check_device(a)
@@ -653,16 +671,18 @@ def _block_counts(x: Tensor, t: Tensor) -> Tensor:
     return counts
 
 
-def count_ge(x: Tensor, t: Scalar) -> Tensor:
+@implements
+def count_ge(x: Tensor, threshold: Scalar) -> Tensor:
     """How many elements are selected, as a 0-d int64 tensor on x's device."""
     _check_device(x)
-    return _block_counts(x, _scalar(t, x)).sum()
+    return _block_counts(x, _scalar(threshold, x)).sum()
 
 
-def select_ge(x: Tensor, t: Scalar) -> Tuple[Tensor, Tensor]:
+@implements
+def select_ge(x: Tensor, threshold: Scalar) -> Tuple[Tensor, Tensor]:
     """Reads the total count from the device once: the outputs' size depends on it."""
     _check_device(x)
-    threshold = _scalar(t, x)
+    threshold = _scalar(threshold, x)
     counts = _block_counts(x, threshold)
     ends = torch.cumsum(counts, 0)
     total = int(ends[-1]) if counts.numel() else 0
@@ -674,6 +694,7 @@ def select_ge(x: Tensor, t: Scalar) -> Tuple[Tensor, Tensor]:
     return values, indices
 
 
+@implements
 def sampled_threshold(x: Tensor, start: int, stride: int, top: int) -> Tensor:
     """The ``top``-th largest magnitude key of the sample, found by a radix select of 4 passes of 8
     bits (histograms on the device, no host read); a 0-d float32 tensor (NaN keys give NaN)."""
@@ -691,3 +712,6 @@ def sampled_threshold(x: Tensor, start: int, stride: int, top: int) -> Tensor:
             x, state, hist[k], start, stride, count, SHIFT=shift, FIRST=k == 0, BLOCK=BLOCK, **LAUNCH)
         _radix_select_kernel[(1,)](state, hist[k], top, SHIFT=shift, FIRST=k == 0, **LAUNCH)
     return state[0].view(torch.float32)
+
+
+table.implementation(globals(), complete=False)  # only kernels of the table, checked at import

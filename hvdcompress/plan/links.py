@@ -1,0 +1,80 @@
+"""Links and the cluster they make: the alpha-beta model of one hop, and the parsing of the
+strings users give for them ("25gbit", "300gbyte", "10us").
+
+A message of ``m`` bytes over a link costs ``alpha + m / beta``: ``alpha`` (seconds) is the
+per-message latency (software, NIC, switch), ``beta`` (bytes per second) the bandwidth. Two
+levels: ``intra`` between the ranks of one node (NVLink, PCIe, shared memory: each rank has its
+own path) and ``inter`` between nodes (the node's NIC, shared by its ranks when several of them
+send across it at once, see :mod:`hvdcompress.plan.collectives`).
+
+Trade-off: one (alpha, beta) per level ignores congestion in the switch fabric, multiple NICs
+per node and NCCL's multiple channels; fit ``alpha`` and ``beta`` from probes of the real
+network rather than trusting data-sheet numbers.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..validation import check_int
+
+#: bandwidth units -> bytes per second for one unit (decimal prefixes, as networks are sold).
+BANDWIDTH_UNITS = {
+    "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8,
+    "byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
+}
+#: latency units -> seconds for one unit.
+LATENCY_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+_QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*([a-z]+)(?:/s|ps)?\s*$")
+
+
+def _parse(param: str, value: str, units: dict, what: str) -> float:
+    """``value`` ("25gbit", "10us") in the base unit of ``units``; a ``ValueError`` naming
+    ``param``, the value and the allowed units otherwise."""
+    allowed = (f"a positive number followed by a {what} unit ({', '.join(units)}), "
+               f"e.g. '{'25gbit' if what == 'bandwidth' else '10us'}'")
+    match = _QUANTITY.match(str(value).lower())
+    if match is None or match.group(2) not in units:
+        raise ValueError(f"{param}={value!r} is not a {what}; allowed: {allowed}")
+    number = float(match.group(1)) * units[match.group(2)]
+    if number <= 0:
+        raise ValueError(f"{param}={value!r} is not positive; allowed: {allowed}")
+    return number
+
+
+def parse_bandwidth(param: str, value: str) -> float:
+    """Bytes per second of "25gbit", "100mbit", "300gbyte" (an optional "/s" or "ps" suffix:
+    "25gbit/s", "25gbitps"); decimal prefixes."""
+    return _parse(param, value, BANDWIDTH_UNITS, "bandwidth")
+
+
+def parse_latency(param: str, value: str) -> float:
+    """Seconds of "10us", "5ms", "200ns", "0.001s"."""
+    return _parse(param, value, LATENCY_UNITS, "latency")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One level of the network: ``alpha_s`` seconds per message, ``beta_bytes_per_s``."""
+
+    alpha_s: float
+    beta_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` nodes of ``gpus_per_node`` ranks (rank r on node r // gpus_per_node, as
+    horovodrun places them), ``intra`` within a node, ``inter`` between nodes."""
+
+    nodes: int
+    gpus_per_node: int
+    intra: Link
+    inter: Link
+
+    def __post_init__(self) -> None:
+        check_int("Cluster", "nodes", self.nodes, 1)
+        check_int("Cluster", "gpus_per_node", self.gpus_per_node, 1)
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.gpus_per_node

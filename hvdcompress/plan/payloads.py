@@ -1,0 +1,93 @@
+"""Payload bytes per compressor, measured from the real compressors.
+
+A compressor is given as a spec for :func:`hvdcompress.from_params` (a dict of strings, e.g.
+``{"compressor": "topk", "k": "0.01", "ef": "vanilla"}``). :func:`measure` compresses a random
+tensor of the given shape once, the way the exchange engine does, and follows every round of
+a multi-round algorithm (PowerSGD's P then Q, CSC's chunk norms then chunks; a later round's
+input is this rank's own payload, which has the shape of the sum): the bytes of each round's
+payload and whether the payloads are summed (allreduce) or per rank (allgather / compressed
+allreduce). Sizes depend only on the tensor's shape and the configuration (the engine relies on
+it: every rank must launch the same collectives), so one measurement per shape is memoised.
+
+Trade-off: measuring is exact (per-chunk scales, index widths, DGC's dense small tensors,
+PowerSGD's 1-D tensors sent dense) where ratios would drift from the code, at the price of one
+compression per distinct shape (a second or two for a 100M-element embedding on a CPU).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from typing import Mapping, NamedTuple
+
+from ..compressor import TensorInfo, payload_bytes
+from ..registry import from_params
+from .device import torch_device
+
+#: The default compressors the plan compares: label -> spec for :func:`hvdcompress.from_params`.
+DEFAULT_COMPRESSORS: dict = {
+    "none": {"compressor": "none"},
+    "fp16": {"compressor": "fp16"},
+    "int8": {"compressor": "int8"},
+    "onebit+ef": {"compressor": "onebit", "ef": "vanilla"},
+    "dgc 0.999": {"compressor": "dgc", "sparsity": "0.999"},
+    "csc 1%": {"compressor": "csc", "ratio": "0.01"},
+    "powersgd r4": {"compressor": "powersgd", "rank": "4"},
+    "topk 1%": {"compressor": "topk", "k": "0.01", "ef": "vanilla"},
+}
+DENSE, FP16 = "none", "fp16"   # the references of the speed-ups (Horovod without / with fp16)
+
+
+class Payload(NamedTuple):
+    """One rank's payload bytes of each round for one tensor, and whether they are summed."""
+
+    rounds: tuple
+    summable: bool
+
+    @property
+    def total(self) -> int:
+        return sum(self.rounds)
+
+
+def spec_key(spec: Mapping[str, str]) -> str:
+    """A canonical text of a spec (sorted keys): the key of memos and of calibration files."""
+    return json.dumps({k: str(v) for k, v in spec.items()}, sort_keys=True)
+
+
+def shard_shape(shape: tuple, numel: int, parts: int) -> tuple:
+    """The shape of the shard a rank owns in the two-level exchange's cross-node level
+    (:mod:`hvdcompress.two_level`): a matrix whose rows ``parts`` divides keeps its shape for
+    its shard of rows (so PowerSGD still compresses it), anything else is a flat segment of
+    ⌈numel/parts⌉ (as every segment of the compressed allreduce is)."""
+    rows = shape[0] if len(shape) >= 2 else 0
+    if parts > 1 and rows and rows % parts == 0:
+        return (rows // parts, *shape[1:])
+    return (-(-numel // parts),)
+
+
+def measure(spec: Mapping[str, str], shape: tuple) -> Payload:
+    """The payload of ``spec``'s compressor for one tensor of ``shape`` (memoised)."""
+    return _measure(spec_key(spec), tuple(int(s) for s in shape))
+
+
+@functools.lru_cache(maxsize=None)
+def _measure(key: str, shape: tuple) -> Payload:
+    device = torch_device()
+    numel = 1
+    for size in shape:
+        numel *= size
+    compressor = from_params(json.loads(key))
+    x = device.randn(numel, shape)
+    info = TensorInfo(name="plan", numel=numel, shape=shape, param=device.ops.zeros(numel, like=x))
+    state: dict = {}
+    compressor.init_state(device.ops, x, state, info)
+    packet = compressor.compress(device.ops, x, state, info)
+    rounds, summable = [payload_bytes(device.ops, packet.tensors)], packet.summable
+    while packet.resume is not None:
+        packet = packet.resume(packet.tensors)
+        rounds.append(payload_bytes(device.ops, packet.tensors))
+    return Payload(tuple(rounds), summable)
+
+
+def supports_alltoall(spec: Mapping[str, str]) -> bool:
+    """Whether the compressed allreduce may carry this compressor's payloads."""
+    return from_params(spec).supports_alltoall

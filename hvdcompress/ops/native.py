@@ -19,6 +19,7 @@ keep a wrong buffer from reaching C++. The user-facing checks are
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.machinery
 import os
 import sys
@@ -423,6 +424,7 @@ class Bridge:
             setattr(self, name, self._bind(fn))
 
     def _bind(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)  # the kernel's name, docstring and (inspect.signature) parameters
         def call(*args: Any, **kwargs: Any) -> Any:
             views: dict = {}
 
@@ -436,8 +438,6 @@ class Bridge:
             result = fn(*map(view, args), **{k: view(v) for k, v in kwargs.items()})
             return tuple(map(self._back(views), result)) if isinstance(result, tuple) \
                 else self._back(views)(result)
-        call.__name__ = call.__qualname__ = fn.__name__
-        call.__doc__ = fn.__doc__
         return call
 
     def _back(self, views: dict) -> Callable[[Any], Any]:

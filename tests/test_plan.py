@@ -1,0 +1,191 @@
+"""hvdcompress.plan: the alpha-beta formulas against hand-written references, the unit parsers'
+errors, the pipeline simulation on a hand-worked example, the calibration cache, the command
+line and determinism."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvdcompress.exchange import wire_bytes
+from hvdcompress.plan import calibration as cal
+from hvdcompress.plan import collectives as coll
+from hvdcompress.plan import (Cluster, Fusion, Job, Link, from_sizes, measure, parse_bandwidth,
+                              parse_latency, predict, recommend, simulate)
+from hvdcompress.plan.exchanges import exchange
+from hvdcompress.plan.pipeline import fused_time
+
+ROOT = Path(__file__).resolve().parent.parent
+LINK = Link(alpha_s=1e-5, beta_bytes_per_s=1e9)
+FP16 = {"compressor": "fp16"}
+
+
+# ---- formulas ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("ranks", [2, 3, 8, 64])
+def test_ring_formulas(ranks):
+    b, a, beta = 4e6, LINK.alpha_s, LINK.beta_bytes_per_s
+    ar = coll.allreduce(b, ranks, LINK)
+    assert ar.total_s == pytest.approx(2 * (ranks - 1) * a + 2 * (ranks - 1) / ranks * b / beta)
+    ag = coll.allgather(b, ranks, LINK)
+    assert ag.total_s == pytest.approx((ranks - 1) * a + (ranks - 1) * b / beta)
+    assert (ar.wire_bytes, ag.wire_bytes) == (wire_bytes("allreduce", b, ranks), wire_bytes("allgather", b, ranks))
+
+
+def test_compressed_allreduce_is_two_rounds_with_the_engines_bytes():
+    ranks, b = 8, 8e6
+    scatter, gather = coll.compressed_allreduce(b, ranks, LINK)
+    assert scatter.total_s == pytest.approx(7 * 1e-5 + 7 / 8 * b / 1e9)   # all-to-all of B/P parts
+    assert gather.total_s == pytest.approx(7 * 1e-5 + 7 * (b / 8) / 1e9)  # allgather of B/P
+    assert scatter.wire_bytes + gather.wire_bytes == pytest.approx(wire_bytes("alltoall", b, ranks))
+
+
+def test_one_rank_costs_nothing_and_flows_scale_the_transfer():
+    assert coll.allreduce(1e6, 1, LINK).total_s == 0.0
+    assert coll.allgather(1e6, 4, LINK, flows=3).transfer_s == pytest.approx(3 * 3e6 / 1e9)
+    # 2 nodes of 4: each rank sends 4/8 of its bytes off-node, 4 ranks share the NIC
+    assert coll.alltoall_flows(8, 4) == pytest.approx(4 * 4 / 7)
+
+
+def test_flat_exchange_matches_the_hand_formula():
+    cluster = Cluster(2, 4, intra=Link(1e-6, 1e11), inter=LINK)
+    dense = exchange({"compressor": "none"}, (1000, 100), "allgather", "flat", cluster, FP16)
+    b = 4 * 100_000
+    assert dense.collective == "allreduce"
+    assert dense.rounds[0][1].total_s == pytest.approx(14 * 1e-5 + 14 / 8 * b / 1e9)
+    onebit = exchange({"compressor": "onebit"}, (1000, 100), "alltoall", "flat", cluster, FP16)
+    seg = measure({"compressor": "onebit"}, (12500,)).total   # ⌈100000 / 8⌉ elements
+    assert seg == math.ceil(12500 / 8) + 4                    # sign bits + one fp32 scale
+    scatter = 7 * 1e-5 + (4 * 4 / 8) * 8 * seg / 1e9          # NIC bytes L(P-L)/P · B
+    gather = 7 * 1e-5 + 7 * seg / 1e9
+    assert [c.total_s for _, c in onebit.rounds] == pytest.approx([scatter, gather])
+
+
+def test_two_level_exchange_matches_the_hand_formula():
+    intra, nodes, local = Link(1e-6, 1e11), 3, 4
+    cluster = Cluster(nodes, local, intra=intra, inter=LINK)
+    plan = exchange({"compressor": "topk", "k": "0.01"}, (4000, 10), "allgather", "two-level", cluster, FP16)
+    node_seg = 2 * 10_000                                  # fp16 of a 40000/4 segment
+    shard = 8 * 100                                        # top-1% of a (1000, 10) shard: values + indices
+    expected = [3 * 1e-6 + 3 / 4 * 4 * node_seg / 1e11,    # node all-to-all
+                2 * 1e-5 + local * 2 * shard / 1e9,        # cross allgather, 4 flows on the NIC
+                3 * 1e-6 + 3 * node_seg / 1e11]            # node allgather
+    assert [c.total_s for _, c in plan.rounds] == pytest.approx(expected)
+    assert plan.wire_bytes == 2 * shard and plan.node_bytes == pytest.approx(3 / 4 * 4 * node_seg + 3 * node_seg)
+
+
+def test_multi_round_compressors_sum_their_rounds():
+    cluster = Cluster(4, 1, intra=LINK, inter=LINK)
+    plan = exchange({"compressor": "powersgd", "rank": "2"}, (300, 200), "allgather", "flat", cluster, FP16)
+    assert [c.wire_bytes for _, c in plan.rounds] == [wire_bytes("allreduce", 4 * 300 * 2, 4),
+                                                      wire_bytes("allreduce", 4 * 200 * 2, 4)]
+    assert exchange({"compressor": "dgc"}, (300, 200), "alltoall", "flat", cluster, FP16) is None
+
+
+# ---- units ---------------------------------------------------------------------------------------
+def test_units():
+    assert parse_bandwidth("--inter", "25gbit") == pytest.approx(25e9 / 8)
+    assert parse_bandwidth("--inter", "100Mbit/s") == pytest.approx(12.5e6)
+    assert parse_bandwidth("--intra", "300gbyte") == pytest.approx(3e11)
+    assert parse_latency("--latency", "10us") == pytest.approx(1e-5)
+    assert parse_latency("--latency", "5ms") == pytest.approx(5e-3)
+
+
+@pytest.mark.parametrize("parse,value,words", [
+    (parse_bandwidth, "25gb", ["--x='25gb'", "gbit", "gbyte"]),
+    (parse_bandwidth, "fast", ["--x='fast'", "bandwidth"]),
+    (parse_bandwidth, "0gbit", ["--x='0gbit'", "not positive"]),
+    (parse_latency, "10", ["--x='10'", "us", "ms"]),
+])
+def test_unit_errors_name_the_parameter_value_and_allowed(parse, value, words):
+    with pytest.raises(ValueError) as error:
+        parse("--x", value)
+    assert all(w in str(error.value) for w in words)
+
+
+# ---- pipeline --------------------------------------------------------------------------------------
+def _job(name, ready, latency, transfer, nbytes=1, later=()):
+    return Job(name, ready, (("k", coll.Cost(latency, transfer)), *later), nbytes)
+
+
+def test_pipeline_by_hand():
+    # no cycle: a ready at 1 sends 1..3; b ready at 2 waits for a and sends 3..4; the backward
+    # ends at 3.5, so synchronize waits for 4, then b's second round (1) and the optimizer (0.5)
+    jobs = [_job("a", 1.0, 0.0, 2.0), _job("b", 2.0, 0.0, 1.0, later=(("k2", coll.Cost(0.5, 0.5)),))]
+    timeline = simulate(jobs, backward_s=3.5, optimizer_s=0.5, fusion=Fusion(0, 0.0))
+    assert timeline == (3.5, 4.0, 5.5)
+    # compression in the hook (0.25 each) delays everything after it
+    hooked = [j._replace(hook_s=0.25) for j in jobs]
+    assert simulate(hooked, 3.5, 0.5, Fusion(0, 0.0)) == (4.0, 4.25, 5.75)
+
+
+def test_fusion_pays_latency_once_per_buffer():
+    jobs = [_job(n, 0.0, 1.0, 0.1, nbytes=40) for n in "abc"]
+    assert fused_time(jobs, 0, threshold=100) == pytest.approx(1.0 + 0.1 + 1.0 + 0.2)   # [a, b] [c]... in order
+    assert fused_time(jobs, 0, threshold=0) == pytest.approx(3 * 1.1)
+    # a cycle of 1: a and b ready by t=1 fuse; c (ready at 1.5) goes at the tick at 2 (a+b end at 2.2)
+    staged = [_job("a", 0.2, 1.0, 0.1), _job("b", 0.7, 1.0, 0.1), _job("c", 1.5, 1.0, 0.1)]
+    timeline = simulate(staged, backward_s=1.5, optimizer_s=0.0, fusion=Fusion(100, 1.0))
+    assert timeline.first_round_end_s == pytest.approx(1.0 + 1.2 + 1.1)
+
+
+def test_from_sizes_ready_times():
+    profile = from_sizes([100, [10, 30]], compute_s=3.0)   # forward 1 s, backward 2 s
+    assert [(t.name, t.ready_s) for t in profile.tensors] == [("t1", pytest.approx(1 + 2 * 300 / 400)),
+                                                              ("t0", pytest.approx(3.0))]
+    with pytest.raises(ValueError, match="sizes"):
+        from_sizes([[3, 0]])
+
+
+# ---- calibration -------------------------------------------------------------------------------------
+def test_fit_line_recovers_a_line():
+    fit = cal.fit_line([1, 2, 4], [3 + 2 * n for n in (1, 2, 4)])
+    assert fit == pytest.approx((3.0, 2.0))
+    times = cal.CodecTimes(cal.Fit(0, 1), cal.Fit(1, 0), cal.Fit(4, 0))
+    assert times.decode_s(10, payloads=1) == 1 and times.decode_s(10, payloads=7) == pytest.approx(1 + 3 * 2)
+
+
+def test_calibration_cache_round_trip(tmp_path):
+    specs = [FP16, {"compressor": "onebit", "ef": "vanilla"}]
+    measured = cal.calibrate(specs, sizes=(256, 1024, 4096), repeats=1, device="cpu")
+    path = cal.save(measured, cal.cache_path("cpu", tmp_path, host="box"))
+    assert path.name == "calibration-box-cpu.json"
+    loaded = cal.load(path)
+    assert loaded == measured and loaded.times(FP16) is not None
+    assert loaded.times({"compressor": "int8"}) is None
+    assert cal.load(tmp_path / "missing.json") is None
+
+
+# ---- model and command line --------------------------------------------------------------------------
+def _cluster(nodes=4):
+    return Cluster(nodes, 8, intra=Link(2e-6, 3e11), inter=Link(1e-5, 25e9 / 8))
+
+
+def test_predict_is_deterministic_and_compression_wins_on_a_slow_network():
+    profile = from_sizes([[1024, 1024]] * 4 + [1024] * 4, compute_s=0.01)
+    first, second = predict(profile, _cluster()), predict(profile, _cluster())
+    assert first == second and recommend(first) == recommend(list(reversed(second)))
+    by = {(r.compressor, r.collective, r.level): r for r in first}
+    assert by["none", "allreduce", "flat"].speedup_vs_dense == pytest.approx(1.0)
+    assert by["fp16", "allreduce", "flat"].speedup_vs_fp16 == pytest.approx(1.0)
+    best = recommend(first)   # the network hides behind the 10 ms of compute
+    assert best.speedup_vs_fp16 > 1.25 and best.step_time_s < 1.05 * profile.compute_s
+    # the allgather grows with P: int8 (r = 1/4) loses to dense at 32 ranks
+    assert by["int8", "allgather", "flat"].speedup_vs_dense < 1.0
+
+
+def test_cli_on_a_sizes_file(tmp_path):
+    sizes = tmp_path / "sizes.json"
+    sizes.write_text(json.dumps([[256, 256], 256, [64, 3, 3, 3]]))
+    out = tmp_path / "rows.json"
+    cmd = [sys.executable, "-m", "hvdcompress.plan", "--sizes", str(sizes), "--nodes", "2",
+           "--inter", "10gbit", "--compressors", "none", "fp16", "compressor=topk,k=0.01",
+           "--cache-dir", str(tmp_path), "--json", str(out)]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "recommended:" in run.stdout and "codec time not modelled" in run.stdout
+    rows = json.loads(out.read_text())
+    assert {r["compressor"] for r in rows} == {"none", "fp16", "compressor=topk,k=0.01"}
+    bad = subprocess.run(cmd[:-2] + ["--latency", "10"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--latency='10'" in bad.stderr

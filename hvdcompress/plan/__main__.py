@@ -124,7 +124,7 @@ def _calibration(args: argparse.Namespace, specs: list) -> tuple:
     path = cal.cache_path(device, args.cache_dir)
     if args.calibrate:
         calibration = cal.calibrate(specs, device=device)
-        print(f"calibrated {len(specs)} compressors on {device}: {cal.save(calibration, path)}")
+        print(f"calibrated {len(calibration.codecs)} compressors on {device}: {cal.save(calibration, path)}")
         return calibration, ""
     calibration = cal.load(path)
     if calibration is None:

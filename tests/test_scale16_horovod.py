@@ -5,7 +5,10 @@ with identical parameters on every rank. Int8's parameters are within 5% of the 
 movement of the dense run's (int8 rounds each element by at most 1/510 of its chunk's range,
 twice in the compressed allreduce: a wrong scale or segment order is far outside that). One
 launch for all compressions: 16 processes importing torch on a small shared machine take
-minutes, hence the 600 s bound."""
+minutes, hence the 600 s bound. The same launch runs two-level at 4 nodes x 4 (ranks_per_node=4):
+NoCompression on both levels equals the flat allreduce bit for bit (integer gradients); FP16
+inside + DGC across ends with identical parameters everywhere, each rank sending one 1/4 shard's
+sparse payload between nodes."""
 from __future__ import annotations
 
 import time
@@ -14,15 +17,21 @@ import numpy as np
 import pytest
 
 from conftest import run_horovod
+from test_two_level_horovod import integer_average
 
 pytestmark = pytest.mark.horovod
 RANKS = 16
 
 
-def test_sixteen_ranks_end_with_identical_parameters():
+@pytest.fixture(scope="module")
+def sixteen() -> tuple:
     began = time.monotonic()
-    results = run_horovod("torch_scale16.py", np=RANKS, timeout=600)
-    elapsed = time.monotonic() - began
+    results = sorted(run_horovod("torch_scale16.py", np=RANKS, timeout=600), key=lambda r: r["rank"])
+    return results, time.monotonic() - began
+
+
+def test_sixteen_ranks_end_with_identical_parameters(sixteen):
+    results, elapsed = sixteen
     assert sorted(r["rank"] for r in results) == list(range(RANKS))
     assert all(r["size"] == RANKS for r in results)
     # int8: the compressed allreduce where it sends fewer bytes; the 4-element bias (smaller
@@ -40,3 +49,13 @@ def test_sixteen_ranks_end_with_identical_parameters():
     assert np.max(np.abs(int8 - dense)) <= 0.05 * results[0]["dense"]["moved"]
     print(f"\nhorovodrun -np {RANKS}: {elapsed:.0f} s in all, slowest rank "
           f"{max(r['seconds'] for r in results):.0f} s from hvd.init to its result")
+
+
+def test_two_level_at_4_nodes_of_4(sixteen):
+    results = [r["two_level"] for r in sixteen[0]]
+    assert len(results) == RANKS
+    expected = integer_average(RANKS, 4096, 2).tolist()
+    for r in results:
+        assert r["exact"] == r["flat"] == expected
+        assert r["dgc_w"] == results[0]["dgc_w"] and np.any(np.asarray(r["dgc_w"]) != 0)
+        assert r["inter_node"] < 4 * 4096 / 4 / 20   # sparse 1/4 shard (DGC 0.99: ~10 values + indices)

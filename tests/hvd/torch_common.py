@@ -1,7 +1,12 @@
 """Shared pieces of the torch scripts run under horovodrun."""
+import sys
+from pathlib import Path
+
 import horovod.torch as hvd
 import numpy as np
 import torch
+
+import hvdcompress.torch as hvc
 
 
 def rank_vector(rank: int, n: int, seed: int = 100) -> np.ndarray:
@@ -42,3 +47,21 @@ def train(model, opt, rank: int, steps: int, seed: int = 0):
 
 def flat(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def train_linear(rank: int, n: int, steps: int, per_node: int, integer: bool = False, **kwargs) -> tuple:
+    """SGD from w = 0 on loss = sum(w * g) (so grad w = g exactly, g from
+    tests/test_two_level.py's ``gradient``); ``(w, optimizer)``. With ``intra_node`` in
+    ``kwargs``, two-level with ``per_node`` ranks per node."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from test_two_level import gradient  # tests/: the numpy reference's gradients
+    w = torch.nn.Parameter(torch.zeros(n))
+    sgd = torch.optim.SGD([w], lr=kwargs.pop("lr", 1.0), momentum=kwargs.pop("momentum", 0.0),
+                          weight_decay=kwargs.pop("weight_decay", 0.0))
+    opt = hvc.DistributedOptimizer(sgd, named_parameters=[("w", w)], ranks_per_node=per_node
+                                   if kwargs.get("intra_node") is not None else None, **kwargs)
+    for step in range(steps):
+        opt.zero_grad()
+        (w * torch.from_numpy(gradient(rank, n, 100 * step, integer))).sum().backward()
+        opt.step()
+    return w.detach().numpy().copy(), opt

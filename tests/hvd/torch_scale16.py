@@ -1,9 +1,14 @@
-"""The flat exchange at many ranks (tests/test_scale16_horovod.py runs it at np=16): a tiny
-model (Linear(16, 12), ReLU, Linear(12, 4): 256 parameters, biases smaller than the number of
-ranks, so some segments of the compressed allreduce are all padding), 3 SGD steps on each
-rank's own batches, once per compression in one launch (NoCompression: the dense reference).
-Reports per compression the parameters after training, how far they moved from the broadcast
-start, and the collective of each tensor."""
+"""Many ranks in one launch (tests/test_scale16_horovod.py runs it at np=16, as 4 nodes x 4 for
+two-level; process sets registered at hvd.init with hvdcompress.torch.node_process_sets).
+
+Flat: a tiny model (Linear(16, 12), ReLU, Linear(12, 4): 256 parameters, biases smaller than the
+number of ranks, so some segments of the compressed allreduce are all padding), 3 SGD steps on
+each rank's own batches, once per compression (NoCompression: the dense reference). Reports per
+compression the parameters after training, how far they moved from the broadcast start, and the
+collective of each tensor.
+
+Two-level: NoCompression on both levels next to the flat allreduce (integer-valued gradients,
+bit-exact), then FP16 inside + DGC across for a few steps."""
 import time
 
 import horovod.torch as hvd
@@ -12,9 +17,9 @@ import torch
 import hvdcompress as hc
 import hvdcompress.torch as hvc
 from common import result
-from torch_common import flat
+from torch_common import flat, train_linear
 
-STEPS = 3
+STEPS, PER_NODE = 3, 4
 COMPRESSIONS = {
     "dense": lambda: hc.NoCompression(),
     "dgc": lambda: hc.DGC(0.99, min_numel=0),
@@ -22,8 +27,9 @@ COMPRESSIONS = {
 }
 
 started = time.monotonic()
-hvd.init()
+hvd.init(process_sets=hvc.node_process_sets(ranks_per_node=PER_NODE))
 torch.set_num_threads(1)
+rank = hvd.rank()
 
 
 def model() -> torch.nn.Module:
@@ -39,7 +45,7 @@ for name, make in COMPRESSIONS.items():
     start = flat(net).clone()
     opt = hvc.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.5),
                                    named_parameters=net.named_parameters(), compression=make())
-    gen = torch.Generator().manual_seed(hvd.rank())
+    gen = torch.Generator().manual_seed(rank)
     for _ in range(STEPS):
         x, y = torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen)
         opt.zero_grad()
@@ -47,4 +53,11 @@ for name, make in COMPRESSIONS.items():
         opt.step()
     records[name] = {"params": flat(net).tolist(), "moved": float((flat(net) - start).abs().max()),
                      "plan": {k: v[1] for k, v in opt._exchange.plan.items()}}
-result(hvd.rank(), size=hvd.size(), seconds=time.monotonic() - started, **records)
+
+exact, _ = train_linear(rank, 4096, 2, PER_NODE, True, intra_node=hc.NoCompression())
+flat_w, _ = train_linear(rank, 4096, 2, PER_NODE, True)
+dgc_w, dgc = train_linear(rank, 4096, 3, PER_NODE, compression=hc.DGC(0.99, min_numel=0),
+                          intra_node=hc.FP16(), lr=0.1, momentum=0.9)
+records["two_level"] = {"exact": exact.tolist(), "flat": flat_w.tolist(), "dgc_w": dgc_w.tolist(),
+                        "inter_node": dgc.last_step_bytes.sent, "dense": dgc.last_step_bytes.dense}
+result(rank, size=hvd.size(), seconds=time.monotonic() - started, **records)

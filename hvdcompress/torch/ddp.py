@@ -1,0 +1,322 @@
+"""Every hvdcompress compressor as a PyTorch DistributedDataParallel communication hook.
+
+Modelled on DDP's PowerSGD hook::
+
+    from hvdcompress import DGC
+    from hvdcompress.torch import ddp
+    model = DDP(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = ddp.CompressionState(compression=DGC(0.999), optimizer=opt,
+                                 named_parameters=model.named_parameters())
+    model.register_comm_hook(state, ddp.compression_hook)
+
+It runs the exchange engine of the Horovod front end (:mod:`hvdcompress.exchange`) over
+torch.distributed (:class:`~hvdcompress.torch.dist_collectives.DistCollectives`), so each
+tensor is compressed, sent and decoded exactly as :class:`hvdcompress.torch.DistributedOptimizer`
+does it: for the same gradients, compressor and seed the averaged gradients are the same bits
+wherever the sum is (allgather payloads are summed by the engine in rank order; an allreduce
+of 2 ranks adds two numbers, which commutes).
+
+Buckets are the fusion. DDP hands the hook a bucket (a flat buffer holding the local gradients
+of a few parameters) as soon as its gradients are ready; the hook compresses each parameter's
+slice as its own tensor (top-k per tensor, PowerSGD per matrix, DGC's dense small tensors) and
+launches the bucket's payloads together, one collective per kind and dtype, while the backward
+pass goes on. The hook of the last bucket waits for every bucket's rounds (PowerSGD's and CSC's
+second round is launched then, in the same order on every rank), decodes the average into each
+bucket's buffer and completes the futures DDP waits on at the end of the backward pass. The
+trade-off, the same as the Horovod front end's ``synchronize()``: decoding does not overlap the
+backward pass, and the rounds after the first start only when it is done.
+
+State lives per parameter name, never per bucket: residuals, momenta and PowerSGD's factors
+survive DDP's bucket rebuild (after the first iteration DDP regroups the parameters in the
+order their gradients became ready) and go into :meth:`CompressionState.state_dict`. Names come
+from ``named_parameters``; without it, parameters are numbered in the order DDP first hands
+them over (its initial buckets, the same on every rank and every run of the same model and
+``bucket_cap_mb``).
+
+Momentum take-over: with ``optimizer`` a ``torch.optim.SGD``, DGC, CSC and ``Momentum`` apply
+its momentum, Nesterov and weight decay themselves (:mod:`hvdcompress.torch.momentum_takeover`),
+read from its param groups at every step; its ``step()`` then runs with them at 0 (step pre- and
+post-hooks on the optimizer), so schedulers and checkpoints keep the user's values.
+"""
+import os
+import warnings
+from collections import Counter
+from contextlib import ExitStack
+from typing import Any, Iterable, Mapping, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from ..agreement import check_ranks_agree
+from ..compressor import Compressor, TensorInfo
+from ..exchange import Exchange, check_collective
+from ..options import parse_options
+from ..process_sets import node_layout
+from ..two_level import TwoLevelExchange
+from .backend import TorchOps
+from .clipping import clip_gradients, clip_local_gradients
+from .dist_collectives import DistCollectives
+from .momentum_takeover import check_adam, check_momentum, momentum_fields, suspended, takes_over
+
+__all__ = ["CompressionState", "compression_hook", "node_groups"]
+
+_OPS = TorchOps()
+_AVERAGE = "average"   # DDP averages: parse_options' op
+
+
+def node_groups(ranks_per_node: Optional[int] = None) -> tuple:
+    """(this rank's node group, its cross-node group) for two-level compression, made with
+    ``dist.new_group`` on every rank (all ranks must call this, in the same order): N node
+    groups of L consecutive ranks, then L cross-node groups (:func:`hvdcompress.process_sets.node_layout`).
+    ``ranks_per_node`` defaults to torchrun's ``LOCAL_WORLD_SIZE``; ranks must be placed node by
+    node (torchrun does)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if ranks_per_node is None:
+        if "LOCAL_WORLD_SIZE" not in os.environ:
+            raise ValueError("intra_node=... with ranks_per_node=None needs torchrun's "
+                             "LOCAL_WORLD_SIZE; pass ranks_per_node=L (the ranks of one node)")
+        ranks_per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", rank % ranks_per_node))
+        if local != rank % ranks_per_node:
+            raise ValueError(f"rank {rank} is local rank {local}, not {rank % ranks_per_node}: "
+                             "two-level compression needs ranks placed node by node with the same "
+                             "number of ranks on every node")
+    nodes, cross = node_layout(world, ranks_per_node)
+    groups = [dist.new_group(ranks) for ranks in nodes + cross]
+    return groups[rank // ranks_per_node], groups[len(nodes) + rank % ranks_per_node]
+
+
+class CompressionState:
+    """The state of :func:`compression_hook`: the compressor, its per-parameter state, the
+    engine and the step's buckets. Build it on every rank, after ``init_process_group``.
+
+    ``process_group``: the group DDP reduces over (None: the default group).
+    ``compression``: an hvdcompress :class:`~hvdcompress.Compressor` or a dict for
+    :func:`hvdcompress.from_params` (None: no compression, a plain averaged allreduce).
+    ``optimizer``: the optimizer stepping the DDP model's parameters; with a ``torch.optim.SGD``,
+    DGC, CSC and ``Momentum`` take its momentum and weight decay over (module doc).
+    ``collective``: ``"auto"``, ``"allgather"`` or ``"alltoall"`` for per-rank payloads, as for
+    the Horovod front end (:mod:`hvdcompress.exchange`: the compressed allreduce at P >= 3).
+    ``intra_node`` / ``ranks_per_node``: two-level compression (:mod:`hvdcompress.two_level`)
+    over the node and cross-node groups of :func:`node_groups` (default group only).
+    ``named_parameters``: ``model.named_parameters()``, the names the state is kept under (module
+    doc; recommended for checkpoints).
+    ``clip_grad_norm=c``: as the Horovod front end's (:mod:`hvdcompress.clipping`): with a
+    compressor that carries state, each rank clips its local gradients (all buckets) to
+    c·sqrt(P) before compression, which then waits for the last bucket; otherwise the averaged
+    gradients are clipped to c after the exchange (``clip_grad_norm_`` after DDP's backward).
+
+    ``state.exchange.last_step_bytes`` / ``.total_bytes``: this rank's dense versus sent gradient
+    bytes (:class:`~hvdcompress.accounting.ByteCount`). A warm-up schedule is driven by
+    ``hvdcompress.SparsityScheduler(state.compressor)``.
+    """
+
+    def __init__(self, process_group: Optional[Any] = None,
+                 compression: Union[Compressor, Mapping, None] = None,
+                 optimizer: Optional[torch.optim.Optimizer] = None, collective: str = "auto",
+                 intra_node: Union[Compressor, Mapping, None] = None,
+                 ranks_per_node: Optional[int] = None,
+                 named_parameters: Optional[Iterable] = None,
+                 clip_grad_norm: Optional[float] = None):
+        if intra_node is not None and process_group not in (None, dist.group.WORLD):
+            raise ValueError(f"intra_node={intra_node!r} with process_group={process_group!r}: "
+                             "two-level compression runs over all ranks (its own node and "
+                             "cross-node groups); use process_group=None or intra_node=None")
+        self.options = parse_options(compression, op=_AVERAGE, average_op=_AVERAGE, sum_op="sum",
+                                     clip_grad_norm=clip_grad_norm, collective=collective,
+                                     intra_node=intra_node, ranks_per_node=ranks_per_node)
+        self.compressor = compressor = self.options.compressor
+        check_collective(collective, compressor)   # before any collective runs
+        if getattr(compressor, "takes_over_adam", False):
+            raise ValueError(f"compression={compressor!r}: FrozenAdam replaces the optimizer's "
+                             "step and transforms the gradient before the exchange, which the "
+                             "DDP hook does not do yet; use hvdcompress.torch.DistributedOptimizer")
+        self.process_group = process_group
+        self.comm = DistCollectives(process_group)
+        self.exchange = self._build_exchange()
+        self.optimizer = optimizer
+        self._takes_over = optimizer is not None and takes_over(compressor, optimizer)
+        self._group_of: dict = {}      # parameter -> its param group (the take-over's settings)
+        self._check_optimizer()
+        self._names: dict = {} if named_parameters is None else self._check_names(named_parameters)
+        self._named = named_parameters is not None
+        self._tensors: dict = {}       # parameter name -> the compressor's state of that tensor
+        self._to_device: set = set()   # names loaded by load_state_dict, moved at first use
+        self._suspension = ExitStack()
+        self._buckets: list = []       # this step's (future, buffer, [(param, flat grad)])
+        self._flights: list = []       # launched rounds, in launch order
+        check_ranks_agree({"params": [(n, tuple(p.shape), str(p.dtype)) for p, n in
+                                      sorted(self._names.items(), key=lambda item: item[1])],
+                           **self.options.agreement(self.exchange)},
+                          self.comm, _OPS, torch.zeros(1, device=self._device()),
+                          "hvdcompress.torch.ddp.CompressionState")
+
+    # ---- construction ----------------------------------------------------------------------------
+    def _build_exchange(self) -> Exchange:
+        options = self.options
+        if options.intra_node is None:
+            return Exchange(options.compressor, _OPS, self.comm, collective=options.collective)
+        node, cross = node_groups(options.ranks_per_node)
+        return TwoLevelExchange(options.compressor, options.intra_node, _OPS, DistCollectives(node),
+                                DistCollectives(cross), collective=options.collective)
+
+    def _device(self) -> torch.device:
+        """Where the agreement's bytes travel from: the current CUDA device under NCCL."""
+        backend = dist.get_backend(self.process_group)
+        return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+    def _check_optimizer(self) -> None:
+        compressor, optimizer = self.compressor, self.optimizer
+        if optimizer is None:
+            if compressor.takes_over_momentum and compressor.explicit_momentum is None:
+                warnings.warn(f"{compressor.name} applies SGD's momentum itself, but no optimizer= "
+                              "was given: it runs with momentum 0 (top-k with a residual). Pass "
+                              "optimizer=your torch.optim.SGD so it takes that momentum over",
+                              stacklevel=3)
+            return
+        check_momentum(compressor, optimizer)
+        check_adam(compressor, optimizer)
+        if self._takes_over:
+            optimizer.register_step_pre_hook(self._suspend)
+            optimizer.register_step_post_hook(self._restore)
+
+    @staticmethod
+    def _check_names(named_parameters: Iterable) -> dict:
+        """parameter -> name, from unique (name, parameter) pairs."""
+        named = list(named_parameters)
+        counts = Counter(item[0] for item in named if isinstance(item, tuple) and len(item) == 2)
+        if sum(counts.values()) != len(named):
+            raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
+                             "usually model.named_parameters()")
+        dups = sorted(n for n, c in counts.items() if c > 1)
+        if dups:
+            raise ValueError(f"named_parameters: names must be unique; duplicates: {', '.join(dups)}")
+        return {p: n for n, p in named}
+
+    # ---- the optimizer's step (momentum take-over) -------------------------------------------------
+    def _suspend(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        """Step pre-hook: the settings the compressor applied at 0 for the step."""
+        self._restore()   # a step that raised left them at 0
+        self._suspension.enter_context(suspended(optimizer, True))
+
+    def _restore(self, *_: Any) -> None:
+        """Step post-hook: the user's settings back."""
+        self._suspension.close()
+
+    # ---- the hook ----------------------------------------------------------------------------------
+    def _name(self, p: torch.Tensor) -> str:
+        if p not in self._names:
+            if self._named:
+                raise ValueError(f"a parameter of shape {tuple(p.shape)} in a DDP bucket is not in "
+                                 "named_parameters: pass the DDP model's own named_parameters()")
+            self._names[p] = f"param{len(self._names)}"
+        return self._names[p]
+
+    def _info(self, p: torch.Tensor) -> TensorInfo:
+        info = TensorInfo(name=self._name(p), numel=p.numel(), world=self.comm.world,
+                          rank=self.comm.rank, shape=tuple(p.shape), param=p.detach().reshape(-1))
+        if self._takes_over:
+            if p not in self._group_of:   # param groups added since
+                self._group_of = {q: g for g in self.optimizer.param_groups for q in g["params"]}
+            group = self._group_of.get(p)
+            if group is None:
+                raise ValueError(f"parameter '{info.name}' is not in the optimizer given as "
+                                 "optimizer=: the momentum take-over needs its param group")
+            for field, value in momentum_fields(group).items():
+                setattr(info, field, value)
+        return info
+
+    def _state(self, name: str, device: torch.device) -> dict:
+        state = self._tensors.setdefault(name, {})
+        if name in self._to_device:
+            self._to_device.discard(name)
+            state.update({k: v.to(device) if torch.is_tensor(v) else v for k, v in state.items()})
+        return state
+
+    def _launch(self, pairs: list) -> None:
+        """Compress each (parameter, flat local gradient) and launch them together."""
+        entries = []
+        for p, grad in pairs:
+            info = self._info(p)
+            entries.append(self.exchange.compress(grad, grad, self._state(info.name, grad.device), info))
+        self._flights.append(self.exchange.start(entries))
+
+    def reduce(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """:func:`compression_hook`'s work for one bucket."""
+        buffer = bucket.buffer()
+        if buffer.is_sparse:
+            raise ValueError("a DDP bucket holds sparse gradients, which the compression hook "
+                             "cannot compress; use dense gradients (e.g. nn.Embedding(sparse=False))")
+        self._restore()   # the user's momentum settings, for the take-over's TensorInfo
+        pairs = list(zip(bucket.parameters(), [g.reshape(-1) for g in bucket.gradients()]))
+        future: torch.futures.Future = torch.futures.Future()
+        self._buckets.append((future, buffer, pairs))
+        try:
+            if not self.options.clip_before:
+                self._launch(pairs)
+            if bucket.is_last():
+                self._complete()
+        except BaseException as error:  # the step is lost: fail every future DDP would wait on
+            for waiting, _, _ in self._buckets:
+                if not waiting.done():
+                    waiting.set_exception(error)
+            self._buckets, self._flights = [], []
+            raise
+        if bucket.is_last():
+            self._buckets, self._flights = [], []
+        return future
+
+    def _complete(self) -> None:
+        """After the last bucket: (the local clip and the launches,) every round, the decoded
+        averages in the buffers, (the clip after the exchange,) the futures completed."""
+        grads = sorted(((self._name(p), g) for _, _, pairs in self._buckets for p, g in pairs),
+                       key=lambda item: item[0])  # name order: the norm sums alike on every rank
+        if self.options.clip_before:
+            clip_local_gradients([g for _, g in grads], self.options.clip_grad_norm, self.comm.world)
+            for _, _, pairs in self._buckets:
+                self._launch(pairs)
+        for flight in self._flights:
+            for entry in self.exchange.finish(flight, lambda e: e.key):
+                if entry.total is not None and entry.total is not entry.key:
+                    entry.key.copy_(entry.total)
+        if self.options.clip_grad_norm is not None and not self.options.clip_before:
+            clip_gradients([g for _, g in grads], self.options.clip_grad_norm)
+        self.exchange.end_step()
+        self.compressor.on_step()
+        for future, buffer, _ in self._buckets:
+            future.set_result(buffer)
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The compressor's own state (schedules) and every tensor's buffers (residuals, momenta,
+        PowerSGD's factors), keyed by parameter name."""
+        return {"compressor": self.compressor.state_dict(), "tensors": _cloned(self._tensors)}
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        """Restore :meth:`state_dict`'s output (tensors move to each parameter's device when it
+        is next compressed)."""
+        tensors = state_dict["tensors"]
+        if self._named:
+            unknown = sorted(set(tensors) - set(self._names.values()))
+            if unknown:
+                raise ValueError(f"load_state_dict: compressor state for parameters not in "
+                                 f"named_parameters: {unknown[:5]}")
+        self.compressor.load_state_dict(state_dict["compressor"])
+        self._tensors = _cloned(tensors)
+        self._to_device = set(self._tensors)
+
+
+def _cloned(tensors: Mapping) -> dict:
+    """A copy of per-tensor states: name -> {key: tensor (cloned) or value}."""
+    return {name: {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
+            for name, st in tensors.items()}
+
+
+# No ``from __future__ import annotations`` in this module: DDP's register_comm_hook compares
+# the hook's annotations with dist.GradBucket and Future[Tensor] themselves, not their strings.
+def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the bucket's gradients averaged over the process group through
+    ``state``'s compressor; the future's value is the bucket's buffer, holding the average.
+    Register with ``model.register_comm_hook(state, compression_hook)``."""
+    return state.reduce(bucket)

@@ -1,0 +1,135 @@
+"""What the DDP hook tests train, shared by the torchrun worker (tests/ddp/worker.py) and the
+in-process reference (tests/test_ddp.py): a small model, each rank's batches, the compression
+cases, and the reference itself, the Horovod front end's exchange per parameter on the
+simulator of tests/simulator.py.
+
+DDP puts every parameter in one bucket for the first iteration, records the order in which
+gradients become ready, and then rebuilds its buckets in that order with ``bucket_cap_mb``:
+here two buckets (head, then body; the model registers its layers in the opposite order to
+their use). The hook's per-name state must survive that rebuild.
+"""
+from __future__ import annotations
+
+import threading
+from functools import partial
+from typing import Callable, NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+
+import hvdcompress as hc
+from hvdcompress.compressor import TensorInfo
+from hvdcompress.exchange import Exchange
+from hvdcompress.registry import as_compressor
+from hvdcompress.torch.backend import TorchOps
+from hvdcompress.torch.clipping import clip_gradients, clip_local_gradients
+from hvdcompress.torch.momentum_takeover import momentum_fields, suspended, takes_over
+
+OPS = TorchOps()
+SEED = 3
+BATCH = 16
+BUCKET_CAP_MB = 0.001   # ~1 KB: after the rebuild, head and body in two buckets
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(32, 10)   # registered first, used last
+        self.body = torch.nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(x)))
+
+
+_SEEDING = threading.Lock()   # the reference's simulated ranks are threads: one global RNG
+
+
+def build_model() -> Net:
+    with _SEEDING:
+        torch.manual_seed(SEED)
+        return Net()
+
+
+def batch(rank: int, step: int) -> tuple:
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(BATCH, 64, generator=gen), torch.randint(0, 10, (BATCH,), generator=gen)
+
+
+def sgd(params, momentum: float = 0.9, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1, momentum=momentum, weight_decay=weight_decay)
+
+
+class Case(NamedTuple):
+    """``compression()`` a fresh compressor per rank; ``optimizer(params)``; whether the
+    hook is given the optimizer (the momentum take-over); ``clip_grad_norm``."""
+
+    compression: Callable[[], Optional[hc.Compressor]]
+    optimizer: Callable = sgd
+    take_over: bool = False
+    clip_grad_norm: Optional[float] = None
+
+
+CASES = {
+    "none": Case(lambda: None),
+    "fp16": Case(hc.FP16),
+    "int8": Case(lambda: hc.Int8(chunk=256)),
+    "onebit_ef": Case(lambda: hc.ErrorFeedback(hc.OneBit())),
+    "topk_ef": Case(lambda: hc.ErrorFeedback(hc.TopK(0.05))),
+    "dgc": Case(lambda: hc.DGC(0.95, min_numel=100),
+                lambda params: sgd(params, weight_decay=1e-3), take_over=True),
+    "powersgd": Case(lambda: hc.PowerSGD(rank=2)),
+    "topk_ef_clip": Case(lambda: hc.ErrorFeedback(hc.TopK(0.05)), clip_grad_norm=0.5),
+    "fp16_clip": Case(hc.FP16, clip_grad_norm=0.5),
+}
+#: every registered compressor with its defaults ("registry.<name>"): each must work through the hook
+REGISTRY = {f"registry.{name}": Case(partial(hc.from_params, {"compressor": name})) for name in hc.available()}
+CASES.update(REGISTRY)
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, rank: int, step: int) -> None:
+    x, y = batch(rank, step)
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def flat_params(model: torch.nn.Module) -> dict:
+    """name -> the parameter's values as a list of floats (exact: float32 in a float64)."""
+    return {n: p.detach().reshape(-1).tolist() for n, p in model.named_parameters()}
+
+
+def reference(case: Case, comm, steps: int) -> dict:
+    """One simulated rank (``comm``) of the Horovod front end on this case: the same per-tensor
+    exchange, momentum take-over and clipping as hvdcompress.torch.DistributedOptimizer, one
+    group per step, in name order. The rank's parameters after ``steps`` steps."""
+    model = build_model()
+    opt = case.optimizer(model.parameters())
+    compressor = as_compressor(case.compression())
+    engine = Exchange(compressor, OPS, comm)
+    named = sorted(model.named_parameters())
+    over = case.take_over and takes_over(compressor, opt)
+    carries = compressor.carries_state
+    states = {n: {} for n, _ in named}
+    for step in range(steps):
+        x, y = batch(comm.rank, step)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        grads = [p.grad for _, p in named]
+        if case.clip_grad_norm is not None and carries:
+            clip_local_gradients(grads, case.clip_grad_norm, comm.world)
+        entries = []
+        for name, p in named:
+            info = TensorInfo(name=name, numel=p.numel(), world=comm.world, rank=comm.rank,
+                              shape=tuple(p.shape), param=p.detach().reshape(-1))
+            if over:
+                for field, value in momentum_fields(opt.param_groups[0]).items():
+                    setattr(info, field, value)
+            entries.append(engine.compress(p, p.grad.view(-1), states[name], info))
+        engine.finish(engine.start(entries), lambda e: e.key.grad.view(-1))
+        if case.clip_grad_norm is not None and not carries:
+            clip_gradients(grads, case.clip_grad_norm)
+        engine.end_step()
+        compressor.on_step()
+        with suspended(opt, over):
+            opt.step()
+    return flat_params(model)

@@ -1,0 +1,102 @@
+"""One torchrun rank of tests/test_ddp.py: trains tests/ddp/cases.py's model under
+DistributedDataParallel with hvdcompress's communication hook, for each case asked, and writes
+one record per case to its rank's result file (examples/hvdrun.py's ``write_result``).
+
+    torchrun --standalone --nproc_per_node 2 tests/ddp/worker.py --cases none,dgc --steps 4 \
+        --resume dgc
+
+Each record: the case, the parameters after ``--steps`` steps, the parameter names of every
+bucket the hook saw (to show DDP rebuilt its buckets), and for a ``--resume`` case whether
+training resumed from a checkpoint taken halfway (model, optimizer, hook state) ends on the
+same bits as training straight through.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from hvdrun import write_result  # noqa: E402
+
+from cases import BUCKET_CAP_MB, CASES, Case, build_model, flat_params, train_step  # noqa: E402
+from hvdcompress.torch import ddp  # noqa: E402
+
+
+class Run:
+    """A DDP model, its optimizer and its hook state for one case, from ``checkpoint`` if given."""
+
+    def __init__(self, case: Case, checkpoint: dict | None = None):
+        self.net = build_model()
+        self.model = DDP(self.net, bucket_cap_mb=BUCKET_CAP_MB)
+        self.opt = case.optimizer(self.model.parameters())
+        self.state = ddp.CompressionState(compression=case.compression(),
+                                          optimizer=self.opt if case.take_over else None,
+                                          named_parameters=self.net.named_parameters(),
+                                          clip_grad_norm=case.clip_grad_norm)
+        if checkpoint is not None:
+            self.net.load_state_dict(checkpoint["model"])
+            self.opt.load_state_dict(checkpoint["opt"])
+            self.state.load_state_dict(checkpoint["hook"])
+        self.layouts: list = []
+        names = {p: n for n, p in self.net.named_parameters()}
+
+        def recording(state, bucket):
+            self.layouts.append([names[p] for p in bucket.parameters()])
+            return ddp.compression_hook(state, bucket)
+        self.model.register_comm_hook(self.state, recording)
+
+    def train(self, first: int, last: int) -> None:
+        for step in range(first, last):
+            train_step(self.model, self.opt, dist.get_rank(), step)
+
+    def checkpoint(self) -> dict:
+        """Through torch.save and torch.load, as a file would."""
+        buffer = io.BytesIO()
+        torch.save({"model": self.net.state_dict(), "opt": self.opt.state_dict(),
+                    "hook": self.state.state_dict()}, buffer)
+        buffer.seek(0)
+        return torch.load(buffer)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", required=True)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--resume", default="")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    resume = [c for c in args.resume.split(",") if c]
+    for name in args.cases.split(","):
+        run = Run(CASES[name])
+        record = {"case": name}
+        if name in resume:
+            half = args.steps // 2
+            run.train(0, half)
+            saved = run.checkpoint()
+            again = Run(CASES[name], saved)
+            again.train(half, args.steps)
+            record["resumed"] = flat_params(again.net)
+            record["resumed_layouts"] = again.layouts
+            run.train(half, args.steps)
+        else:
+            run.train(0, args.steps)
+        record.update(params=flat_params(run.net), layouts=run.layouts,
+                      sent_bytes=run.state.exchange.total_bytes.sent,
+                      dense_bytes=run.state.exchange.total_bytes.dense)
+        write_result(rank, record)
+    dist.barrier()   # no rank tears its connections down under another's last collective
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

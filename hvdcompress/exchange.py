@@ -28,6 +28,10 @@ depends only on the compressor, the tensor's size and the number of ranks P):
   the allgather ((P-1) · B; at P = 2 both send B), for each tensor whose measured segment
   payloads keep it so (per-segment scales and padding make it lose on tiny tensors).
 
+A :class:`Planner` compressor (``compression="auto"``, :mod:`hvdcompress.auto`) picks each
+tensor's compressor and collective itself; :attr:`Exchange.busy_s` counts the seconds a rank
+spends in the engine, which it compares with its prediction.
+
 Each multi-round algorithm (PowerSGD, CSC) keeps its rounds in :attr:`Packet.resume`; the
 engine runs them in turn. Each :class:`Send` of a round may name its own process set: the
 two-level exchange (:mod:`hvdcompress.two_level`) runs the node level over one and the shard's
@@ -36,7 +40,9 @@ payloads stand for, times ``scale`` (predivide / P for an average).
 """
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
@@ -109,6 +115,38 @@ def choose_collective(collective: str, compressor: Compressor, world: int) -> st
     if collective != "auto":
         return collective
     return "alltoall" if compressor.supports_alltoall and world >= 3 else "allgather"
+
+
+class Planner(ABC):
+    """A compressor that picks each tensor's collective itself (``compression="auto"``,
+    :class:`hvdcompress.auto.Auto`): the engine asks it instead of :func:`choose_collective`,
+    handing over itself (its collectives, ops and :attr:`Exchange.busy_s`), and tells it when
+    each step ends."""
+
+    @abstractmethod
+    def collective_of(self, info: TensorInfo, engine: "Exchange", like: Tensor) -> str:
+        """'allreduce', 'allgather' or 'alltoall' for this tensor (the same on every rank);
+        ``like``: a tensor on the gradient's device."""
+
+    @abstractmethod
+    def after_step(self, engine: "Exchange") -> None:
+        """The step has ended on this rank (every rank calls it once per step)."""
+
+
+def _busy(method: Callable) -> Callable:
+    """Add the seconds spent in ``method`` to :attr:`Exchange.busy_s` (the outermost call only:
+    :meth:`Exchange.finish` recurses, :meth:`Exchange.compress` is called by wrappers' hooks)."""
+    @functools.wraps(method)
+    def timed(self: "Exchange", *args: Any, **kwargs: Any) -> Any:
+        if self._timing:
+            return method(self, *args, **kwargs)
+        self._timing, begin = True, time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._timing = False
+            self.busy_s += time.perf_counter() - begin
+    return timed
 
 
 class PrefixedState(MutableMapping):
@@ -211,6 +249,8 @@ class Exchange:
         self.plan: dict = {}   # tensor name -> (numel, collective, payload bytes, wire bytes)
         self._logged = not log_plan   # log_plan=False: an engine that logs this one's plan
         self._auto: dict = {}  # tensor name -> the collective 'auto' measured for it
+        self.busy_s = 0.0      # seconds this rank spent compressing, launching, waiting, decoding
+        self._timing = False
 
     @property
     def ranks(self) -> int:
@@ -227,7 +267,10 @@ class Exchange:
         sizes depend only on the tensor's size). With ``auto``, the compressed allreduce only
         where its measured payloads put fewer bytes on the link than the allgather's: each of
         its P segments carries its own scale or bounds and a tensor is padded to P segments, so
-        on tiny tensors (biases) it loses. Decided once per tensor (:meth:`_cheaper`)."""
+        on tiny tensors (biases) it loses. Decided once per tensor (:meth:`_cheaper`). A
+        :class:`Planner` compressor decides itself."""
+        if isinstance(self.compressor, Planner):
+            return self.compressor.collective_of(info, self, like)
         choice = choose_collective(self.collective, self.compressor, self.comm.world)
         if choice != "alltoall" or self.collective == "alltoall":
             return choice
@@ -268,6 +311,7 @@ class Exchange:
         me = self.comm.rank
         server.init_state(self.ops, like, PrefixedState(state, "sum."), self._segment_info(info, me, length, "sum"))
 
+    @_busy
     def compress(self, key: Any, x: Tensor, state: MutableMapping, info: TensorInfo) -> Entry:
         """Compress the flat gradient ``x`` of one tensor (already divided by ``predivide``)."""
         entry = Entry(key, info, state)
@@ -319,6 +363,7 @@ class Exchange:
                           nesterov=info.nesterov, weight_decay=info.weight_decay)
 
     # ---- communicate ---------------------------------------------------------------------------
+    @_busy
     def start(self, entries: list, number: int = 0) -> _Round:
         """Launch round ``number`` of ``entries`` (one grouped call per collective)."""
         sends = [Send(e, e.packet.tensors, e.collective) for e in entries if e.info.numel]
@@ -375,6 +420,7 @@ class Exchange:
                 out[i] = self.ops.concat(pieces[k::len(idx)])
         return out
 
+    @_busy
     def finish(self, flight: _Round, out_of: Callable[[Entry], Optional[Tensor]] = lambda e: None) -> list:
         """Wait for a round, run the following rounds, decode every entry into
         ``out_of(entry)`` (a flat buffer to decode into, or None), scale it; return the entries."""
@@ -461,6 +507,8 @@ class Exchange:
             if self._logs_plan():
                 log.info("hvdcompress exchange plan (P=%d, %s):\n%s", self.ranks,
                          self.describe(), self.plan_table())
+        if isinstance(self.compressor, Planner):
+            self.compressor.after_step(self)
 
     def describe(self) -> str:
         """The compression, in words, for the plan's log line."""

@@ -2,9 +2,12 @@
 
 The torch optimizer, the TF tape and the Keras optimizer take Horovod's arguments plus
 hvdcompress's own (``compression``, ``clip_grad_norm``, ``collective``, ``intra_node``,
-``ranks_per_node``, ``check_replicas``). :func:`parse_options` turns them into one
-:class:`Options` at construction: a compressor for ``compression`` and ``intra_node`` (dicts go
-through :func:`hvdcompress.from_params`), ``op`` as ``average``, ``num_groups`` folded into
+``ranks_per_node``, ``check_replicas``, ``auto_allowed``, ``link``). :func:`parse_options` turns
+them into one :class:`Options` at construction: a compressor for ``compression`` and
+``intra_node`` (dicts go through :func:`hvdcompress.from_params`; ``"auto"`` with
+``auto_allowed`` and ``link`` is :class:`hvdcompress.auto.Auto`, which plans at the first
+exchange through the engine the front end builds, so front ends only pass the arguments on),
+``op`` as ``average``, ``num_groups`` folded into
 ``groups``; every error names the argument, the value and what is allowed. What follows from
 the options is decided here too, the same for every front end:
 
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from .auto import Auto, from_arguments
 from .clipping import check_clip_grad_norm, clips_before_exchange
 from .compressor import Compressor
 from .compressors.cast import FP16
@@ -119,11 +123,17 @@ def parse_options(compression: Any = None, *, op: Any, average_op: Any, sum_op: 
                   clip_grad_norm: Optional[float] = None, collective: str = "auto",
                   intra_node: Any = None, ranks_per_node: Optional[int] = None,
                   check_replicas: Optional[int] = None, process_set: Any = None,
-                  global_set: Any = None) -> Options:
+                  global_set: Any = None, auto_allowed: Any = None, link: Any = None) -> Options:
     """:class:`Options` from a front end's keyword arguments. ``average_op`` / ``sum_op`` are the
     framework's ``hvd.Average`` / ``hvd.Sum``; ``process_set`` / ``global_set`` the one given
-    and Horovod's global set (two-level runs over the global set only)."""
-    compressor = as_compressor(compression)
+    and Horovod's global set (two-level runs over the global set only); ``auto_allowed`` and
+    ``link`` go with ``compression="auto"`` (:mod:`hvdcompress.auto`)."""
+    auto = from_arguments(compression, auto_allowed, link)
+    compressor = as_compressor(compression) if auto is None else auto
+    if isinstance(compressor, Auto) and (collective != "auto" or intra_node is not None):
+        raise ValueError(f"compression={compression!r} with collective={collective!r} and "
+                         f"intra_node={intra_node!r}: auto picks each tensor's collective on the "
+                         "flat exchange; allowed: collective='auto' and intra_node=None")
     if op not in (average_op, sum_op):
         raise ValueError(f"op={op!r}: allowed: hvd.Average or hvd.Sum (Adasum, Min, Max and "
                          "Product do not combine with compression)")

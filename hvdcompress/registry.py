@@ -16,6 +16,9 @@ Values may be strings (as from a command line or a config file) or typed. Keys:
   the Adam/AdamW take-over), with ``freeze_steps`` (default: ``ceil(0.25 / (1 - beta2))``) and
   ``adam_send``: what is compressed after the freeze, ``"gradient"`` (default) or ``"momentum"``.
 * ``seed``: the seed of compressors that draw random numbers; checked and unused by the others.
+* ``compressor="auto"``: :class:`hvdcompress.auto.Auto`, which picks one of the others per
+  tensor (not listed by :func:`available`); keys ``allowed`` (``"none,fp16,int8"``), ``link``
+  (``"10gbit,50us"``), ``calibration``, ``replan``; no decorator or warm-up keys.
 
 BytePS's keys are read as the same keys, so a BytePS config works unchanged:
 
@@ -71,6 +74,19 @@ BYTEPS_PARAMS: Dict[str, Dict[str, str]] = {
 WARMUP_FORMS = ("warmup_epochs", "warmup_steps", "warmup_sparsities")
 WARMUP_KEYS = WARMUP_FORMS + ("warmup_unit", "rampup_begin_step", "rampup_step")
 _RAMP_UNITS = {"warmup_epochs": "epoch", "warmup_steps": "step"}
+AUTO = "auto"   # compressor="auto": hvdcompress.auto.Auto picks one of the others per tensor
+
+
+def _compressor_class(name: str, key: str) -> Type[Compressor]:
+    """The class of a registered ``name``, or :class:`hvdcompress.auto.Auto` for ``"auto"``
+    (a planner over the algorithms, not one of them: not in :func:`available`)."""
+    if name == AUTO:
+        from .auto import Auto
+        return Auto
+    if name not in _REGISTRY:
+        raise ValueError(f"from_params: {key}={name!r} is unknown; allowed: "
+                         f"{', '.join(available())}, {AUTO}")
+    return _REGISTRY[name]
 
 
 def register(cls: Type[Compressor]) -> Type[Compressor]:
@@ -179,10 +195,13 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
     name = given.pop("compressor", None)
     if name is None:
         raise ValueError(f"from_params: key 'compressor' is missing; allowed: {', '.join(available())}")
-    if name not in _REGISTRY:
-        raise ValueError(f"from_params: {spelled['compressor']}={name!r} is unknown; allowed: "
-                         f"{', '.join(available())}")
-    cls = _REGISTRY[name]
+    cls = _compressor_class(name, spelled["compressor"])
+    if name == AUTO:
+        extra = next((k for k in DECORATOR_KEYS + WARMUP_KEYS if k in given), None)
+        if extra is not None:
+            raise ValueError(f"from_params: {spelled[extra]}={given[extra]!r} with compressor='auto': "
+                             "auto picks each tensor's compressor; allowed keys: compressor, "
+                             f"{', '.join(_signature(cls))} (list e.g. 'onebit+ef' in allowed)")
     _rename(given, spelled, BYTEPS_PARAMS.get(name, {}), f"{name}'s ")
     ef = given.pop("ef", "none")
     momentum = given.pop("momentum", "none")
@@ -286,9 +305,11 @@ def parse_params(text: str) -> Dict[str, str]:
 
 def as_compressor(compression: Any) -> Compressor:
     """What the framework wrappers accept as ``compression=``: a Compressor, a dict for
-    :func:`from_params`, or None (no compression)."""
+    :func:`from_params`, ``"auto"`` (:class:`hvdcompress.auto.Auto`) or None (no compression)."""
     from .compressors.none import NoCompression
 
+    if isinstance(compression, str) and compression == AUTO:
+        return from_params({"compressor": AUTO})
     if compression is None:
         return NoCompression()
     if isinstance(compression, Compressor):

@@ -47,7 +47,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             groups=None, process_set=hvd.global_process_set,
                             clip_grad_norm: float = None, collective: str = "auto",
                             intra_node: Any = None, ranks_per_node: int = None,
-                            check_replicas: int = None) -> tf.GradientTape:
+                            check_replicas: int = None, auto_allowed: Any = None,
+                            link: Any = None) -> tf.GradientTape:
     """Wrap ``gradtape`` so that :meth:`gradient` returns gradients averaged over ranks.
 
     Arguments are those of ``horovod.tensorflow.DistributedGradientTape``; ``compression`` takes
@@ -68,6 +69,10 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     :class:`hvdcompress.replicas.ReplicaMismatch` on every rank at the first difference (default:
     the environment variable ``HVDCOMPRESS_CHECK_REPLICAS``, else off; the step count lives
     with the compressor, across tapes; see :mod:`hvdcompress.replicas`).
+    ``compression="auto"`` with ``auto_allowed`` / ``link``: per tensor, the compressor and
+    collective the cost model picks, as on the torch optimizer (:mod:`hvdcompress.auto`); the
+    plan lives with the compressor object: pass the same ``hvdcompress.auto.Auto`` (or
+    ``tape.exchange.compressor`` of the first tape) to every step's tape, or it plans anew.
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"gradtape={gradtape!r}: allowed: a tf.GradientTape")
@@ -77,7 +82,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                                num_groups=num_groups, groups=groups, process_set=process_set,
                                clip_grad_norm=clip_grad_norm, collective=collective,
                                intra_node=intra_node, ranks_per_node=ranks_per_node,
-                               check_replicas=check_replicas)
+                               check_replicas=check_replicas, auto_allowed=auto_allowed, link=link)
     cls = subclass_with(gradtape.__class__, _DistributedGradientTape)
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)

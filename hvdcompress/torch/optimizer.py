@@ -411,7 +411,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Optional[Iterable] = None,
-                         compression: Union[Compressor, Mapping, None] = None,
+                         compression: Union[Compressor, Mapping, str, None] = None,
                          backward_passes_per_step: int = 1, op=hvd.Average,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups=None, sparse_as_dense: bool = False,
@@ -419,7 +419,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          clip_grad_norm: Optional[float] = None,
                          collective: str = "auto", intra_node: Union[Compressor, Mapping, None] = None,
                          ranks_per_node: Optional[int] = None,
-                         check_replicas: Optional[int] = None) -> torch.optim.Optimizer:
+                         check_replicas: Optional[int] = None, auto_allowed=None,
+                         link=None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are compressed, exchanged and averaged over ranks.
 
     Arguments are those of ``horovod.torch.DistributedOptimizer``; ``compression`` takes an
@@ -471,6 +472,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     parameter, the step and which ranks disagree. Default: the environment variable
     ``HVDCOMPRESS_CHECK_REPLICAS``, else off (see :mod:`hvdcompress.replicas`).
 
+    ``compression="auto"``: per tensor, the compressor and collective the cost model predicts
+    fastest, from ``auto_allowed`` (default the accuracy-safe none, fp16, bf16, int8), on the
+    link measured over the process set at the first exchange or given as ``link=`` (e.g.
+    ``{"bandwidth": "10gbit", "latency": "50us"}``); see :mod:`hvdcompress.auto` and
+    docs/auto.md. The :class:`~hvdcompress.auto.Auto` is ``optimizer._compression``.
+
     A rank outside ``process_set`` builds the optimizer, does no collective for it, and its
     ``step()`` applies its own local gradients with the wrapped optimizer, as Horovod's does.
     """
@@ -481,7 +488,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                             clip_grad_norm=clip_grad_norm, collective=collective,
                             intra_node=intra_node, ranks_per_node=ranks_per_node,
                             check_replicas=check_replicas, process_set=process_set,
-                            global_set=hvd.global_process_set)
+                            global_set=hvd.global_process_set, auto_allowed=auto_allowed, link=link)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, options, process_set,

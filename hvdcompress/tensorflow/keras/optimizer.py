@@ -192,7 +192,8 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
                          groups=None, process_set=hvd.global_process_set,
                          clip_grad_norm: float = None, collective: str = "auto",
                          intra_node: Any = None, ranks_per_node: int = None,
-                         check_replicas: int = None) -> Any:
+                         check_replicas: int = None, auto_allowed: Any = None,
+                         link: Any = None) -> Any:
     """Wrap a Keras ``optimizer`` so that gradients are compressed, exchanged and averaged.
 
     Arguments are those of ``horovod.tensorflow.keras.DistributedOptimizer``; ``compression``
@@ -215,6 +216,8 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     :class:`hvdcompress.replicas.ReplicaMismatch` on every rank at the first difference (default:
     the environment variable ``HVDCOMPRESS_CHECK_REPLICAS``, else off; see
     :mod:`hvdcompress.replicas`).
+    ``compression="auto"`` with ``auto_allowed`` / ``link``: per tensor, the compressor and
+    collective the cost model picks, as on the torch optimizer (:mod:`hvdcompress.auto`).
     """
     if not isinstance(optimizer, _keras_classes("Optimizer")):
         raise TypeError(f"optimizer={optimizer!r}: allowed: a Keras optimizer "
@@ -226,7 +229,7 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
                                num_groups=num_groups, groups=groups, process_set=process_set,
                                clip_grad_norm=clip_grad_norm, collective=collective,
                                intra_node=intra_node, ranks_per_node=ranks_per_node,
-                               check_replicas=check_replicas)
+                               check_replicas=check_replicas, auto_allowed=auto_allowed, link=link)
     compressor = options.core.compressor
     config = optimizer.get_config()
     _warn_keras_clipping(compressor, options.core.intra_node, config)

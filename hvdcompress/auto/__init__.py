@@ -1,0 +1,40 @@
+"""``compression="auto"``: per tensor, the compressor and collective the cost model
+(:mod:`hvdcompress.plan`) predicts fastest on this process set's link, from an allowed set.
+
+    opt = hvc.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression="auto")                       # measure the link
+    opt = hvc.DistributedOptimizer(..., compression="auto", link={"bandwidth": "10gbit", "latency": "50us"},
+                                   auto_allowed=["none", "fp16", "int8", "onebit+ef"])
+    hvdcompress.from_params({"compressor": "auto", "allowed": "none,fp16,int8", "link": "10gbit,50us"})
+
+:mod:`.choice`: the per-tensor pick (pure); :mod:`.probe`: the link and the calibration, rank
+0's for every rank; :mod:`.compressor`: :class:`Auto`, planning at the first exchange and
+re-planning once. User guide: docs/auto.md.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..compressor import Compressor
+from .choice import CHOICES, SAFE, Choice, choose, parse_allowed, parse_link, predict_exchange
+from .compressor import Auto, Dispatch
+
+from ..registry import AUTO
+
+
+def from_arguments(compression: Any, auto_allowed: Any = None, link: Any = None) -> Optional[Compressor]:
+    """The front ends' ``compression="auto"`` with ``auto_allowed=`` and ``link=`` as an
+    :class:`Auto`; None for any other ``compression``, which then takes neither argument."""
+    if isinstance(compression, str) and compression == AUTO:
+        parse_allowed(auto_allowed, "auto_allowed")   # errors named as the front end spells them
+        return Auto(allowed=auto_allowed, link=parse_link(link, "link"))
+    for key, value in (("auto_allowed", auto_allowed), ("link", link)):
+        if value is not None:
+            raise ValueError(f"{key}={value!r} without compression='auto'; allowed: None, or "
+                             f"compression='auto' (with compression={compression!r}, give "
+                             "allowed= and link= to hvdcompress.auto.Auto or from_params)")
+    return None
+
+
+__all__ = ["AUTO", "Auto", "CHOICES", "Choice", "Dispatch", "SAFE", "choose", "from_arguments",
+           "parse_allowed", "parse_link", "predict_exchange"]

@@ -1,0 +1,269 @@
+"""``compression="auto"``: a compressor that hands each tensor to the compressor and collective
+the cost model picks for it (:mod:`hvdcompress.auto.choice`), planned at the first exchange.
+
+**When.** At the first exchange, when the engine asks for the first tensor's collective
+(:class:`hvdcompress.exchange.Planner`): the link is measured then (or taken from ``link=``) and
+the calibration loaded, rank 0's both handed to every rank; each tensor is then picked the
+first time it is exchanged, from its shape alone. The first exchange is where every front end
+knows its tensors and has its collectives (the TF tape and Keras optimizer do not know their
+variables before), and the choice needs no list of all tensors, so it cannot depend on the
+order in which ranks' gradients become ready. At the end of the first step every rank checks
+that all ranks picked the same (:func:`hvdcompress.agreement.check_ranks_agree`) and rank 0
+logs the plan and the predicted exchange time.
+
+**Re-plan, once.** The model does not know the step's compute; it predicts the exchange's time
+P (network N plus codec K, :func:`~hvdcompress.auto.choice.predict_exchange`). Over
+:data:`CHECK_STEPS` steps after :data:`WARMUP_STEPS`, each rank measures its step time S
+(between the ends of two steps) and E, the time it spent in the engine (compressing, launching,
+waiting, decoding: :attr:`hvdcompress.exchange.Exchange.busy_s`); the means over ranks (one
+allreduce, identical on every rank) give the predicted step C + P with C = S - E, the measured
+compute. If S is off by more than :data:`TOLERANCE` of C + P, i.e. ``|E - P| > 25% (C + P)``,
+the link is scaled by f = (E - K) / N (alpha·f, beta/f: the network the engine saw, overlap with
+the backward included) and every tensor is picked again at its next exchange.
+
+**State.** A tensor's sub-compressor keeps its state in the tensor's own state dict under
+``<label>/`` (a re-plan that changes a tensor's compressor starts the new one's state fresh and
+leaves the old one's in place), and the compressor-wide counters under the same prefix, so
+checkpoints work as with any compressor. The plan itself is not checkpointed: a restarted job
+plans again.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import MutableMapping
+from typing import Any, Mapping, Optional, Union
+
+import numpy as np
+
+from ..agreement import check_ranks_agree
+from ..backend import Ops, Tensor
+from ..compressor import Compressor, Packet, TensorInfo
+from ..exchange import Exchange, Planner, PrefixedState
+from ..plan.calibration import Calibration
+from ..plan.links import Link
+from ..plan.pipeline import Fusion
+from ..registry import from_params
+from .choice import SAFE, choose, flat_cluster, parse_allowed, parse_link, predict_exchange
+from .probe import from_rank0, machine_calibration, measure_link
+
+log = logging.getLogger("hvdcompress")
+WARMUP_STEPS = 3     # steps before the check (the first one plans and checks the agreement)
+CHECK_STEPS = 5      # steps measured for the check
+TOLERANCE = 0.25     # re-plan when the step is off by more than this share of the prediction
+CALIBRATIONS = ("machine", None)
+
+
+def replan_link(link: Link, step_s: float, exchange_s: float, predicted_s: float,
+                network_s: float) -> tuple:
+    """(error, the link to re-plan with, or None): ``step_s`` and ``exchange_s`` measured (S and
+    E), ``predicted_s`` the exchange's prediction (P), ``network_s`` its network part (N). With
+    C = S - E the compute, error = |E - P| / (C + P); above :data:`TOLERANCE` the link is scaled
+    by f = (E - K) / N, K = P - N the codec time (at least 5% of N: f > 0)."""
+    compute = max(step_s - exchange_s, 0.0)
+    error = abs(exchange_s - predicted_s) / max(compute + predicted_s, 1e-12)
+    if error <= TOLERANCE or network_s <= 0:
+        return error, None
+    factor = max(exchange_s - (predicted_s - network_s), 0.05 * network_s) / network_s
+    return error, Link(link.alpha_s * factor, link.beta_bytes_per_s / factor)
+
+
+class Dispatch(Compressor):
+    """Each tensor to the compressor ``subs[choice[name]]``, its state under ``<label>/``.
+    Segments and shards of a tensor (``name#seg0``, ``name#sum1``) go where the tensor goes."""
+
+    name = "auto"
+
+    def __init__(self, subs: Mapping[str, Compressor], choice: dict):
+        self._subs, self._choice = dict(subs), choice
+
+    @property
+    def keeps_residual(self) -> bool:  # type: ignore[override]
+        return any(sub.keeps_residual for sub in self._subs.values())
+
+    @property
+    def supports_alltoall(self) -> bool:  # type: ignore[override]
+        return any(sub.supports_alltoall for sub in self._subs.values())
+
+    def _pick(self, info: TensorInfo, state: MutableMapping) -> tuple:
+        """(the tensor's compressor, its state view)."""
+        name = info.name if info.name in self._choice else info.name.rsplit("#", 1)[0]
+        if name not in self._choice:
+            raise RuntimeError(f"auto: no compressor picked for '{info.name}': Auto must be the "
+                               "compression itself (not wrapped in another compressor) so that "
+                               "the exchange asks it for each tensor's collective")
+        label = self._choice[name]
+        return self._subs[label], PrefixedState(state, f"{label}/")
+
+    def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
+        sub, view = self._pick(info, state)
+        sub.init_state(ops, x, view, info)
+
+    def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
+        sub, view = self._pick(info, state)
+        return sub.compress(ops, x, view, info)
+
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
+        return self._pick(info, {})[0].decompress(ops, tensors, ctx, info, out)
+
+    def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                            world: int, out: Optional[Tensor] = None) -> Tensor:
+        return self._pick(info, {})[0].decompress_gathered(ops, tensors, ctx, info, world, out)
+
+    def server_side(self) -> "Dispatch":
+        return Dispatch({label: sub.server_side() for label, sub in self._subs.items()}, self._choice)
+
+    def on_step(self) -> None:
+        for sub in self._subs.values():
+            sub.on_step()
+
+    def set_epoch(self, epoch: int) -> None:
+        for sub in self._subs.values():
+            sub.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return {f"{label}/{key}": value for label, sub in self._subs.items()
+                for key, value in sub.state_dict().items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for label, sub in self._subs.items():
+            prefix = f"{label}/"
+            sub.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+
+
+class Auto(Dispatch, Planner):
+    """``compression="auto"`` (see the module doc).
+
+    ``allowed``: what it may pick, labels (:data:`hvdcompress.auto.choice.CHOICES`) or
+    :func:`hvdcompress.from_params` dicts, a list or a comma-separated string; default the
+    accuracy-safe ``none, fp16, bf16, int8``. ``link``: None (measured over the process set at
+    the first exchange), a :class:`hvdcompress.plan.Link`, ``{"bandwidth": "10gbit", "latency":
+    "50us"}`` or ``"10gbit,50us"``. ``calibration``: ``"machine"`` (this machine's cached codec
+    times, the missing ones measured now), None (codec time left out) or a
+    :class:`~hvdcompress.plan.Calibration`. ``replan``: check the prediction after warm-up and
+    re-plan once if it is off by more than 25%.
+
+    After the first step: :attr:`plan` (tensor name -> (label, collective)), :attr:`network`
+    (the link planned with), :attr:`predicted_exchange_s`, :attr:`checks` (the re-plan check).
+    """
+
+    def __init__(self, allowed: Union[str, list, tuple] = SAFE, link: Union[str, Mapping, Link, None] = None,
+                 calibration: Union[str, Calibration, None] = "machine", replan: bool = True):
+        specs = parse_allowed(allowed)
+        super().__init__({label: from_params(spec) for label, spec in specs.items()}, {})
+        if not (isinstance(calibration, Calibration) or calibration in CALIBRATIONS):
+            raise ValueError(f"calibration={calibration!r}: allowed: 'machine' (this machine's "
+                             "cached codec times), None (codec time left out) or a "
+                             "hvdcompress.plan.Calibration")
+        if not isinstance(replan, bool):
+            raise ValueError(f"replan={replan!r}: allowed: True or False")
+        self.allowed = tuple(specs)
+        self.link = parse_link(link)
+        self.calibration = calibration if isinstance(calibration, (str, type(None))) else "given"
+        self.replan = replan
+        self._specs, self._given = specs, calibration
+        self._inputs: Optional[tuple] = None   # (link, calibration, fusion) from rank 0
+        self._picked: dict = {}                # tensor name -> Choice
+        self._fresh = False                    # picks not yet agreed on and logged
+        self._steps, self._mark = 0, None
+        self._sample: Any = None               # a one-element tensor on the gradients' device
+        self.predicted_exchange_s: Optional[float] = None
+        self.checks: list = []
+
+    def config(self) -> dict:
+        """The constructor's arguments (the same on every rank: the rank agreement compares them)."""
+        return {"allowed": self.allowed, "link": self.link, "calibration": self.calibration,
+                "replan": self.replan}
+
+    @property
+    def plan(self) -> dict:
+        """Tensor name -> (compressor label, collective), in name order."""
+        return {name: (c.label, c.collective) for name, c in sorted(self._picked.items())}
+
+    @property
+    def network(self) -> Optional[Link]:
+        """The link the plan was made for (rank 0's, scaled by a re-plan)."""
+        return None if self._inputs is None else self._inputs[0]
+
+    # ---- the engine's questions ----------------------------------------------------------------
+    def collective_of(self, info: TensorInfo, engine: Exchange, like: Tensor) -> str:
+        """Pick the tensor's compressor and collective on its first exchange (see the module doc)."""
+        if info.name not in self._picked:
+            if self._inputs is None:
+                self._inputs = self._gather_inputs(engine, like)
+            link, calibration, _ = self._inputs
+            shape = info.shape if math.prod(info.shape or (0,)) == info.numel else (info.numel,)
+            choice = choose(shape, flat_cluster(engine.comm.world, link), self._specs, calibration)
+            self._picked[info.name], self._choice[info.name] = choice, choice.label
+            self._fresh = True
+        return self._picked[info.name].collective
+
+    def _gather_inputs(self, engine: Exchange, like: Tensor) -> tuple:
+        """(link, calibration, fusion): measured or given on rank 0, the same on every rank."""
+        comm, ops = engine.comm, engine.ops
+        self._sample = ops.zeros(1, like=like, dtype="float32")   # for the metadata collectives
+        link = self.link or measure_link(comm, ops, like)
+        mine = None
+        if comm.rank == 0:
+            calibration = machine_calibration(self._specs.values()) if self._given == "machine" else self._given
+            mine = (link, calibration, Fusion.from_env())
+        return from_rank0(mine, comm, ops, self._sample)
+
+    def after_step(self, engine: Exchange) -> None:
+        """Agree on and log fresh picks; time the steps after warm-up and re-plan once."""
+        self._steps += 1
+        if self._fresh and self._picked:
+            self._fresh = False
+            self._agree_and_log(engine)
+        if not self.replan or self.checks:
+            return
+        if self._steps == WARMUP_STEPS:
+            self._mark = (time.perf_counter(), engine.busy_s)
+        elif self._steps == WARMUP_STEPS + CHECK_STEPS:
+            self._check(engine)
+
+    # ---- agreement, log, re-plan -----------------------------------------------------------------
+    def _agree_and_log(self, engine: Exchange) -> None:
+        link = self.network
+        mine = {"auto plan": sorted((n, c.label, c.collective) for n, c in self._picked.items()),
+                "link": (link.alpha_s, link.beta_bytes_per_s)}
+        check_ranks_agree(mine, engine.comm, engine.ops, self._sample, "hvdcompress auto")
+        self.predicted_exchange_s = predict_exchange(self._picked, self._inputs[2])
+        if engine.comm.rank != 0:
+            return
+        rows = ["tensor | numel | compressor | collective | alone s | wire B/rank"]
+        rows += [f"{name} | {engine.plan.get(name, (0,))[0]} | {c.label} | {c.collective} | "
+                 f"{c.seconds:.3g} | {c.wire_bytes:.0f}" for name, c in sorted(self._picked.items())]
+        log.info("hvdcompress auto plan (P=%d, link alpha=%.3g s, beta=%.4g B/s, codec time %s): "
+                 "predicted exchange %.4g s per step (the step: that plus its compute)\n%s",
+                 engine.comm.world, link.alpha_s, link.beta_bytes_per_s,
+                 "calibrated" if self._inputs[1] is not None else "left out",
+                 self.predicted_exchange_s, "\n".join(rows))
+
+    def _check(self, engine: Exchange) -> None:
+        """Compare the measured steps with the prediction (means over ranks) and re-plan once
+        if they are off by more than :data:`TOLERANCE` (see the module doc)."""
+        comm, ops = engine.comm, engine.ops
+        began, busy = self._mark
+        mine = np.array([time.perf_counter() - began, engine.busy_s - busy], np.float64)
+        total = comm.wait(comm.allreduce([ops.from_numpy(mine, self._sample)], "hvdc.auto.check"))[0]
+        step_s, exchange_s = ops.to_numpy(total) / (CHECK_STEPS * comm.world)
+        link, calibration, fusion = self._inputs
+        predicted = self.predicted_exchange_s
+        error, scaled = replan_link(link, step_s, exchange_s, predicted,
+                                    predict_exchange(self._picked, fusion, codec=False))
+        compute = max(step_s - exchange_s, 0.0)
+        self.checks.append({"step_s": float(step_s), "exchange_s": float(exchange_s),
+                            "predicted_step_s": compute + predicted, "error": error,
+                            "replanned": scaled is not None})
+        if comm.rank == 0:
+            log.info("hvdcompress auto: measured step %.4g s (exchange %.4g s), predicted %.4g s "
+                     "(compute %.4g + exchange %.4g): off by %.0f%%%s", step_s, exchange_s,
+                     compute + predicted, compute, predicted, 100 * error,
+                     "; re-planning with the link scaled to what the exchange took" if scaled else "")
+        if scaled is not None:
+            self._inputs = (scaled, calibration, fusion)
+            self._picked.clear()
+            self._choice.clear()

@@ -1,0 +1,85 @@
+"""The inputs of ``compression="auto"`` that come from the machine: the link, measured over the
+process set, and the codec calibration; then rank 0's, handed to every rank.
+
+**The link** is fitted from timed ring allreduces through the engine's own
+:class:`~hvdcompress.exchange.Collectives` (the best of :data:`REPEATS` after one untimed call,
+which pays Horovod's negotiation and buffer set-up): a tiny buffer gives the latency, a large
+one the bandwidth::
+
+    t_small = 2(P-1)·alpha                       ->  alpha = t_small / (2(P-1))
+    t_large = 2(P-1)·alpha + 2(P-1)/P · B/beta   ->  beta  = 2(P-1)/P · B / (t_large - t_small)
+
+Trade-off: :data:`LARGE` (1 MiB) keeps the probe under a second down to ~100 Mbit/s at the
+price of missing TCP's slow start and fusion-sized messages; the fit is of this process set's
+allreduce, which is what the flat exchange runs.
+
+**The calibration** (``"machine"``): this machine's cache
+(:func:`hvdcompress.plan.calibration.cache_path`), with the allowed compressors it lacks
+calibrated now (a few seconds) and merged into it. It times the torch kernels of the plan's
+device: the TensorFlow front ends' codecs are taken to be as fast.
+
+**Identical inputs.** Every rank measures (the allreduces need them all), but only rank 0's link,
+calibration and Horovod fusion settings are used, sent to every rank (:func:`from_rank0`).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Iterable, Mapping, Optional
+
+from ..agreement import allgather_object
+from ..backend import Ops, Tensor
+from ..exchange import Collectives, wire_bytes
+from ..plan import calibration as cal
+from ..plan.device import torch_device
+from ..plan.links import Link
+
+SMALL, LARGE = 1, 1 << 18   # float32 elements of the probes: 4 bytes and 1 MiB
+REPEATS = 3
+
+
+def _allreduce_seconds(comm: Collectives, ops: Ops, like: Tensor, numel: int) -> float:
+    """The best of :data:`REPEATS` timed allreduces of ``numel`` float32 zeros."""
+    buffer = ops.zeros(numel, like=like, dtype="float32")
+    tag = f"hvdc.auto.probe{numel}"
+    comm.wait(comm.allreduce([buffer], tag))
+    best = math.inf
+    for _ in range(REPEATS):
+        begin = time.perf_counter()
+        comm.wait(comm.allreduce([buffer], tag))
+        best = min(best, time.perf_counter() - begin)
+    return best
+
+
+def measure_link(comm: Collectives, ops: Ops, like: Tensor) -> Link:
+    """Alpha and beta of the ring allreduce over ``comm``'s process set (see the module doc);
+    a free link on one rank."""
+    ranks = comm.world
+    if ranks <= 1:
+        return Link(0.0, math.inf)
+    small = _allreduce_seconds(comm, ops, like, SMALL)
+    large = _allreduce_seconds(comm, ops, like, LARGE)
+    transfer = max(large - small, 1e-9)
+    return Link(small / (2 * (ranks - 1)), wire_bytes("allreduce", 4 * LARGE, ranks) / transfer)
+
+
+def machine_calibration(specs: Iterable[Mapping[str, Any]]) -> cal.Calibration:
+    """This machine's cached calibration, with the ``specs`` it lacks calibrated and cached."""
+    device = torch_device().name
+    path = cal.cache_path(device)
+    cached = cal.load(path)
+    missing = [s for s in specs if cached is None or cached.times(s) is None]
+    if not missing:
+        return cached
+    fresh = cal.calibrate(missing, device=device)
+    merged = cal.Calibration(fresh.host, fresh.device, {**(cached.codecs if cached else {}), **fresh.codecs})
+    cal.save(merged, path)
+    return merged
+
+
+def from_rank0(value: Optional[Any], comm: Collectives, ops: Ops, like: Tensor) -> Any:
+    """Rank 0's ``value`` on every rank (one allgather of the pickled objects; the other ranks
+    send None)."""
+    if comm.world <= 1:
+        return value
+    return allgather_object(value if comm.rank == 0 else None, comm, ops, like)[0]

@@ -22,6 +22,7 @@ from hvdcompress.compressor import TensorInfo
 from hvdcompress.exchange import Exchange
 from hvdcompress.registry import as_compressor
 from hvdcompress.torch.backend import TorchOps
+from hvdcompress.two_level import TwoLevelExchange
 from hvdcompress.torch.clipping import clip_gradients, clip_local_gradients
 from hvdcompress.torch.momentum_takeover import momentum_fields, suspended, takes_over
 
@@ -61,12 +62,17 @@ def sgd(params, momentum: float = 0.9, weight_decay: float = 0.0) -> torch.optim
 
 class Case(NamedTuple):
     """``compression()`` a fresh compressor per rank; ``optimizer(params)``; whether the
-    hook is given the optimizer (the momentum take-over); ``clip_grad_norm``."""
+    hook is given the optimizer (the momentum take-over); ``clip_grad_norm``; ``intra_node()``
+    the node level's compressor of two-level compression over nodes of ``RANKS_PER_NODE``."""
 
     compression: Callable[[], Optional[hc.Compressor]]
     optimizer: Callable = sgd
     take_over: bool = False
     clip_grad_norm: Optional[float] = None
+    intra_node: Optional[Callable[[], hc.Compressor]] = None
+
+
+RANKS_PER_NODE = 2
 
 
 CASES = {
@@ -80,6 +86,8 @@ CASES = {
     "powersgd": Case(lambda: hc.PowerSGD(rank=2)),
     "topk_ef_clip": Case(lambda: hc.ErrorFeedback(hc.TopK(0.05)), clip_grad_norm=0.5),
     "fp16_clip": Case(hc.FP16, clip_grad_norm=0.5),
+    "two_level_dgc": Case(lambda: hc.DGC(0.95, min_numel=100), take_over=True,
+                          intra_node=hc.NoCompression),
 }
 #: every registered compressor with its defaults ("registry.<name>"): each must work through the hook
 REGISTRY = {f"registry.{name}": Case(partial(hc.from_params, {"compressor": name})) for name in hc.available()}
@@ -98,14 +106,16 @@ def flat_params(model: torch.nn.Module) -> dict:
     return {n: p.detach().reshape(-1).tolist() for n, p in model.named_parameters()}
 
 
-def reference(case: Case, comm, steps: int) -> dict:
-    """One simulated rank (``comm``) of the Horovod front end on this case: the same per-tensor
-    exchange, momentum take-over and clipping as hvdcompress.torch.DistributedOptimizer, one
-    group per step, in name order. The rank's parameters after ``steps`` steps."""
+def reference(case: Case, comm, steps: int, node=None, cross=None) -> dict:
+    """One simulated rank (``comm``; ``node`` and ``cross`` its process sets for two-level
+    compression) of the Horovod front end on this case: the same per-tensor exchange, momentum
+    take-over and clipping as hvdcompress.torch.DistributedOptimizer, one group per step, in
+    name order. The rank's parameters after ``steps`` steps."""
     model = build_model()
     opt = case.optimizer(model.parameters())
     compressor = as_compressor(case.compression())
-    engine = Exchange(compressor, OPS, comm)
+    engine = Exchange(compressor, OPS, comm) if case.intra_node is None else \
+        TwoLevelExchange(compressor, case.intra_node(), OPS, node, cross)
     named = sorted(model.named_parameters())
     over = case.take_over and takes_over(compressor, opt)
     carries = compressor.carries_state

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from hvdrun import write_result  # noqa: E402
 
-from cases import BUCKET_CAP_MB, CASES, Case, build_model, flat_params, train_step  # noqa: E402
+from cases import BUCKET_CAP_MB, CASES, RANKS_PER_NODE, Case, build_model, flat_params, train_step  # noqa: E402
 from hvdcompress.torch import ddp  # noqa: E402
 
 
@@ -39,7 +39,9 @@ class Run:
         self.state = ddp.CompressionState(compression=case.compression(),
                                           optimizer=self.opt if case.take_over else None,
                                           named_parameters=self.net.named_parameters(),
-                                          clip_grad_norm=case.clip_grad_norm)
+                                          clip_grad_norm=case.clip_grad_norm,
+                                          intra_node=case.intra_node and case.intra_node(),
+                                          ranks_per_node=case.intra_node and RANKS_PER_NODE)
         if checkpoint is not None:
             self.net.load_state_dict(checkpoint["model"])
             self.opt.load_state_dict(checkpoint["opt"])

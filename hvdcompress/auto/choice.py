@@ -6,20 +6,25 @@ given the same inputs picks the same.
 compressor c and every collective k its payloads can take (``allreduce`` when they are summable;
 else ``allgather``, and the compressed allreduce ``alltoall`` where c supports it) costs, with
 the formulas of :mod:`hvdcompress.plan` (measured payloads, alpha-beta collectives, calibrated
-codec time)::
+codec time), what it adds to a step::
 
-    t(c, k) = sum over the rounds of (latency + transfer)  +  codec time (hook + synchronize)
+    t(c, k) = sum over the rounds of the transfer (bytes / beta)  +  codec time (hook + sync)
 
-e.g. ``none``: 2(P-1)·alpha + 2(P-1)/P · 4n/beta; ``int8`` by the compressed allreduce:
-2(P-1)·alpha + 2(P-1)/P · B/beta + compress(n/P)·P + decode and re-compress of a segment. The
+e.g. ``none``: 2(P-1)/P · 4n/beta; ``fp16``: 2(P-1)/P · 2n/beta + compress(n) + decode(n);
+``int8`` by the compressed allreduce: 2(P-1)/P · B/beta (B its P segments' payloads) + P
+compressions of n/P elements + the decoding, re-compression and decoding of the segments. The
 tensor takes the cheapest (c, k); ties go to fewer bytes on the wire, then to the allowed order.
 
-**Trade-off.** Each tensor is costed alone: Horovod's fusion (the latency of a fused
-collective paid once) and the overlap with the backward pass are left out of the choice, which
-keeps it per tensor, independent of the order tensors arrive in, and checkable by hand. They
-are in the step's prediction (:func:`predict_exchange`, :func:`hvdcompress.plan.simulate`).
-Convergence is not modelled: hence a default of compressors that do not change accuracy
-measurably (:data:`SAFE`); aggressive ones only when listed.
+**Trade-off.** The latency is left out of the pick: Horovod fuses the tensors of a cycle that
+take the same collective, so a step pays each collective's 2(P-1)·alpha (allreduce), (P-1)·alpha
+(allgather) or both rounds of the compressed allreduce about once, whatever the number of
+tensors; costed alone, a bias would flee the allreduce's latency for an allgather that the step
+then pays on top. Each tensor is costed by itself, independent of the order tensors arrive in
+and checkable by hand; fusion, latencies and the rounds' order are in the step's prediction
+(:func:`predict_exchange`, :func:`hvdcompress.plan.simulate`), which leaves out the overlap
+with the backward pass (the re-plan check measures it). Convergence is not modelled: hence a
+default of compressors that do not change accuracy measurably (:data:`SAFE`); aggressive ones
+only when listed.
 """
 from __future__ import annotations
 
@@ -45,8 +50,9 @@ _ALLOWED_FORMS = (f"labels ({', '.join(CHOICES)}) or dicts for hvdcompress.from_
 
 
 class Choice(NamedTuple):
-    """One tensor's pick: the compressor's ``label``, the ``collective`` its payloads take,
-    its cost alone (``seconds``), the bytes one rank sends, and the model's :class:`Exchange`."""
+    """One tensor's pick: the compressor's ``label``, the ``collective`` its payloads take, the
+    ``seconds`` it adds to a step (transfer and codec), the bytes one rank sends, and the
+    model's :class:`Exchange`."""
 
     label: str
     collective: str
@@ -135,7 +141,8 @@ def flat_cluster(ranks: int, link: Link) -> Cluster:
 
 
 def _seconds(plan: Exchange) -> float:
-    return sum(cost.total_s for _, cost in plan.rounds) + plan.hook_s + plan.sync_s
+    """What a tensor adds to a fused step: its transfers and its codec time."""
+    return sum(cost.transfer_s for _, cost in plan.rounds) + plan.hook_s + plan.sync_s
 
 
 def choose(shape: tuple, cluster: Cluster, allowed: Mapping[str, Mapping[str, Any]],

@@ -1,0 +1,248 @@
+"""compression="auto" (hvdcompress.auto): the per-tensor pick on synthetic links against hand
+computations, the re-plan rule, the errors of its arguments, and the engine running it on
+simulated ranks (same plan everywhere, state under the compressor's label, the re-plan check)."""
+import math
+
+import pytest
+import torch
+
+import hvdcompress
+from hvdcompress.auto import SAFE, Auto, choose, compressor as auto_compressor, from_arguments
+from hvdcompress.auto.choice import CHOICES, flat_cluster, parse_allowed, parse_link
+from hvdcompress.auto.compressor import replan_link
+from hvdcompress.compressor import TensorInfo
+from hvdcompress.exchange import Exchange
+from hvdcompress.options import parse_options
+from hvdcompress.plan import Calibration, CodecTimes, Fit, Link
+from hvdcompress.plan.payloads import spec_key
+from hvdcompress.torch.backend import TorchOps
+from simulator import run_ranks
+
+SPECS = {label: CHOICES[label] for label in SAFE}
+BIG, TINY = (1024, 1024), (10,)
+ALPHA = 50e-6
+
+
+def slow_codecs() -> Calibration:
+    """fp16 and bf16 at 20 us + 0.5 ns per element each way; int8 at 20 us + 4 ns to compress,
+    2 ns to decode one payload, 8 ns for four; none free (not calibrated)."""
+    cast = CodecTimes(Fit(20e-6, 0.5e-9), Fit(20e-6, 0.5e-9), Fit(20e-6, 0.5e-9))
+    int8 = CodecTimes(Fit(20e-6, 4e-9), Fit(20e-6, 2e-9), Fit(20e-6, 8e-9))
+    return Calibration("test", "cpu", {spec_key(CHOICES["fp16"]): cast, spec_key(CHOICES["bf16"]): cast,
+                                       spec_key(CHOICES["int8"]): int8})
+
+
+def cluster(bandwidth_bytes: float, ranks: int = 4):
+    return flat_cluster(ranks, Link(ALPHA, bandwidth_bytes))
+
+
+# ---- the pick ----------------------------------------------------------------------------------
+def test_fast_link_and_slow_codecs_pick_none_and_fp16():
+    """10 Gbit/s, P = 4: a tensor adds the ring allreduce's transfer 1.5 B / beta to a fused
+    step (the latency is the fused collective's). Big tensor (n = 2^20): none 1.5 * 4n / 1.25e9
+    = 5.03 ms; fp16 1.5 * 2n / 1.25e9 + 2 * (20 us + 0.5 ns * n) = 3.61 ms; int8 pays 4 ns * n =
+    4.2 ms to compress alone. Tiny (n = 10): fp16's and bf16's 40 us of codec lose."""
+    beta, n = 1.25e9, BIG[0] * BIG[1]
+    big = choose(BIG, cluster(beta), SPECS, slow_codecs())
+    assert (big.label, big.collective) == ("fp16", "allreduce")
+    assert big.seconds == pytest.approx(1.5 * 2 * n / beta + 2 * (20e-6 + 0.5e-9 * n))
+    tiny = choose(TINY, cluster(beta), SPECS, slow_codecs())
+    assert (tiny.label, tiny.collective) == ("none", "allreduce")
+    assert tiny.seconds == pytest.approx(1.5 * 40 / beta)
+
+
+def test_slow_link_picks_int8_alltoall_for_big_tensors_and_none_for_tiny_ones():
+    """100 Mbit/s, P = 4: fp16 sends 1.5 * 2n / 12.5e6 = 252 ms for the big tensor; int8's
+    compressed allreduce sends about 1.5 n bytes (scatter 3/4, gather 3 x 1/4 of n, plus
+    scales): ~126 ms, plus ~8 ms of codec; its allgather sends 3 n: ~252 ms. Tiny: none."""
+    beta, n = 12.5e6, BIG[0] * BIG[1]
+    big = choose(BIG, cluster(beta), SPECS, slow_codecs())
+    assert (big.label, big.collective) == ("int8", "alltoall")
+    fp16 = 1.5 * 2 * n / beta + 2 * (20e-6 + 0.5e-9 * n)
+    assert 1.5 * n / beta < big.seconds < 0.6 * fp16
+    tiny = choose(TINY, cluster(beta), SPECS, slow_codecs())
+    assert (tiny.label, tiny.collective) == ("none", "allreduce")
+
+
+def test_allowed_order_breaks_ties_and_one_rank_sends_nothing():
+    one = choose(BIG, cluster(1e9, ranks=1), SPECS, None)
+    assert (one.label, one.seconds, one.wire_bytes) == ("none", 0.0, 0.0)
+    fp16_first = choose(BIG, cluster(1e9, ranks=1), {k: SPECS[k] for k in ("fp16", "none")}, None)
+    assert fp16_first.label == "fp16"
+
+
+def test_aggressive_compressors_only_when_listed():
+    beta = 12.5e6
+    safe = choose(BIG, cluster(beta), SPECS, None)
+    listed = choose(BIG, cluster(beta), parse_allowed(["none", "fp16", "int8", "onebit+ef"]), None)
+    assert safe.label == "int8" and listed.label == "onebit+ef"
+    assert listed.seconds < safe.seconds
+
+
+# ---- the re-plan rule --------------------------------------------------------------------------
+def test_replan_rule_by_hand():
+    link = Link(1e-4, 1e8)
+    # S = 1.0, E = 0.2, P = 0.25 (N = 0.2, K = 0.05): C = 0.8, |E - P| / (C + P) = 0.05 / 1.05
+    error, scaled = replan_link(link, 1.0, 0.2, 0.25, 0.2)
+    assert error == pytest.approx(0.05 / 1.05) and scaled is None
+    # E = 0.6: error 0.35 / 1.05 > 25%; f = (0.6 - 0.05) / 0.2 = 2.75
+    error, scaled = replan_link(link, 1.4, 0.6, 0.25, 0.2)
+    assert error == pytest.approx(0.35 / 1.05)
+    assert scaled == Link(pytest.approx(2.75e-4), pytest.approx(1e8 / 2.75))
+    # nothing on the network (one rank): never re-plans
+    assert replan_link(link, 1.0, 0.9, 0.1, 0.0)[1] is None
+
+
+# ---- arguments ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("value, words", [
+    (["none", "zstd"], ["auto_allowed=", "'zstd' is unknown", "allowed: labels", "onebit+ef"]),
+    (["none", "dgc 0.999"], ["auto_allowed=", "'dgc 0.999'", "momentum", "allowed:"]),
+    ([{"compressor": "topk", "k": "lots"}], ["auto_allowed=", "cannot be built", "allowed:"]),
+    ([], ["auto_allowed=[]", "non-empty", "allowed:"]),
+    ("none,none", ["auto_allowed='none,none'", "listed twice"]),
+    ({"compressor": "fp16"}, ["auto_allowed=", "non-empty list", "allowed:"]),
+])
+def test_bad_auto_allowed_names_the_parameter_the_value_and_what_is_allowed(value, words):
+    with pytest.raises(ValueError) as error:
+        from_arguments("auto", auto_allowed=value)
+    for word in words:
+        assert word in str(error.value)
+
+
+@pytest.mark.parametrize("value, words", [
+    ({"bandwidth": "10 furlongs", "latency": "50us"}, ["link['bandwidth']", "furlongs", "allowed:", "gbit"]),
+    ({"bandwidth": "10gbit"}, ["link=", "not a link", "allowed:", "latency"]),
+    ({"bandwidth": "10gbit", "latency": -1}, ["link['latency']=-1", "not positive", "allowed:"]),
+    ("fast", ["link='fast'", "not a link", "allowed:"]),
+    (Link(1e-5, 0.0), ["link=", "beta_bytes_per_s > 0"]),
+])
+def test_bad_link_names_the_parameter_the_value_and_what_is_allowed(value, words):
+    with pytest.raises(ValueError) as error:
+        from_arguments("auto", link=value)
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_link_forms_agree():
+    want = Link(pytest.approx(50e-6), pytest.approx(10e9 / 8))
+    assert parse_link({"bandwidth": "10gbit", "latency": "50us"}) == want
+    assert parse_link("10gbit,50us") == want
+    assert parse_link({"bandwidth": 1.25e9, "latency": 5e-5}) == want
+    link = Link(1e-6, 1e9)
+    assert parse_link(link) is link and parse_link(None) is None
+
+
+def test_options_and_from_params_build_auto_and_refuse_what_does_not_combine():
+    options = parse_options("auto", op=1, average_op=1, sum_op=2, auto_allowed="none,fp16", link="1gbit,20us")
+    assert isinstance(options.compressor, Auto)
+    assert options.compressor.allowed == ("none", "fp16")
+    assert options.compressor.link == Link(pytest.approx(20e-6), pytest.approx(1.25e8))
+    built = hvdcompress.from_params({"compressor": "auto", "allowed": "none,fp16", "link": "1gbit,20us"})
+    assert repr(built) == repr(Auto(allowed=["none", "fp16"], link="1gbit,20us"))
+    assert "auto" not in hvdcompress.available()   # a planner over the algorithms, not one
+    with pytest.raises(ValueError, match=r"auto_allowed=\['fp16'\] without compression='auto'"):
+        parse_options(hvdcompress.FP16(), op=1, average_op=1, sum_op=2, auto_allowed=["fp16"])
+    with pytest.raises(ValueError, match="collective='alltoall'.*allowed: collective='auto'"):
+        parse_options("auto", op=1, average_op=1, sum_op=2, collective="alltoall")
+    with pytest.raises(ValueError, match="ef='vanilla' with compressor='auto'"):
+        hvdcompress.from_params({"compressor": "auto", "ef": "vanilla"})
+    with pytest.raises(ValueError, match="calibration='fast'.*allowed: 'machine'"):
+        Auto(calibration="fast")
+
+
+def test_a_wrapped_auto_fails_clearly():
+    """Auto must be the compression itself: wrapped, the engine never asks it for a plan."""
+    auto = Auto(allowed="none", link="1gbit,20us", calibration=None)
+    x = torch.zeros(4)
+    with pytest.raises(RuntimeError, match="Auto must be the compression itself"):
+        auto.compress(TorchOps(), x, {}, TensorInfo(name="w", numel=4))
+
+
+# ---- the engine on simulated ranks -------------------------------------------------------------
+SHAPES = {"layer.bias": TINY, "layer.weight": (256, 256)}
+ALLOWED = ["none", "fp16", "int8", "onebit+ef"]
+MIXED = {"layer.bias": ("none", "allreduce"), "layer.weight": ("int8", "alltoall")}
+
+
+def _grads(step: int, world: int, shape: tuple) -> list:
+    return [torch.randn(shape, generator=torch.Generator().manual_seed(100 * step + r)).view(-1)
+            for r in range(world)]
+
+
+def _step(engine, states: dict, step: int, names) -> dict:
+    """One exchange of ``names``' seeded gradients on ``engine``; their totals."""
+    comm = engine.comm
+    entries = []
+    for name in names:
+        shape = SHAPES[name]
+        info = TensorInfo(name=name, numel=math.prod(shape), world=comm.world, shape=shape, rank=comm.rank)
+        entries.append(engine.compress(name, _grads(step, comm.world, shape)[comm.rank], states[name], info))
+    totals = {e.key: e.total for e in engine.finish(engine.start(entries))}
+    engine.end_step()
+    return totals
+
+
+def _against_references(comm, steps: int, allowed: list):
+    """Auto's totals and, for each tensor, those of a plain engine running the compressor and
+    collective Auto picked (its own state): they must be the same bits."""
+    auto = Auto(allowed=allowed, link="100mbit,50us", calibration=slow_codecs(), replan=False)
+    engine = Exchange(auto, TorchOps(), comm)
+    states = {name: {} for name in SHAPES}
+    got = [_step(engine, states, 0, sorted(SHAPES))]
+    references = {name: Exchange(hvdcompress.from_params(CHOICES[label]), TorchOps(), comm,
+                                 collective="auto" if collective == "allreduce" else collective)
+                  for name, (label, collective) in auto.plan.items()}
+    own = {name: {} for name in SHAPES}
+    want = [{name: _step(references[name], own, 0, [name])[name] for name in sorted(SHAPES)}]
+    for step in range(1, steps):
+        got.append(_step(engine, states, step, sorted(SHAPES)))
+        want.append({name: _step(references[name], own, step, [name])[name] for name in sorted(SHAPES)})
+    return auto.plan, {name: sorted(state) for name, state in states.items()}, got, want
+
+
+@pytest.mark.parametrize("allowed, picks", [(list(SAFE), MIXED), (["onebit+ef"], None)])
+def test_auto_runs_each_tensor_as_its_pick_would_alone(allowed, picks):
+    """SAFE at 100 Mbit/s on 3 ranks with the slow codecs: the weight (65536 elements) takes
+    int8's compressed allreduce, the bias none (int8's 20 us codec against 4 us of transfer)."""
+    results = run_ranks(3, lambda comm: _against_references(comm, 3, allowed))
+    plan, keys, got, want = results[0]
+    expected = {name: choose(shape, flat_cluster(3, Link(ALPHA, 12.5e6)), parse_allowed(allowed), slow_codecs())
+                for name, shape in SHAPES.items()}
+    assert plan == {name: (c.label, c.collective) for name, c in sorted(expected.items())}
+    assert picks is None or plan == picks
+    for rank, (other_plan, other_keys, other_got, other_want) in enumerate(results):
+        assert (other_plan, other_keys) == (plan, keys), rank
+        for step_got, step_want in zip(other_got, other_want):
+            for name in SHAPES:
+                assert torch.equal(step_got[name], step_want[name]), (rank, name)
+    for name, (label, collective) in plan.items():   # each pick's state under its label
+        if label == "onebit+ef":
+            assert keys[name] == (["onebit+ef/residual"] if collective == "allgather" else
+                                  [f"seg{j}.onebit+ef/residual" for j in range(3)] + ["sum.onebit+ef/residual"])
+
+
+def _check(comm, steps: int):
+    auto = Auto(allowed=ALLOWED, link="100mbit,50us", calibration=slow_codecs())
+    engine = Exchange(auto, TorchOps(), comm)
+    states = {name: {} for name in SHAPES}
+    for step in range(steps):
+        _step(engine, states, step, sorted(SHAPES))
+    return auto.plan, auto.checks, auto.network
+
+
+def test_the_check_runs_once_and_every_rank_decides_alike(monkeypatch):
+    """Timing is not asserted: only that the check ran once, on the means over ranks, and that
+    every rank took the same decision (and the same re-scaled link when it re-planned)."""
+    monkeypatch.setattr(auto_compressor, "WARMUP_STEPS", 1)
+    monkeypatch.setattr(auto_compressor, "CHECK_STEPS", 2)
+    results = run_ranks(3, lambda comm: _check(comm, 5))
+    plan, checks, network = results[0]
+    assert len(checks) == 1 and all(r == results[0] for r in results)
+    assert (network == Link(ALPHA, 12.5e6)) != checks[0]["replanned"]
+
+
+def test_state_dict_round_trip_keeps_each_compressors_counters():
+    auto = Auto(allowed=["none", "topk 1%"], link="1gbit,20us", calibration=None)
+    assert auto.keeps_residual   # topk 1% carries error feedback: clip_grad_norm clips before
+    auto.load_state_dict(auto.state_dict())
+    assert all("/" in key for key in auto.state_dict())

@@ -246,3 +246,31 @@ def test_state_dict_round_trip_keeps_each_compressors_counters():
     assert auto.keeps_residual   # topk 1% carries error feedback: clip_grad_norm clips before
     auto.load_state_dict(auto.state_dict())
     assert all("/" in key for key in auto.state_dict())
+
+
+# ---- real ranks --------------------------------------------------------------------------------
+@pytest.mark.horovod
+def test_horovod_ranks_pick_the_same_plan_and_stay_identical(tmp_path):
+    """One launch of 2 ranks (tests/hvd/torch_auto.py): with the link given and codec time left
+    out, the first plan is the one recomputed here from the shapes; with the link measured and
+    this machine calibrated (a fresh HOME: calibrated then, and cached), every rank holds rank
+    0's link and the same plan. check_replicas=1 compares the parameters at every step, and the
+    ranks end with the same parameters; the re-plan check ran once, alike everywhere."""
+    from conftest import run_horovod
+
+    records = run_horovod("torch_auto.py", np=2, env={"HOME": str(tmp_path)}, timeout=600)
+    by_case = {case: [r for r in records if r["case"] == case] for case in ("given", "measured")}
+    given = by_case["given"][0]
+    link = parse_link("100mbit,50us")
+    want = {name: list(choose(tuple(shape), flat_cluster(2, link), SPECS, None)[:2])
+            for name, shape in sorted(given["shapes"].items())}
+    assert given["first"] == want
+    assert given["first"]["0.weight"] == ["int8", "allgather"]   # P = 2: one round, same bytes
+    for case, ranks in by_case.items():
+        assert len(ranks) == 2, case
+        keep = ("first", "plan", "checks", "link", "predicted", "params")
+        assert {k: ranks[0][k] for k in keep} == {k: ranks[1][k] for k in keep}, case
+        assert len(ranks[0]["checks"]) == 1, case
+    measured = by_case["measured"][0]
+    assert measured["link"][0] > 0 and measured["link"][1] > 0
+    assert list((tmp_path / ".cache" / "hvdcompress").glob("calibration-*.json"))

@@ -274,3 +274,25 @@ def test_horovod_ranks_pick_the_same_plan_and_stay_identical(tmp_path):
     measured = by_case["measured"][0]
     assert measured["link"][0] > 0 and measured["link"][1] > 0
     assert list((tmp_path / ".cache" / "hvdcompress").glob("calibration-*.json"))
+
+
+@pytest.mark.horovod
+def test_horovod_tensorflow_tape_and_keras_plan_alike(tmp_path):
+    """One launch of 2 ranks (tests/hvd/tf_auto.py): the eager tape with the link given and no
+    codec time picks what is recomputed here; Keras's fit plans inside its tf.function, with
+    this machine calibrated. Every rank holds the same plan and weights; the check ran once."""
+    from conftest import run_horovod
+
+    records = run_horovod("tf_auto.py", np=2, env={"HOME": str(tmp_path)}, timeout=600)
+    by_case = {case: [r for r in records if r["case"] == case] for case in ("tape", "keras")}
+    tape = by_case["tape"][0]
+    link = parse_link("100mbit,50us")
+    want = {name: list(choose(tuple(shape), flat_cluster(2, link), SPECS, None)[:2])
+            for name, shape in sorted(tape["shapes"].items())}
+    assert len(tape["plan"]) == 4 and tape["plan"] == {n.split(":")[0]: p for n, p in want.items()} \
+        or tape["checks"][0]["replanned"]
+    for case, ranks in by_case.items():
+        assert len(ranks) == 2, case
+        keep = ("plan", "checks", "params")
+        assert {k: ranks[0][k] for k in keep} == {k: ranks[1][k] for k in keep}, case
+        assert len(ranks[0]["checks"]) == 1 and len(ranks[0]["plan"]) == 4, case

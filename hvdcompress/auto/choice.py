@@ -33,6 +33,7 @@ from typing import Any, Mapping, NamedTuple, Optional
 
 from ..compressor import Compressor
 from ..plan.calibration import Calibration
+from ..plan.device import Device
 from ..plan.exchanges import COLLECTIVES, Exchange, exchange
 from ..plan.links import Cluster, Link, parse_bandwidth, parse_latency
 from ..plan.payloads import DEFAULT_COMPRESSORS, FP16
@@ -146,12 +147,13 @@ def _seconds(plan: Exchange) -> float:
 
 
 def choose(shape: tuple, cluster: Cluster, allowed: Mapping[str, Mapping[str, Any]],
-           calibration: Optional[Calibration] = None) -> Choice:
-    """The cheapest (compressor, collective) for one tensor of ``shape`` (see the module doc)."""
+           calibration: Optional[Calibration] = None, device: Optional[Device] = None) -> Choice:
+    """The cheapest (compressor, collective) for one tensor of ``shape`` (see the module doc);
+    payloads measured on ``device`` (default torch's; sizes do not depend on it)."""
     best, best_key = None, None
     for order, (label, spec) in enumerate(allowed.items()):
         for collective in COLLECTIVES:
-            plan = exchange(spec, shape, collective, "flat", cluster, CHOICES[FP16], calibration)
+            plan = exchange(spec, shape, collective, "flat", cluster, CHOICES[FP16], calibration, device)
             if plan is None:
                 continue
             choice = Choice(label, plan.collective, _seconds(plan), plan.wire_bytes, plan)

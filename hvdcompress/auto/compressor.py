@@ -46,7 +46,7 @@ from ..plan.links import Link
 from ..plan.pipeline import Fusion
 from ..registry import from_params
 from .choice import SAFE, choose, flat_cluster, parse_allowed, parse_link, predict_exchange
-from .probe import from_rank0, machine_calibration, measure_link
+from .probe import engine_device, from_rank0, machine_calibration, measure_link
 
 log = logging.getLogger("hvdcompress")
 WARMUP_STEPS = 3     # steps before the check (the first one plans and checks the agreement)
@@ -169,6 +169,7 @@ class Auto(Dispatch, Planner):
         self._fresh = False                    # picks not yet agreed on and logged
         self._steps, self._mark = 0, None
         self._sample: Any = None               # a one-element tensor on the gradients' device
+        self._device: Any = None               # where payloads and codecs are measured
         self.predicted_exchange_s: Optional[float] = None
         self.checks: list = []
 
@@ -195,7 +196,8 @@ class Auto(Dispatch, Planner):
                 self._inputs = self._gather_inputs(engine, like)
             link, calibration, _ = self._inputs
             shape = info.shape if math.prod(info.shape or (0,)) == info.numel else (info.numel,)
-            choice = choose(shape, flat_cluster(engine.comm.world, link), self._specs, calibration)
+            choice = choose(shape, flat_cluster(engine.comm.world, link), self._specs, calibration,
+                            self._device)
             self._picked[info.name], self._choice[info.name] = choice, choice.label
             self._fresh = True
         return self._picked[info.name].collective
@@ -204,10 +206,12 @@ class Auto(Dispatch, Planner):
         """(link, calibration, fusion): measured or given on rank 0, the same on every rank."""
         comm, ops = engine.comm, engine.ops
         self._sample = ops.zeros(1, like=like, dtype="float32")   # for the metadata collectives
+        self._device = engine_device(ops, like)
         link = self.link or measure_link(comm, ops, like)
         mine = None
         if comm.rank == 0:
-            calibration = machine_calibration(self._specs.values()) if self._given == "machine" else self._given
+            calibration = machine_calibration(self._specs.values(), self._device) \
+                if self._given == "machine" else self._given
             mine = (link, calibration, Fusion.from_env())
         return from_rank0(mine, comm, ops, self._sample)
 

@@ -16,7 +16,7 @@ allreduce, which is what the flat exchange runs.
 **The calibration** (``"machine"``): this machine's cache
 (:func:`hvdcompress.plan.calibration.cache_path`), with the allowed compressors it lacks
 calibrated now (a few seconds) and merged into it. It times the torch kernels of the plan's
-device: the TensorFlow front ends' codecs are taken to be as fast.
+device, or, in a TensorFlow process, the front end's own ops (:func:`engine_device`).
 
 **Identical inputs.** Every rank measures (the allreduces need them all), but only rank 0's link,
 calibration and Horovod fusion settings are used, sent to every rank (:func:`from_rank0`).
@@ -27,11 +27,13 @@ import math
 import time
 from typing import Any, Iterable, Mapping, Optional
 
+import numpy as np
+
 from ..agreement import allgather_object
 from ..backend import Ops, Tensor
 from ..exchange import Collectives, wire_bytes
 from ..plan import calibration as cal
-from ..plan.device import torch_device
+from ..plan.device import Device, torch_device
 from ..plan.links import Link
 
 SMALL, LARGE = 1, 1 << 18   # float32 elements of the probes: 4 bytes and 1 MiB
@@ -63,10 +65,29 @@ def measure_link(comm: Collectives, ops: Ops, like: Tensor) -> Link:
     return Link(small / (2 * (ranks - 1)), wire_bytes("allreduce", 4 * LARGE, ranks) / transfer)
 
 
-def machine_calibration(specs: Iterable[Mapping[str, Any]]) -> cal.Calibration:
-    """This machine's cached calibration, with the ``specs`` it lacks calibrated and cached."""
-    device = torch_device().name
-    path = cal.cache_path(device)
+def engine_device(ops: Ops, like: Tensor) -> Device:
+    """The device payloads and codecs are measured on: the plan's torch device for the torch
+    front end (the cache of ``python -m hvdcompress.plan --calibrate``), else the front end's own
+    ops on the gradients' device, named ``<framework>-<cpu|cuda>`` (a TensorFlow process must not
+    import hvdcompress.torch: horovod.torch would take over Horovod's process sets)."""
+    framework = type(ops).__module__.split(".")[1]
+    if framework == "torch":
+        return torch_device()
+    sample = ops.zeros(1, like=like, dtype="float32")
+    where = str(getattr(sample, "device", "")).lower()
+    rng = np.random.default_rng(0)
+
+    def randn(numel: int, shape: tuple) -> Tensor:
+        return ops.from_numpy(rng.standard_normal(numel).astype(np.float32), sample)
+
+    kind = "cuda" if "gpu" in where or "cuda" in where else "cpu"
+    return Device(f"{framework}-{kind}", ops, randn, lambda: None)
+
+
+def machine_calibration(specs: Iterable[Mapping[str, Any]], device: Device) -> cal.Calibration:
+    """This machine's cached calibration on ``device``, with the ``specs`` it lacks calibrated
+    and cached."""
+    path = cal.cache_path(device.name)
     cached = cal.load(path)
     missing = [s for s in specs if cached is None or cached.times(s) is None]
     if not missing:

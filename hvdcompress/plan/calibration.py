@@ -25,7 +25,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, NamedTuple, Optional
+from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -156,9 +156,10 @@ def _codec_seconds(device: Device, spec: Mapping[str, str], numel: int, repeats:
 
 
 def calibrate(specs: Iterable[Mapping[str, str]], sizes: Iterable[int] = SIZES, repeats: int = 3,
-              device: str = "") -> Calibration:
-    """Measure and fit the codec times of ``specs`` on ``device`` ('' : CUDA when available)."""
-    dev = torch_device(device)
+              device: Union[str, Device] = "") -> Calibration:
+    """Measure and fit the codec times of ``specs`` on ``device``: a torch device name ('' :
+    CUDA when available) or a :class:`Device` (e.g. a TensorFlow front end's ops)."""
+    dev = device if isinstance(device, Device) else torch_device(device)
     sizes = list(sizes)
     codecs = {}
     for spec in sorted(specs, key=spec_key):

@@ -26,6 +26,7 @@ from typing import Mapping, NamedTuple, Optional
 
 from . import collectives as coll
 from .calibration import Calibration
+from .device import Device
 from .links import Cluster, Link
 from .payloads import measure, shard_shape, supports_alltoall
 
@@ -58,10 +59,12 @@ class Exchange(NamedTuple):
 
 
 class Codec(NamedTuple):
-    """Codec seconds of one compressor from a calibration (zero when not calibrated)."""
+    """Codec seconds of one compressor from a calibration (zero when not calibrated), and the
+    device its payloads are measured on (None: torch's)."""
 
     spec: Mapping[str, str]
     calibration: Optional[Calibration]
+    device: Optional[Device] = None
 
     def compress(self, numel: float, times: int = 1) -> float:
         fit = self.calibration.times(self.spec) if self.calibration else None
@@ -75,7 +78,7 @@ class Codec(NamedTuple):
 def _one_level(codec: Codec, shape: tuple, numel: int, collective: str, ranks: int, link: Link,
                ring_flows: float, a2a_flows: float, label: str) -> Optional[Exchange]:
     """The exchange of one tensor by one compressor over ``ranks`` ranks on ``link``."""
-    payload = measure(codec.spec, shape)
+    payload = measure(codec.spec, shape, codec.device)
     if payload.summable:
         rounds = tuple((f"{label}/allreduce/{i}", coll.allreduce(b, ranks, link, ring_flows))
                        for i, b in enumerate(payload.rounds))
@@ -87,7 +90,7 @@ def _one_level(codec: Codec, shape: tuple, numel: int, collective: str, ranks: i
     if not supports_alltoall(codec.spec):
         return None
     length = -(-numel // ranks)
-    segments = ranks * measure(codec.spec, (length,)).total
+    segments = ranks * measure(codec.spec, (length,), codec.device).total
     scatter, gather = coll.compressed_allreduce(segments, ranks, link, a2a_flows, ring_flows)
     sync = codec.decode(length, ranks) + codec.compress(length) + codec.decode(length, times=ranks)
     return Exchange(((f"{label}/alltoall", scatter), (f"{label}/alltoall-gather", gather)),
@@ -95,14 +98,16 @@ def _one_level(codec: Codec, shape: tuple, numel: int, collective: str, ranks: i
 
 
 def exchange(spec: Mapping[str, str], shape: tuple, collective: str, level: str, cluster: Cluster,
-             intra_node: Mapping[str, str], calibration: Optional[Calibration] = None) -> Optional[Exchange]:
+             intra_node: Mapping[str, str], calibration: Optional[Calibration] = None,
+             device: Optional[Device] = None) -> Optional[Exchange]:
     """How a tensor of ``shape`` is exchanged by ``spec``'s compressor (see the module doc);
     None where the combination does not exist (alltoall for a compressor that cannot take it,
-    two-level on one node or with one rank per node)."""
+    two-level on one node or with one rank per node). Payloads measured on ``device``
+    (default torch's)."""
     numel = 1
     for size in shape:
         numel *= size
-    codec = Codec(spec, calibration)
+    codec = Codec(spec, calibration, device)
     nodes, local = cluster.nodes, cluster.gpus_per_node
     if level == "flat":
         link = cluster.inter if nodes > 1 else cluster.intra
@@ -114,8 +119,8 @@ def exchange(spec: Mapping[str, str], shape: tuple, collective: str, level: str,
                        nodes, cluster.inter, local, local, "cross")
     if cross is None:
         return None
-    mild, length = Codec(intra_node, calibration), -(-numel // local)
-    segment = measure(intra_node, (length,)).total
+    mild, length = Codec(intra_node, calibration, device), -(-numel // local)
+    segment = measure(intra_node, (length,), device).total
     rounds = ((NODE + "alltoall", coll.alltoall(local * segment, local, cluster.intra)), *cross.rounds,
               (NODE + "allgather", coll.allgather(segment, local, cluster.intra)))
     sync = (mild.decode(length, local) + cross.hook_s + cross.sync_s + mild.compress(length)

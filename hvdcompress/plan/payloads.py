@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Mapping, NamedTuple
+from typing import Mapping, NamedTuple, Optional
 
 from ..compressor import TensorInfo, payload_bytes
 from ..registry import from_params
-from .device import torch_device
+from .device import Device, torch_device
 
 #: The default compressors the plan compares: label -> spec for :func:`hvdcompress.from_params`.
 DEFAULT_COMPRESSORS: dict = {
@@ -64,14 +64,16 @@ def shard_shape(shape: tuple, numel: int, parts: int) -> tuple:
     return (-(-numel // parts),)
 
 
-def measure(spec: Mapping[str, str], shape: tuple) -> Payload:
-    """The payload of ``spec``'s compressor for one tensor of ``shape`` (memoised)."""
-    return _measure(spec_key(spec), tuple(int(s) for s in shape))
+def measure(spec: Mapping[str, str], shape: tuple, device: Optional[Device] = None) -> Payload:
+    """The payload of ``spec``'s compressor for one tensor of ``shape`` (memoised), measured on
+    ``device`` (default :func:`torch_device`; a TensorFlow process must not import
+    horovod.torch, see :func:`hvdcompress.auto.probe.engine_device`)."""
+    return _measure(spec_key(spec), tuple(int(s) for s in shape), device)
 
 
 @functools.lru_cache(maxsize=None)
-def _measure(key: str, shape: tuple) -> Payload:
-    device = torch_device()
+def _measure(key: str, shape: tuple, device: Optional[Device]) -> Payload:
+    device = device or torch_device()
     numel = 1
     for size in shape:
         numel *= size

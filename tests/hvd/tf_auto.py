@@ -33,9 +33,9 @@ def model() -> tf.keras.Model:
     return net
 
 
-def report(case: str, net: tf.keras.Model, auto) -> None:
+def report(case: str, net: tf.keras.Model, auto, first=None) -> None:
     weights = np.concatenate([v.numpy().ravel() for v in net.trainable_variables])
-    result(rank, case=case, plan=auto.plan, checks=auto.checks,
+    result(rank, case=case, first=first, plan=auto.plan, checks=auto.checks,
            shapes={v.name: list(v.shape) for v in net.trainable_variables},
            params=hashlib.sha256(weights.tobytes()).hexdigest())
 
@@ -47,6 +47,7 @@ y = data.integers(0, 10, 16 * STEPS)
 net = model()
 auto = hc.from_params({"compressor": "auto", "link": "100mbit,50us", "calibration": "none"})
 sgd = tf.keras.optimizers.SGD(0.05)
+first = None
 for step in range(STEPS):
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
@@ -54,7 +55,8 @@ for step in range(STEPS):
     tape = hvt.DistributedGradientTape(tape, compression=auto, check_replicas=1)
     grads = tape.gradient(loss, net.trainable_variables)
     sgd.apply_gradients(zip(grads, net.trainable_variables))
-report("tape", net, auto)
+    first = first or auto.plan
+report("tape", net, auto, first)
 
 net = model()
 opt = hvk.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression="auto",

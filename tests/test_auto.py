@@ -249,49 +249,48 @@ def test_state_dict_round_trip_keeps_each_compressors_counters():
 
 
 # ---- real ranks --------------------------------------------------------------------------------
+def _launch(script: str, home, cases: tuple, keep: tuple) -> dict:
+    """Rank 0's record of each case of a 2-rank launch (HOME: a fresh directory, so this machine
+    is calibrated then, and cached), after checking that both ranks reported ``keep`` alike and
+    that the re-plan check ran once."""
+    from conftest import run_horovod
+
+    records = run_horovod(script, np=2, env={"HOME": str(home)}, timeout=600)
+    out = {}
+    for case in cases:
+        ranks = [r for r in records if r["case"] == case]
+        assert len(ranks) == 2, case
+        assert {k: ranks[0][k] for k in keep} == {k: ranks[1][k] for k in keep}, case
+        assert len(ranks[0]["checks"]) == 1 and len(ranks[0]["plan"]) == 4, case
+        out[case] = ranks[0]
+    assert list((home / ".cache" / "hvdcompress").glob("calibration-*.json"))
+    return out
+
+
+def _given_link_plan(shapes: dict) -> dict:
+    """The plan of tests/hvd/*_auto.py's given link (100 Mbit/s, 50 us, no codec time), at 2 ranks."""
+    link = parse_link("100mbit,50us")
+    return {name.split(":")[0]: list(choose(tuple(shape), flat_cluster(2, link), SPECS, None)[:2])
+            for name, shape in sorted(shapes.items())}
+
+
 @pytest.mark.horovod
 def test_horovod_ranks_pick_the_same_plan_and_stay_identical(tmp_path):
     """One launch of 2 ranks (tests/hvd/torch_auto.py): with the link given and codec time left
     out, the first plan is the one recomputed here from the shapes; with the link measured and
-    this machine calibrated (a fresh HOME: calibrated then, and cached), every rank holds rank
-    0's link and the same plan. check_replicas=1 compares the parameters at every step, and the
-    ranks end with the same parameters; the re-plan check ran once, alike everywhere."""
-    from conftest import run_horovod
-
-    records = run_horovod("torch_auto.py", np=2, env={"HOME": str(tmp_path)}, timeout=600)
-    by_case = {case: [r for r in records if r["case"] == case] for case in ("given", "measured")}
-    given = by_case["given"][0]
-    link = parse_link("100mbit,50us")
-    want = {name: list(choose(tuple(shape), flat_cluster(2, link), SPECS, None)[:2])
-            for name, shape in sorted(given["shapes"].items())}
-    assert given["first"] == want
-    assert given["first"]["0.weight"] == ["int8", "allgather"]   # P = 2: one round, same bytes
-    for case, ranks in by_case.items():
-        assert len(ranks) == 2, case
-        keep = ("first", "plan", "checks", "link", "predicted", "params")
-        assert {k: ranks[0][k] for k in keep} == {k: ranks[1][k] for k in keep}, case
-        assert len(ranks[0]["checks"]) == 1, case
-    measured = by_case["measured"][0]
-    assert measured["link"][0] > 0 and measured["link"][1] > 0
-    assert list((tmp_path / ".cache" / "hvdcompress").glob("calibration-*.json"))
+    this machine calibrated, every rank holds rank 0's link and the same plan. check_replicas=1
+    compares the parameters at every step, and the ranks end with the same parameters."""
+    got = _launch("torch_auto.py", tmp_path, ("given", "measured"),
+                  ("first", "plan", "checks", "link", "predicted", "params"))
+    assert got["given"]["first"] == _given_link_plan(got["given"]["shapes"])
+    assert got["given"]["first"]["0.weight"] == ["int8", "allgather"]   # P = 2: one round, same bytes
+    assert got["measured"]["link"][0] > 0 and got["measured"]["link"][1] > 0
 
 
 @pytest.mark.horovod
 def test_horovod_tensorflow_tape_and_keras_plan_alike(tmp_path):
     """One launch of 2 ranks (tests/hvd/tf_auto.py): the eager tape with the link given and no
     codec time picks what is recomputed here; Keras's fit plans inside its tf.function, with
-    this machine calibrated. Every rank holds the same plan and weights; the check ran once."""
-    from conftest import run_horovod
-
-    records = run_horovod("tf_auto.py", np=2, env={"HOME": str(tmp_path)}, timeout=600)
-    by_case = {case: [r for r in records if r["case"] == case] for case in ("tape", "keras")}
-    tape = by_case["tape"][0]
-    link = parse_link("100mbit,50us")
-    want = {name: list(choose(tuple(shape), flat_cluster(2, link), SPECS, None)[:2])
-            for name, shape in sorted(tape["shapes"].items())}
-    assert tape["first"] == {name.split(":")[0]: pick for name, pick in want.items()}
-    for case, ranks in by_case.items():
-        assert len(ranks) == 2, case
-        keep = ("first", "plan", "checks", "params")
-        assert {k: ranks[0][k] for k in keep} == {k: ranks[1][k] for k in keep}, case
-        assert len(ranks[0]["checks"]) == 1 and len(ranks[0]["plan"]) == 4, case
+    this machine calibrated. Every rank holds the same plan and weights."""
+    got = _launch("tf_auto.py", tmp_path, ("tape", "keras"), ("first", "plan", "checks", "params"))
+    assert got["tape"]["first"] == _given_link_plan(got["tape"]["shapes"])

@@ -64,4 +64,4 @@ opt = hvk.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression="auto"
 net.compile(optimizer=opt, jit_compile=False,
             loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 net.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
-report("keras", net, opt._hvdc_exchange.compressor)
+report("keras", net, opt._hvdc_exchange.compressor, opt._hvdc_exchange.compressor.plan)

@@ -40,8 +40,8 @@ from cases import CASES, RANKS_PER_NODE, REGISTRY, build_model, flat_params, ref
 
 STEPS = 4
 TWO = ["none", "fp16", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "topk_ef_clip",
-       "fp16_clip", *REGISTRY]
-RESUME = ["dgc", "powersgd", "topk_ef"]
+       "fp16_clip", "frozen_adam", "frozen_adam_momentum", *REGISTRY]
+RESUME = ["dgc", "powersgd", "topk_ef", "frozen_adam"]
 FOUR = ["none", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "two_level_dgc"]
 # no float allreduce of more than two numbers (two-level: the node's reduce-scatter is an
 # all-to-all summed in rank order, DGC's allreduce between the 2 nodes adds two)
@@ -188,8 +188,8 @@ def test_example_trains_with_dgc():
 
 
 # ---- errors that need no process group ----------------------------------------------------------
-def test_frozen_adam_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match="FrozenAdam replaces the optimizer's step"):
+def test_frozen_adam_without_the_optimizer_is_refused():
+    with pytest.raises(ValueError, match="FrozenAdam replaces the optimizer's step; pass optimizer="):
         ddp.CompressionState(compression=hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit())))
 
 

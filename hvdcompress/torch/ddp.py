@@ -38,16 +38,24 @@ Momentum take-over: with ``optimizer`` a ``torch.optim.SGD``, DGC, CSC and ``Mom
 its momentum, Nesterov and weight decay themselves (:mod:`hvdcompress.torch.momentum_takeover`),
 read from its param groups at every step; its ``step()`` then runs with them at 0 (step pre- and
 post-hooks on the optimizer), so schedulers and checkpoints keep the user's values.
+
+Adam take-over: with ``FrozenAdam`` (:mod:`hvdcompress.adam`) and ``optimizer`` a
+``torch.optim.Adam``/``AdamW``, the hook sends what FrozenAdam sends (the gradient dense in its
+warm-up, then compressed; or each rank's momentum) and the optimizer's ``step`` is replaced, on
+that instance, by FrozenAdam's update from the exchanged mean (m and v live in the hook's state,
+so in :meth:`CompressionState.state_dict`, not in the optimizer's). Build the state before any
+LR scheduler, which wraps the optimizer's ``step`` it finds.
 """
 import os
 import warnings
 from collections import Counter
 from contextlib import ExitStack
-from typing import Any, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 import torch
 import torch.distributed as dist
 
+from ..adam import adam_settings
 from ..agreement import check_ranks_agree
 from ..compressor import Compressor, TensorInfo
 from ..exchange import Exchange, check_collective
@@ -95,7 +103,8 @@ class CompressionState:
     ``compression``: an hvdcompress :class:`~hvdcompress.Compressor` or a dict for
     :func:`hvdcompress.from_params` (None: no compression, a plain averaged allreduce).
     ``optimizer``: the optimizer stepping the DDP model's parameters; with a ``torch.optim.SGD``,
-    DGC, CSC and ``Momentum`` take its momentum and weight decay over (module doc).
+    DGC, CSC and ``Momentum`` take its momentum and weight decay over; ``FrozenAdam`` needs it
+    (an Adam or AdamW) and takes its step over (module doc).
     ``collective``: ``"auto"``, ``"allgather"`` or ``"alltoall"`` for per-rank payloads, as for
     the Horovod front end (:mod:`hvdcompress.exchange`: the compressed allreduce at P >= 3).
     ``intra_node`` / ``ranks_per_node``: two-level compression (:mod:`hvdcompress.two_level`)
@@ -128,17 +137,18 @@ class CompressionState:
                                      intra_node=intra_node, ranks_per_node=ranks_per_node)
         self.compressor = compressor = self.options.compressor
         check_collective(collective, compressor)   # before any collective runs
-        if getattr(compressor, "takes_over_adam", False):
-            raise ValueError(f"compression={compressor!r}: FrozenAdam replaces the optimizer's "
-                             "step and transforms the gradient before the exchange, which the "
-                             "DDP hook does not do yet; use hvdcompress.torch.DistributedOptimizer")
+        if getattr(compressor, "takes_over_adam", False) and optimizer is None:
+            raise ValueError(f"compression={compressor!r} with optimizer=None: FrozenAdam "
+                             "replaces the optimizer's step; pass optimizer=the torch.optim.Adam "
+                             "or AdamW that steps the DDP model")
         self.process_group = process_group
         self.comm = DistCollectives(process_group)
         self.exchange = self._build_exchange()
         self.optimizer = optimizer
         self._takes_over = optimizer is not None and takes_over(compressor, optimizer)
         self._group_of: dict = {}      # parameter -> its param group (the take-over's settings)
-        self._check_optimizer()
+        self._adam = self._check_optimizer()
+        self._clip_before = False      # this step's choice (FrozenAdam's warm-up clips after)
         self._names: dict = {} if named_parameters is None else self._check_names(named_parameters)
         self._named = named_parameters is not None
         self._tensors: dict = {}       # parameter name -> the compressor's state of that tensor
@@ -166,7 +176,9 @@ class CompressionState:
         backend = dist.get_backend(self.process_group)
         return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
-    def _check_optimizer(self) -> None:
+    def _check_optimizer(self):
+        """Check the optimizer against the compressor and hook into its step: the momentum
+        take-over's suspension around it, or FrozenAdam's step in its place (returned)."""
         compressor, optimizer = self.compressor, self.optimizer
         if optimizer is None:
             if compressor.takes_over_momentum and compressor.explicit_momentum is None:
@@ -174,12 +186,15 @@ class CompressionState:
                               "was given: it runs with momentum 0 (top-k with a residual). Pass "
                               "optimizer=your torch.optim.SGD so it takes that momentum over",
                               stacklevel=3)
-            return
+            return None
         check_momentum(compressor, optimizer)
-        check_adam(compressor, optimizer)
+        adam = check_adam(compressor, optimizer)
         if self._takes_over:
             optimizer.register_step_pre_hook(self._suspend)
             optimizer.register_step_post_hook(self._restore)
+        if adam is not None:
+            optimizer.step = self._adam_step   # on the instance: the class's step is not run
+        return adam
 
     @staticmethod
     def _check_names(named_parameters: Iterable) -> dict:
@@ -213,17 +228,20 @@ class CompressionState:
             self._names[p] = f"param{len(self._names)}"
         return self._names[p]
 
+    def _group(self, p: torch.Tensor) -> dict:
+        """``p``'s param group in the optimizer (the take-overs read its settings every step)."""
+        if p not in self._group_of:   # param groups added since
+            self._group_of = {q: g for g in self.optimizer.param_groups for q in g["params"]}
+        if p not in self._group_of:
+            raise ValueError(f"parameter '{self._name(p)}' is not in the optimizer given as "
+                             "optimizer=: the take-over of its step needs its param group")
+        return self._group_of[p]
+
     def _info(self, p: torch.Tensor) -> TensorInfo:
         info = TensorInfo(name=self._name(p), numel=p.numel(), world=self.comm.world,
                           rank=self.comm.rank, shape=tuple(p.shape), param=p.detach().reshape(-1))
         if self._takes_over:
-            if p not in self._group_of:   # param groups added since
-                self._group_of = {q: g for g in self.optimizer.param_groups for q in g["params"]}
-            group = self._group_of.get(p)
-            if group is None:
-                raise ValueError(f"parameter '{info.name}' is not in the optimizer given as "
-                                 "optimizer=: the momentum take-over needs its param group")
-            for field, value in momentum_fields(group).items():
+            for field, value in momentum_fields(self._group(p)).items():
                 setattr(info, field, value)
         return info
 
@@ -235,11 +253,17 @@ class CompressionState:
         return state
 
     def _launch(self, pairs: list) -> None:
-        """Compress each (parameter, flat local gradient) and launch them together."""
+        """Compress each (parameter, flat local gradient) and launch them together; with
+        FrozenAdam, what it sends for the gradient (dense in its warm-up)."""
         entries = []
         for p, grad in pairs:
             info = self._info(p)
-            entries.append(self.exchange.compress(grad, grad, self._state(info.name, grad.device), info))
+            state, x = self._state(info.name, grad.device), grad
+            if self._adam is not None:
+                settings = adam_settings(self._group(p))
+                x = self._adam.before_exchange(_OPS, grad, state, settings, p.detach().reshape(-1))
+                info.dense = not self._adam.frozen(settings)
+            entries.append(self.exchange.compress(grad, x, state, info))
         self._flights.append(self.exchange.start(entries))
 
     def reduce(self, bucket: dist.GradBucket) -> torch.futures.Future:
@@ -251,9 +275,12 @@ class CompressionState:
         self._restore()   # the user's momentum settings, for the take-over's TensorInfo
         pairs = list(zip(bucket.parameters(), [g.reshape(-1) for g in bucket.gradients()]))
         future: torch.futures.Future = torch.futures.Future()
+        if not self._buckets:   # the step's first bucket
+            self._clip_before = self.options.clip_before and (self._adam is None or not self._adam.warming_up(
+                [adam_settings(g, i) for i, g in enumerate(self.optimizer.param_groups)]))
         self._buckets.append((future, buffer, pairs))
         try:
-            if not self.options.clip_before:
+            if not self._clip_before:
                 self._launch(pairs)
             if bucket.is_last():
                 self._complete()
@@ -272,7 +299,7 @@ class CompressionState:
         averages in the buffers, (the clip after the exchange,) the futures completed."""
         grads = sorted(((self._name(p), g) for _, _, pairs in self._buckets for p, g in pairs),
                        key=lambda item: item[0])  # name order: the norm sums alike on every rank
-        if self.options.clip_before:
+        if self._clip_before:
             clip_local_gradients([g for _, g in grads], self.options.clip_grad_norm, self.comm.world)
             for _, _, pairs in self._buckets:
                 self._launch(pairs)
@@ -280,12 +307,31 @@ class CompressionState:
             for entry in self.exchange.finish(flight, lambda e: e.key):
                 if entry.total is not None and entry.total is not entry.key:
                     entry.key.copy_(entry.total)
-        if self.options.clip_grad_norm is not None and not self.options.clip_before:
+        if self.options.clip_grad_norm is not None and not self._clip_before:
             clip_gradients([g for _, g in grads], self.options.clip_grad_norm)
         self.exchange.end_step()
-        self.compressor.on_step()
+        if self._adam is None:   # FrozenAdam counts its steps in the optimizer's (it reads t there)
+            self.compressor.on_step()
         for future, buffer, _ in self._buckets:
             future.set_result(buffer)
+
+    def _adam_step(self, closure: Optional[Callable] = None) -> Optional[torch.Tensor]:
+        """The optimizer's step under FrozenAdam: :meth:`hvdcompress.adam.FrozenAdam.after_exchange`
+        for every parameter with a gradient (the exchanged mean DDP wrote), its param group's
+        settings read now (schedulers keep working); then the compressor's step count."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            for i, group in enumerate(self.optimizer.param_groups):
+                settings = adam_settings(group, i)
+                for p in (q for q in group["params"] if q.grad is not None):
+                    state = self._state(self._name(p), p.device)
+                    p.copy_(self._adam.after_exchange(_OPS, state, p.reshape(-1), p.grad.reshape(-1),
+                                                      settings).view_as(p))
+        self.compressor.on_step()
+        return loss
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -18,13 +18,14 @@ import torch
 import torch.nn.functional as F
 
 import hvdcompress as hc
+from hvdcompress.adam import adam_settings
 from hvdcompress.compressor import TensorInfo
 from hvdcompress.exchange import Exchange
 from hvdcompress.registry import as_compressor
 from hvdcompress.torch.backend import TorchOps
 from hvdcompress.two_level import TwoLevelExchange
 from hvdcompress.torch.clipping import clip_gradients, clip_local_gradients
-from hvdcompress.torch.momentum_takeover import momentum_fields, suspended, takes_over
+from hvdcompress.torch.momentum_takeover import check_adam, momentum_fields, suspended, takes_over
 
 OPS = TorchOps()
 SEED = 3
@@ -62,7 +63,7 @@ def sgd(params, momentum: float = 0.9, weight_decay: float = 0.0) -> torch.optim
 
 class Case(NamedTuple):
     """``compression()`` a fresh compressor per rank; ``optimizer(params)``; whether the
-    hook is given the optimizer (the momentum take-over); ``clip_grad_norm``; ``intra_node()``
+    hook is given the optimizer (the momentum or Adam take-over); ``clip_grad_norm``; ``intra_node()``
     the node level's compressor of two-level compression over nodes of ``RANKS_PER_NODE``."""
 
     compression: Callable[[], Optional[hc.Compressor]]
@@ -86,6 +87,13 @@ CASES = {
     "powersgd": Case(lambda: hc.PowerSGD(rank=2)),
     "topk_ef_clip": Case(lambda: hc.ErrorFeedback(hc.TopK(0.05)), clip_grad_norm=0.5),
     "fp16_clip": Case(hc.FP16, clip_grad_norm=0.5),
+    "frozen_adam": Case(lambda: hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2),
+                        lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01),
+                        take_over=True, clip_grad_norm=0.5),
+    "frozen_adam_momentum": Case(lambda: hc.FrozenAdam(hc.ErrorFeedback(hc.TopK(0.1)), freeze_steps=1,
+                                                       send="momentum"),
+                                 lambda params: torch.optim.Adam(params, lr=1e-2, weight_decay=1e-3),
+                                 take_over=True),
     "two_level_dgc": Case(lambda: hc.DGC(0.95, min_numel=100), take_over=True,
                           intra_node=hc.NoCompression),
 }
@@ -109,8 +117,8 @@ def flat_params(model: torch.nn.Module) -> dict:
 def reference(case: Case, comm, steps: int, node=None, cross=None) -> dict:
     """One simulated rank (``comm``; ``node`` and ``cross`` its process sets for two-level
     compression) of the Horovod front end on this case: the same per-tensor exchange, momentum
-    take-over and clipping as hvdcompress.torch.DistributedOptimizer, one group per step, in
-    name order. The rank's parameters after ``steps`` steps."""
+    or Adam take-over and clipping as hvdcompress.torch.DistributedOptimizer, one group per
+    step, in name order. The rank's parameters after ``steps`` steps."""
     model = build_model()
     opt = case.optimizer(model.parameters())
     compressor = as_compressor(case.compression())
@@ -118,14 +126,16 @@ def reference(case: Case, comm, steps: int, node=None, cross=None) -> dict:
         TwoLevelExchange(compressor, case.intra_node(), OPS, node, cross)
     named = sorted(model.named_parameters())
     over = case.take_over and takes_over(compressor, opt)
-    carries = compressor.carries_state
+    adam = check_adam(compressor, opt) if case.take_over else None
     states = {n: {} for n, _ in named}
     for step in range(steps):
         x, y = batch(comm.rank, step)
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
+        settings = adam_settings(opt.param_groups[0]) if adam is not None else None
         grads = [p.grad for _, p in named]
-        if case.clip_grad_norm is not None and carries:
+        clip_before = compressor.carries_state and not (adam is not None and adam.warming_up([settings]))
+        if case.clip_grad_norm is not None and clip_before:
             clip_local_gradients(grads, case.clip_grad_norm, comm.world)
         entries = []
         for name, p in named:
@@ -134,12 +144,22 @@ def reference(case: Case, comm, steps: int, node=None, cross=None) -> dict:
             if over:
                 for field, value in momentum_fields(opt.param_groups[0]).items():
                     setattr(info, field, value)
-            entries.append(engine.compress(p, p.grad.view(-1), states[name], info))
+            sent = p.grad.view(-1)
+            if adam is not None:
+                sent = adam.before_exchange(OPS, sent, states[name], settings, p.detach().reshape(-1))
+                info.dense = not adam.frozen(settings)
+            entries.append(engine.compress(p, sent, states[name], info))
         engine.finish(engine.start(entries), lambda e: e.key.grad.view(-1))
-        if case.clip_grad_norm is not None and not carries:
+        if case.clip_grad_norm is not None and not clip_before:
             clip_gradients(grads, case.clip_grad_norm)
         engine.end_step()
+        if adam is None:
+            with suspended(opt, over):
+                opt.step()
+        else:
+            with torch.no_grad():
+                for name, p in named:
+                    p.copy_(adam.after_exchange(OPS, states[name], p.reshape(-1), p.grad.reshape(-1),
+                                                settings).view_as(p))
         compressor.on_step()
-        with suspended(opt, over):
-            opt.step()
     return flat_params(model)

@@ -11,12 +11,13 @@ same algorithm code is checkpointable in both.
 """
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .ops import counter_hash
+from .ops import counter_hash, roles, table
 
 Tensor = Any
 #: A scalar: a Python number, or a 0-d / 1-element tensor on the data's device.
@@ -213,12 +214,13 @@ class Ops(ABC):
         return self._impl(x).max_abs(self._as_float32(x))
 
     # --- kernels ------------------------------------------------------------------------------
-    # The operations below are the kernels of hvdcompress/ops/kernels.h, which specifies each of
-    # them (semantics, byte layouts, random numbers); docs/kernels.md explains the layers. Ops
-    # checks the arguments once, here, and hands them to the implementation that ``_impl(x)``
-    # picks for x's device: the C++ kernels (hvdcompress.ops.native, through zero-copy views of
-    # CPU tensors) or the plain-torch fallback (hvdcompress.ops.torch_fallback), which produce
-    # bit-identical results. Common rules:
+    # The kernels of hvdcompress/ops/kernels.h, which specifies each of them (semantics, byte
+    # layouts, random numbers); docs/kernels.md explains the layers. Their methods are generated
+    # from the kernel table (hvdcompress/ops/table.py: each parameter's role says what it must
+    # be), after this class, except those of WRITTEN, written out here. Ops checks the arguments
+    # once and hands them to the implementation that ``_impl(x)`` picks for x's device: the C++
+    # kernels (hvdcompress.ops.native, through zero-copy views of CPU tensors) or the plain-torch
+    # fallback (hvdcompress.ops.torch_fallback), which produce bit-identical results. Common rules:
     #  * ``x`` (and ``residual``) must be contiguous 1-D float32 tensors: another dtype is a
     #    TypeError, another shape or a non-contiguous tensor a ValueError. Codes are uint8.
     #  * Decoders take the payloads of R ranks back to back (allgather order) and return their
@@ -260,41 +262,19 @@ class Ops(ABC):
         return self.contiguous(self.reshape(x, (self.numel(x),)) if self.ndim(x) != 1 else x)
 
     def _check_x(self, x: Tensor, what: str = "x") -> None:
-        if self.dtype(x) != "float32":
-            raise TypeError(f"{what} must be a float32 tensor, got {self.dtype(x)}")
-        if self.ndim(x) != 1 or not self.is_contiguous(x):
-            raise ValueError(f"{what} must be a contiguous 1-D tensor, got a "
-                             f"{'' if self.is_contiguous(x) else 'non-contiguous '}"
-                             f"{self.ndim(x)}-D tensor")
-
-    def _check_same_size(self, x: Tensor, other: Tensor, what: str) -> None:
-        self._check_x(other, what)
-        if self.numel(other) != self.numel(x):
-            raise ValueError(f"{what} has {self.numel(other)} elements, x has {self.numel(x)}")
+        roles.flat_float32(self, what, x)
 
     @staticmethod
     def _check_range(what: str, value: int, low: int, high: int) -> None:
         if not low <= value <= high:
             raise ValueError(f"{what}={value} is out of range; allowed: {low}..{high}")
 
-    def _check_payload(self, what: str, payload: Tensor, dtype: str, each: int) -> int:
-        """The number of ranks R of a payload of R * ``each`` elements of ``dtype``."""
-        if self.dtype(payload) != dtype:
-            raise TypeError(f"{what} must be a {dtype} tensor, got {self.dtype(payload)}")
-        count = self.numel(payload)
-        if each < 1 or count == 0 or count % each:
-            raise ValueError(f"{what} has {count} elements, not a positive multiple of {each}")
-        return count // each
-
     def _decode(self, out: Tensor | None, n: int, decode: Any) -> Tensor:
         """``decode(buffer)`` into the caller's ``out``: handed to the kernel on an in-place
         backend (after checking it), else filled from the result with :meth:`into`."""
         if out is None or not self.in_place:
             return self.into(out, decode(None))
-        self._check_x(out, "out")
-        if self.numel(out) != n:
-            raise ValueError(f"out has {self.numel(out)} elements; the decoded tensor has {n}")
-        return decode(out)
+        return decode(roles.Out().check(self, "", "out", out, {"n": n}))
 
     def half_cast(self, x: Tensor, dtype: str) -> Tensor:
         """``x`` cast to the 16-bit float ``dtype`` ("float16" or "bfloat16"): rounded to nearest
@@ -303,115 +283,6 @@ class Ops(ABC):
         if dtype not in ("float16", "bfloat16") or not self._is_flat_float32(x):
             return self.cast(x, dtype)
         return self.bitcast(self._impl(x).half_cast(x, dtype == "bfloat16"), dtype)
-
-    def sign_pack(self, x: Tensor) -> tuple:
-        """``(packed, [mean |x|])`` (kernels.h ``sign_pack``)."""
-        self._check_x(x)
-        return self._impl(x).sign_pack(x)
-
-    def ef_sign_pack(self, x: Tensor, residual: Tensor) -> tuple:
-        """``(packed, [scale], residual)`` (kernels.h ``ef_sign_pack``)."""
-        self._check_x(x)
-        self._check_same_size(x, residual, "residual")
-        return self._impl(x).ef_sign_pack(x, residual, out=self._in_place(residual))
-
-    def twobit_pack(self, x: Tensor, threshold: float, residual: Tensor | None = None) -> tuple:
-        """``(packed, residual or None)`` (kernels.h ``twobit_pack``; decode with
-        :meth:`unpack_sum` and the table ``[0, nan, -t, +t]``)."""
-        self._check_x(x)
-        if residual is not None:
-            self._check_same_size(x, residual, "residual")
-        out = None if residual is None else self._in_place(residual)
-        impl = self._impl(x)
-        return impl.twobit_pack(x, self._scalar_arg(impl, threshold), residual, out=out)
-
-    def levels_pack(self, x: Tensor, scale: Scalar, levels: int, natural: bool, key: int) -> Tensor:
-        """Stochastic rounding of ``|x| * scale`` to ``levels`` levels, one int8 code per element
-        (kernels.h ``levels_pack``). Unbiased when r <= levels (linear) or r <= 1 (natural)."""
-        self._check_x(x)
-        self._check_range("levels_pack: levels", levels, 1, 127)
-        self._check_range("levels_pack: key", key, 0, 2 ** 32 - 1)
-        impl = self._impl(x)
-        return impl.levels_pack(x, self._scalar_arg(impl, scale), int(levels), bool(natural), int(key))
-
-    def ternary_pack(self, x: Tensor, scale: Scalar, key: int) -> Tensor:
-        """:meth:`levels_pack` with one linear level, as 2-bit codes (kernels.h ``ternary_pack``)."""
-        self._check_x(x)
-        self._check_range("ternary_pack: key", key, 0, 2 ** 32 - 1)
-        impl = self._impl(x)
-        return impl.ternary_pack(x, self._scalar_arg(impl, scale), int(key))
-
-    def natural_pack(self, x: Tensor, key: int) -> Tensor:
-        """Natural compression, one byte per element (kernels.h ``natural_pack``; unbiased)."""
-        self._check_x(x)
-        self._check_range("natural_pack: key", key, 0, 2 ** 32 - 1)
-        return self._impl(x).natural_pack(x, int(key))
-
-    def unpack_sum(self, packed: Tensor, n: int, bits: int, tables: Tensor,
-                   out: Tensor | None = None) -> Tensor:
-        """Decode R payloads of ``bits``-bit codes through per-rank float32 tables and sum them
-        (kernels.h ``unpack_sum``)."""
-        if bits not in (1, 2, 8):
-            raise ValueError(f"unpack_sum: bits={bits} is out of range; allowed: 1, 2, 8")
-        self._check_range("unpack_sum: n", n, 1, 2 ** 62)
-        ranks = self._check_payload("packed", packed, "uint8", (n * bits + 7) // 8)
-        if self.dtype(tables) != "float32" or self.numel(tables) != ranks << bits:
-            raise ValueError(f"tables has {self.numel(tables)} entries ({self.dtype(tables)}); "
-                             f"{ranks} payloads of {bits}-bit codes need {ranks << bits} float32")
-        return self._decode(out, n, lambda buf: self._impl(packed).unpack_sum(
-            packed, int(n), int(bits), tables, out=buf))
-
-    def bf16_sum(self, bits: Tensor, n: int, out: Tensor | None = None) -> Tensor:
-        """Decode and sum R payloads of ``n`` bfloat16 values given as int16 bit patterns
-        (kernels.h ``bf16_sum``)."""
-        self._check_payload("bits", bits, "int16", n)
-        return self._decode(out, n, lambda buf: self._impl(bits).bf16_sum(
-            self.contiguous(bits), int(n), out=buf))
-
-    def sign_vote(self, packed: Tensor, n: int, scale: float, out: Tensor | None = None) -> Tensor:
-        """Majority vote of R :meth:`sign_pack` payloads times ``scale`` (kernels.h ``sign_vote``)."""
-        self._check_range("sign_vote: n", n, 1, 2 ** 62)
-        self._check_payload("packed", packed, "uint8", (n + 7) // 8)
-        return self._decode(out, n, lambda buf: self._impl(packed).sign_vote(
-            packed, int(n), float(scale), out=buf))
-
-    def minmax_pack(self, x: Tensor, chunk: int) -> tuple:
-        """Bagua's 8-bit min-max quantisation per chunk: ``(codes, bounds)`` (kernels.h
-        ``minmax_pack``)."""
-        self._check_x(x)
-        self._check_range("minmax_pack: chunk", chunk, 1, 2 ** 62)
-        return self._impl(x).minmax_pack(x, int(chunk))
-
-    def minmax_unpack_sum(self, codes: Tensor, bounds: Tensor, n: int, chunk: int,
-                          out: Tensor | None = None) -> Tensor:
-        """Sum of R :meth:`minmax_pack` payloads, decoded (kernels.h ``minmax_unpack_sum``)."""
-        self._check_range("minmax_unpack_sum: chunk", chunk, 1, 2 ** 62)
-        ranks = self._check_payload("codes", codes, "uint8", n)
-        self._check_payload("bounds", bounds, "float32", 2 * ranks * -(-n // chunk))
-        return self._decode(out, n, lambda buf: self._impl(codes).minmax_unpack_sum(
-            codes, bounds, int(n), int(chunk), out=buf))
-
-    def count_ge(self, x: Tensor, threshold: Scalar) -> Scalar:
-        """How many elements are selected: |x[i]| >= threshold, or x[i] is NaN. A Python int
-        from the C++ kernels; a 0-d int64 tensor on x's device from the device implementations
-        (no host read)."""
-        self._check_x(x)
-        impl = self._impl(x)
-        return impl.count_ge(x, self._scalar_arg(impl, threshold))
-
-    def select_ge(self, x: Tensor, threshold: Scalar) -> tuple:
-        """``(values, indices)`` of the elements :meth:`count_ge` selects, indices ascending int64.
-        The outputs' size depends on the data: the one host read a device path needs."""
-        self._check_x(x)
-        impl = self._impl(x)
-        return impl.select_ge(x, self._scalar_arg(impl, threshold))
-
-    def sampled_threshold(self, x: Tensor, start: int, stride: int, top: int) -> Scalar:
-        """The ``top``-th largest magnitude among ``x[start::stride]`` (kernels.h): a Python float
-        from the C++ kernels, a 0-d float32 tensor on x's device from the device implementations
-        (no host read)."""
-        self._check_x(x)
-        return self._impl(x).sampled_threshold(x, int(start), int(stride), int(top))
 
     def choose(self, cond: Any, a: Scalar, b: Scalar) -> Scalar:
         """``a if cond else b`` for scalars: on the host when ``cond`` is a Python bool (the C++
@@ -439,12 +310,6 @@ class Ops(ABC):
             return float(value)
         return value if getattr(impl, "DEVICE_SCALARS", False) else self.scalar(value)
 
-    def topk_abs(self, x: Tensor, k: int) -> tuple:
-        """Exact top-k by magnitude: ``(values, indices)``, indices ascending int64 (kernels.h)."""
-        self._check_x(x)
-        self._check_range("topk_abs: k", k, 0, self.numel(x))
-        return self._impl(x).topk_abs(x, int(k))
-
     def sparse_sum(self, n: int, indices: Tensor, values: Tensor,
                    out: Tensor | None = None) -> Tensor:
         """A dense length-``n`` tensor of ``values``' dtype: zeros plus ``values`` added at
@@ -460,3 +325,72 @@ class Ops(ABC):
             raise ValueError(f"sparse_sum: {self.numel(indices)} indices for {self.numel(values)} values")
         return self._decode(out, n, lambda buf: self._impl(values).sparse_sum(
             int(n), self.contiguous(indices), values, out=buf))
+
+
+# ---- the kernel methods generated from the kernel table ------------------------------------------
+#: The kernels whose Ops method is written out above instead of generated: half_cast takes a
+#: dtype name; norm (l2_norm) and max_abs cast any float tensor; sub_finite, momentum_correction
+#: and sparse_sum take other dtypes through framework ops (momentum_correction the state first);
+#: fill_at is each backend's; the low-rank products take matrices.
+WRITTEN = ("half_cast", "l2_norm", "max_abs", "sub_finite", "momentum_correction", "sparse_sum",
+           "fill_at", "lowrank_project", "lowrank_project_back", "lowrank_residual")
+
+
+def kernel_method(kernel: table.Kernel) -> Callable:
+    """The checked Ops method of ``kernel`` (hvdcompress/ops/table.py): the kernel's parameters
+    less its in-place outputs (``Into``), each checked by its role, then
+    ``self._impl(first tensor).<kernel>(...)``, with a scalar as :meth:`Ops._scalar_arg` makes
+    it, an ``Into`` buffer as :meth:`Ops._in_place` says and an ``Out`` one as
+    :meth:`Ops._decode` does."""
+    params = [p for p in kernel.params if not isinstance(p.role, roles.Into)]
+    signature = inspect.Signature(
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        + [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default)
+           for p in params])
+    first = next(p.name for p in kernel.params if p.role.tensor)
+    out = next((p.name for p in params if isinstance(p.role, roles.Out)), None)
+
+    def method(self: Ops, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        env = dict(bound.arguments)
+        for p in kernel.order:
+            if not isinstance(p.role, roles.Out) and (env[p.name] is not None or p.default is not None):
+                env[p.name] = p.role.check(self, kernel.name, p.name, env[p.name], env)
+        impl = self._impl(env[first])
+
+        def call(buf: Tensor | None) -> Any:
+            return getattr(impl, kernel.name)(*(_argument(self, impl, p, env, buf) for p in kernel.params))
+        return call(None) if out is None else self._decode(env[out], env["n"], call)
+
+    method.__name__ = method.__qualname__ = kernel.name
+    method.__signature__ = signature
+    method.__doc__ = (f"{kernel.doc} (kernels.h ``{kernel.name}``).\n\nDeclared in "
+                      f"hvdcompress/ops/table.py: ``{kernel.name}({kernel.declaration})``.")
+    return method
+
+
+def _argument(ops: Ops, impl: Any, param: table.Param, env: dict, buf: Tensor | None) -> Any:
+    """The checked argument of ``param`` as the kernel implementation ``impl`` takes it."""
+    if isinstance(param.role, roles.Into):
+        target = env[param.role.target]
+        return None if target is None else ops._in_place(target)
+    if isinstance(param.role, roles.Out):
+        return buf
+    if isinstance(param.role, roles.Scalar):
+        return ops._scalar_arg(impl, env[param.name])
+    return env[param.name]
+
+
+def _add_kernel_methods(cls: type) -> None:
+    """A generated method on ``cls`` for every kernel not in :data:`WRITTEN`; TypeError when
+    ``cls`` writes one of them by hand."""
+    for name, kernel in table.KERNELS.items():
+        if name in WRITTEN:
+            continue
+        if name in vars(cls):
+            raise TypeError(f"{cls.__name__}.{name} is written by hand but not listed in WRITTEN")
+        setattr(cls, name, kernel_method(kernel))
+
+
+_add_kernel_methods(Ops)

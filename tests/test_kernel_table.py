@@ -1,7 +1,8 @@
 """The kernel table (hvdcompress/ops/table.py) and its implementations agree: every declared kernel
 is implemented by the C++ library (its C functions), the numpy binding, the plain-torch fallback
 and the Triton module (its own kernels or the fallback's), each with the declared parameters;
-and the checks that say so fail on a missing, an undeclared or a mis-declared kernel."""
+the numpy functions and Ops methods of the declared kernels are generated from their roles; and
+the checks that say so fail on a missing, an undeclared or a mis-declared kernel."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,9 +13,11 @@ import subprocess
 import sys
 from typing import Callable
 
+import numpy as np
 import pytest
 
-from hvdcompress.ops import native, table, torch_fallback
+from hvdcompress.backend import WRITTEN, Ops
+from hvdcompress.ops import native, roles, table, torch_fallback
 from hvdcompress.ops.table import implementation, implements
 
 
@@ -109,3 +112,69 @@ def test_a_library_with_other_c_functions_does_not_load():
     exported = set(table.C_FUNCTIONS) - {"topk_abs"} | {"topk_abs_v2"}
     with pytest.raises(ImportError, match=r"missing: \['topk_abs'\], not declared: \['topk_abs_v2'\]"):
         native._check_exports(exported, "lib.so")
+
+
+def test_a_library_whose_c_function_takes_another_call_does_not_load():
+    native.load()
+    signatures = dict(native._LIB["signatures"])
+    native._check_calls(signatures, "lib.so")
+    with pytest.raises(ImportError, match="natural_pack takes 'PqP'"):
+        native._check_calls(dict(signatures, natural_pack=("PqP", "", "")), "lib.so")
+    with pytest.raises(ImportError, match="count_ge takes 'Pqf' and returns f"):
+        native._check_calls(dict(signatures, count_ge=("Pqf", ">", "f")), "lib.so")
+
+
+# ---- generated from the declarations ------------------------------------------------------------
+def test_native_generates_the_kernels_declared_with_a_c_call_and_the_rest_is_written():
+    generated = native.generate(table.KERNELS["natural_pack"]).__code__
+    written = {name for name in table.KERNELS if getattr(native, name).__code__ is not generated}
+    assert written == {name for name, k in table.KERNELS.items() if k.c is None} == {
+        "select_ge", "sparse_sum", "fill_at", "lowrank_project", "lowrank_project_back",
+        "lowrank_residual"}
+
+
+def test_a_kernel_written_by_hand_and_declared_with_a_c_call_is_refused():
+    with pytest.raises(TypeError, match="writes natural_pack by hand"):
+        native._generated({"natural_pack": native.natural_pack})
+
+
+def test_ops_has_a_generated_method_for_every_kernel_not_written_by_hand():
+    for name, kernel in table.KERNELS.items():
+        if name in WRITTEN:
+            continue
+        user = [p for p in kernel.params if not isinstance(p.role, roles.Into)]
+        got = list(inspect.signature(getattr(Ops, name)).parameters.values())[1:]
+        assert [(p.name, p.default) for p in got] == [(p.name, p.default) for p in user], name
+        assert kernel.declaration in getattr(Ops, name).__doc__
+
+
+def test_the_generated_numpy_functions_check_their_arguments():
+    x = np.zeros(4, np.float32)
+    with pytest.raises(TypeError, match="x must be a float32 tensor, got float64"):
+        native.natural_pack(np.zeros(4), 1)
+    with pytest.raises(ValueError, match="x must be a contiguous 1-D tensor, got a non-contiguous"):
+        native.natural_pack(np.zeros(8, np.float32)[::2], 1)
+    with pytest.raises(ValueError, match="residual has 3 elements, x has 4"):
+        native.ef_sign_pack(x, np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="out is read-only"):
+        native.ef_sign_pack(x, x, out=_read_only(4))
+    with pytest.raises(ValueError, match="natural_pack: key=-1 is out of range"):
+        native.natural_pack(x, -1)
+    with pytest.raises(ValueError, match=r"bounds has 2 entries; 2 \* ranks \* cdiv\(n, chunk\) = 4"):
+        native.minmax_unpack_sum(np.zeros(4, np.uint8), np.zeros(2, np.float32), 4, 2)
+
+
+def _read_only(n: int) -> np.ndarray:
+    a = np.zeros(n, np.float32)
+    a.setflags(write=False)
+    return a
+
+
+def test_roles_that_need_sizes_no_parameter_defines_are_refused():
+    with pytest.raises(TypeError, match=r"the roles of \['packed'\] need sizes"):
+        table.Kernel("bad", "packed: Payloads('uint8', 'm')")
+
+
+def test_a_c_call_with_an_unknown_argument_is_refused():
+    with pytest.raises(TypeError, match=r"unknown: \['m'\]"):
+        table.Kernel("bad", "x: Vector()", c="x, m")

@@ -48,7 +48,8 @@ template <> struct Code<int64_t> { static constexpr char value = 'q'; };
 template <> struct Code<float> { static constexpr char value = 'f'; };
 template <> struct Code<double> { static constexpr char value = 'd'; };
 
-// The C function of kernel F (call) and its argument codes (signature).
+// The C function of kernel F (call) and its argument codes (signature): for a kernel that returns
+// a value, then '>' and the value's code (the call takes a pointer to it last).
 template <auto F, class Signature = decltype(F)> struct Export;
 
 template <auto F, class R, class... A>
@@ -56,7 +57,7 @@ struct Export<F, R (*)(A...)> {
   static int call(A... a, R* result) {
     return guarded([&] { *result = F(a...); });
   }
-  static constexpr char signature[] = {Code<A>::value..., Code<R*>::value, '\0'};
+  static constexpr char signature[] = {Code<A>::value..., '>', Code<R>::value, '\0'};
 };
 
 template <auto F, class... A>
@@ -73,7 +74,7 @@ extern "C" {
 
 struct hvdc_kernel {
   const char* name;
-  const char* signature;  // argument codes, see Code
+  const char* signature;  // argument codes, see Code and Export
   void* function;         // int (*)(arguments as the signature says)
 };
 

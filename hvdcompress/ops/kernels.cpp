@@ -642,9 +642,9 @@ void scatter_add_impl(const float* values, const Index* indices, int64_t m, int6
 int64_t packed_bytes(int64_t n, int bits) { return (n * bits + 7) / 8; }
 
 // ---- signs ------------------------------------------------------------------------------------
-double sign_pack(const float* x, int64_t n, uint8_t* out) {
+float sign_pack(const float* x, int64_t n, uint8_t* out) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-  return parallel_sum(blocks, kBlock, [&](int64_t k0, int64_t k1) {  // one read of x
+  const double total = parallel_sum(blocks, kBlock, [&](int64_t k0, int64_t k1) {  // one read of x
     alignas(64) uint8_t c[kBlock];
     double sum = 0.0;
     for (int64_t k = k0; k < k1; ++k) {
@@ -654,6 +654,7 @@ double sign_pack(const float* x, int64_t n, uint8_t* out) {
     }
     return sum;
   });
+  return static_cast<float>(total / static_cast<double>(std::max<int64_t>(1, n)));
 }
 
 float ef_sign_pack(const float* x, const float* residual, int64_t n, uint8_t* out, float* res_out) {

@@ -51,9 +51,10 @@ inline uint32_t fmix32(uint32_t h) {
 }
 
 // ---- 1 bit: signs ---------------------------------------------------------------------------
-// bit = 1 iff the sign bit of x[i] is clear (+0 -> 1, -0 -> 0). Returns sum |x[i]| (in double;
-// NaN if any element is NaN). out: packed_bytes(n, 1).
-double sign_pack(const float* x, int64_t n, uint8_t* out);
+// bit = 1 iff the sign bit of x[i] is clear (+0 -> 1, -0 -> 0). Returns the mean |x[i]|,
+// float(sum / max(1, n)) with the sum in double (NaN if any element is NaN). out:
+// packed_bytes(n, 1).
+float sign_pack(const float* x, int64_t n, uint8_t* out);
 
 // EF-signSGD, fused: p = x + residual; scale = float(sum|p| / n); bits of p as sign_pack;
 // res_out = p - (bit ? scale : -scale), non-finite results stored as 0. Returns scale.

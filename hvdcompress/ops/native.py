@@ -9,12 +9,13 @@ runs them on a framework's CPU tensors through zero-copy numpy views (``Tensor.n
 torch, ``np.asarray`` and DLPack for TensorFlow). Semantics: kernels.h; why this design:
 docs/kernels.md.
 
-The function signatures are the kernel table's (:mod:`hvdcompress.ops.table`), shared with the
+The functions are generated from the kernel table (:mod:`hvdcompress.ops.table`: each argument
+checked by its role, outputs allocated, the C call) for every kernel declared with its C call;
+the others are written by hand below. Their signatures are the table's, shared with the
 plain-torch and Triton implementations: an ``out`` / ``*_out`` argument is an output buffer that
 may be the input it replaces (in place, as torch does) or None (a new array, as TensorFlow
-needs). The argument checks here are the raw-memory boundary's (dtype, contiguity, sizes): they
-keep a wrong buffer from reaching C++. The user-facing checks are
-:class:`hvdcompress.backend.Ops`'.
+needs). The checks, the same as :class:`hvdcompress.backend.Ops` makes on tensors, also keep a
+wrong buffer from reaching C++ (dtype, contiguity, sizes, writable outputs).
 """
 from __future__ import annotations
 
@@ -23,12 +24,11 @@ import functools
 import importlib.machinery
 import os
 import sys
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import table
-from .layout import packed_bytes
+from . import roles, table
 from .table import implements
 
 Array = np.ndarray
@@ -44,6 +44,8 @@ _POOL_BYTES = [0]
 _CTYPES = {"P": ctypes.c_void_p, "?": ctypes.c_bool, "i": ctypes.c_int, "I": ctypes.c_uint32,
            "q": ctypes.c_int64, "f": ctypes.c_float, "d": ctypes.c_double}
 _ERRORS = {1: ValueError, 2: IndexError}
+#: The argument code of a returned value of each dtype.
+_CODES = {"float32": "f", "float64": "d", "int64": "q", "int32": "i"}
 
 
 def library_path() -> str:
@@ -77,11 +79,14 @@ def load() -> Dict[str, Callable[..., int]]:
         lib.hvdc_error.restype = ctypes.c_char_p
         count = ctypes.c_int64()
         exported = {e.name.decode(): e for e in listing(ctypes.byref(count))[:count.value]}
+        signatures = {name: e.signature.decode().partition(">") for name, e in exported.items()}
         _check_exports(exported, path)
-        _LIB["lib"] = lib
+        _check_calls(signatures, path)
+        _LIB["lib"], _LIB["signatures"] = lib, signatures
         _LIB["functions"] = {
-            name: ctypes.CFUNCTYPE(ctypes.c_int, *(_CTYPES[c] for c in e.signature.decode()))(e.function)
-            for name, e in exported.items()}
+            name: ctypes.CFUNCTYPE(ctypes.c_int, *(_CTYPES[c] for c in args),
+                                   *([ctypes.c_void_p] if result else []))(exported[name].function)
+            for name, (args, _, result) in signatures.items()}
     return _LIB["functions"]
 
 
@@ -92,6 +97,25 @@ def _check_exports(exported: Iterable[str], path: str) -> None:
         raise ImportError(f"the C++ kernel library {path} does not match hvdcompress/ops/table.py "
                           f"(missing: {sorted(missing)}, not declared: {sorted(extra)}); rebuild "
                           "it with `pip install --no-build-isolation -e .`")
+
+
+def _check_calls(signatures: Dict[str, Tuple[str, str, str]], path: str) -> None:
+    """ImportError unless the C function of every kernel with a declared C call takes that call:
+    as many arguments, addresses exactly where the call passes arrays, and a returned value of
+    the declared result's dtype (``signatures``: argument codes, ">", the returned value's)."""
+    for kernel in table.KERNELS.values():
+        if kernel.c is None:
+            continue
+        args, _, result = signatures[kernel.exports[0]]
+        returned = kernel.c[-1][1:] if kernel.c[-1].startswith("&") else None
+        want = ["P" if kernel.is_pointer(a) else "-" for a in kernel.c if a != f"&{returned}"]
+        got = ["P" if code == "P" else "-" for code in args]
+        want_result = _CODES[kernel.result(returned).dtype] if returned else ""
+        if got != want or result != want_result:
+            raise ImportError(f"the C++ kernel library {path} does not match hvdcompress/ops/table.py: "
+                              f"{kernel.name} takes {args!r} and returns {result or 'nothing'}; the "
+                              f"table's call ({', '.join(kernel.c)}) needs {''.join(want)!r}"
+                              f"{' and ' + want_result if want_result else ''}; rebuild the library")
 
 
 def _call(name: str, *args: Any) -> None:
@@ -154,155 +178,9 @@ def _out(out: Optional[Array], n: int, dtype: Any, what: str = "out") -> Array:
     return out
 
 
-def _ranks(a: Array, each: int, what: str) -> int:
-    if each <= 0 or a.size == 0 or a.size % each:
-        raise ValueError(f"{what} has {a.size} elements, not a positive multiple of {each}")
-    return a.size // each
-
-
-# ---- encoders -------------------------------------------------------------------------------
-@implements
-def sign_pack(x: Array) -> Tuple[Array, Array]:
-    total = ctypes.c_double()
-    out = empty(packed_bytes(x.size, 1), np.uint8)
-    _call("sign_pack", _buf(x, np.float32, "x"), x.size, out.ctypes.data, ctypes.byref(total))
-    return out, np.array([total.value / max(1, x.size)], np.float32)
-
-
-@implements
-def ef_sign_pack(x: Array, residual: Array, out: Optional[Array] = None) -> Tuple[Array, Array, Array]:
-    res_out = _out(out, x.size, np.float32, "residual out")
-    packed, scale = empty(packed_bytes(x.size, 1), np.uint8), ctypes.c_float()
-    _call("ef_sign_pack", _buf(x, np.float32, "x"), _buf(residual, np.float32, "residual", x.size),
-          x.size, packed.ctypes.data, res_out.ctypes.data, ctypes.byref(scale))
-    return packed, np.array([scale.value], np.float32), res_out
-
-
-@implements
-def twobit_pack(x: Array, threshold: float, residual: Optional[Array] = None,
-                out: Optional[Array] = None) -> Tuple[Array, Optional[Array]]:
-    packed = empty(packed_bytes(x.size, 2), np.uint8)
-    res_out = None if residual is None else _out(out, x.size, np.float32, "residual out")
-    _call("twobit_pack", _buf(x, np.float32, "x"),
-          None if residual is None else _buf(residual, np.float32, "residual", x.size), x.size,
-          threshold, packed.ctypes.data, None if res_out is None else res_out.ctypes.data)
-    return packed, res_out
-
-
-@implements
-def levels_pack(x: Array, inv: float, levels: int, natural: bool, key: int) -> Array:
-    out = empty(x.size, np.uint8)
-    _call("levels_pack", _buf(x, np.float32, "x"), x.size, inv, levels, bool(natural), key,
-          out.ctypes.data)
-    return out
-
-
-@implements
-def ternary_pack(x: Array, inv: float, key: int) -> Array:
-    out = empty(packed_bytes(x.size, 2), np.uint8)
-    _call("ternary_pack", _buf(x, np.float32, "x"), x.size, inv, key, out.ctypes.data)
-    return out
-
-
-@implements
-def natural_pack(x: Array, key: int) -> Array:
-    out = empty(x.size, np.uint8)
-    _call("natural_pack", _buf(x, np.float32, "x"), x.size, key, out.ctypes.data)
-    return out
-
-
-@implements
-def half_cast(x: Array, bf16: bool) -> Array:
-    """The bit patterns of ``x`` rounded to binary16 (bfloat16 when ``bf16``), as int16."""
-    out = empty(x.size, np.int16)
-    _call("half_cast", _buf(x, np.float32, "x"), x.size, bool(bf16), out.ctypes.data)
-    return out
-
-
-@implements
-def minmax_pack(x: Array, chunk: int) -> Tuple[Array, Array]:
-    codes, bounds = empty(x.size, np.uint8), empty(2 * -(-x.size // chunk), np.float32)
-    _call("minmax_pack", _buf(x, np.float32, "x"), x.size, chunk, codes.ctypes.data,
-          bounds.ctypes.data)
-    return codes, bounds
-
-
-# ---- decoders -------------------------------------------------------------------------------
-@implements
-def unpack_sum(packed: Array, n: int, bits: int, tables: Array, out: Optional[Array] = None) -> Array:
-    ranks = _ranks(packed, packed_bytes(n, bits), "packed")
-    if tables.size != ranks << bits:
-        raise ValueError(f"tables has {tables.size} entries; {ranks} payloads of {bits}-bit codes "
-                         f"need {ranks << bits}")
-    out = _out(out, n, np.float32)
-    _call("unpack_sum", _buf(packed, np.uint8, "packed"), n, bits, _buf(tables, np.float32, "tables"),
-          ranks, out.ctypes.data)
-    return out
-
-
-@implements
-def bf16_sum(bits: Array, n: int, out: Optional[Array] = None) -> Array:
-    ranks = _ranks(bits, n, "bits")
-    out = _out(out, n, np.float32)
-    _call("bf16_sum", _buf(bits.view(np.uint16), np.uint16, "bits"), n, ranks, out.ctypes.data)
-    return out
-
-
-@implements
-def sign_vote(packed: Array, n: int, scale: float, out: Optional[Array] = None) -> Array:
-    ranks = _ranks(packed, packed_bytes(n, 1), "packed")
-    out = _out(out, n, np.float32)
-    _call("sign_vote", _buf(packed, np.uint8, "packed"), n, ranks, scale, out.ctypes.data)
-    return out
-
-
-@implements
-def minmax_unpack_sum(codes: Array, bounds: Array, n: int, chunk: int,
-                      out: Optional[Array] = None) -> Array:
-    ranks = _ranks(codes, n, "codes")
-    chunks = -(-n // chunk)
-    if bounds.size != 2 * chunks * ranks:
-        raise ValueError(f"bounds has {bounds.size} entries; {ranks} payloads of {chunks} chunks "
-                         f"need {2 * chunks * ranks}")
-    out = _out(out, n, np.float32)
-    _call("minmax_unpack_sum", _buf(codes, np.uint8, "codes"), _buf(bounds, np.float32, "bounds"),
-          n, chunk, ranks, out.ctypes.data)
-    return out
-
-
-@implements
-def sparse_sum(n: int, indices: Array, values: Array, out: Optional[Array] = None) -> Array:
-    if indices.dtype not in (np.int32, np.int64):
-        raise TypeError(f"indices must be int32 or int64, got {indices.dtype}")
-    out = _out(out, n, np.float32)
-    _call("scatter_add_i32" if indices.dtype == np.int32 else "scatter_add_i64",
-          _buf(values, np.float32, "values"), _buf(indices, indices.dtype, "indices", values.size),
-          values.size, n, out.ctypes.data)
-    return out
-
-
-# ---- reductions and selection -----------------------------------------------------------------
-@implements
-def max_abs(x: Array) -> Array:
-    result = ctypes.c_float()
-    _call("max_abs", _buf(x, np.float32, "x"), x.size, ctypes.byref(result))
-    return np.array(result.value, np.float32)
-
-
-@implements
-def l2_norm(x: Array) -> Array:
-    result = ctypes.c_float()
-    _call("l2_norm", _buf(x, np.float32, "x"), x.size, ctypes.byref(result))
-    return np.array(result.value, np.float32)
-
-
-@implements
-def count_ge(x: Array, threshold: float) -> int:
-    result = ctypes.c_int64()
-    _call("count_ge", _buf(x, np.float32, "x"), x.size, threshold, ctypes.byref(result))
-    return result.value
-
-
+# ---- the kernels written by hand: what their declaration cannot say -------------------------------
+# select_ge: outputs of a size known only after the call; sparse_sum: a C function per index
+# dtype; fill_at: copies x into a separate out first; the low-rank products: 2-D shapes.
 @implements
 def select_ge(x: Array, threshold: float) -> Tuple[Array, Array]:
     """One compaction into a guessed capacity (n / 64), again with the exact count if it was short."""
@@ -317,21 +195,16 @@ def select_ge(x: Array, threshold: float) -> Tuple[Array, Array]:
 
 
 @implements
-def sampled_threshold(x: Array, start: int, stride: int, top: int) -> float:
-    result = ctypes.c_float()
-    _call("sampled_threshold", _buf(x, np.float32, "x"), x.size, start, stride, top,
-          ctypes.byref(result))
-    return result.value
+def sparse_sum(n: int, indices: Array, values: Array, out: Optional[Array] = None) -> Array:
+    if indices.dtype not in (np.int32, np.int64):
+        raise TypeError(f"indices must be int32 or int64, got {indices.dtype}")
+    out = _out(out, n, np.float32)
+    _call("scatter_add_i32" if indices.dtype == np.int32 else "scatter_add_i64",
+          _buf(values, np.float32, "values"), _buf(indices, indices.dtype, "indices", values.size),
+          values.size, n, out.ctypes.data)
+    return out
 
 
-@implements
-def topk_abs(x: Array, k: int) -> Tuple[Array, Array]:
-    values, indices = empty(k, np.float32), empty(k, np.int64)
-    _call("topk_abs", _buf(x, np.float32, "x"), x.size, k, values.ctypes.data, indices.ctypes.data)
-    return values, indices
-
-
-# ---- state updates --------------------------------------------------------------------------
 @implements
 def fill_at(x: Array, indices: Array, value: float, out: Optional[Array] = None,
             non_finite_only: bool = False) -> Array:
@@ -347,24 +220,6 @@ def fill_at(x: Array, indices: Array, value: float, out: Optional[Array] = None,
     _call("fill_at", _writable(out, "x").ctypes.data, x.size, _buf(indices, np.int64, "indices"),
           indices.size, value, bool(non_finite_only))
     return out
-
-
-@implements
-def sub_finite(a: Array, b: Array, out: Optional[Array] = None) -> Array:
-    out = _out(out, a.size, np.float32)
-    _call("sub_finite", _buf(a, np.float32, "a"), _buf(b, np.float32, "b", a.size), a.size,
-          out.ctypes.data)
-    return out
-
-
-@implements
-def momentum_correction(g: Array, u: Array, v: Array, mu: float, nesterov: bool,
-                        u_out: Optional[Array] = None, v_out: Optional[Array] = None) -> Tuple[Array, Array]:
-    u_out, v_out = _out(u_out, g.size, np.float32, "u_out"), _out(v_out, g.size, np.float32, "v_out")
-    _call("momentum_correction", _buf(g, np.float32, "g"), _buf(u, np.float32, "u", g.size),
-          _buf(v, np.float32, "v", g.size), g.size, mu, bool(nesterov), u_out.ctypes.data,
-          v_out.ctypes.data)
-    return u_out, v_out
 
 
 def _lowrank_shapes(m: Array, p: Array, q: Array, what: str) -> None:
@@ -406,7 +261,87 @@ def lowrank_residual(m: Array, p: Array, q: Array, out: Optional[Array] = None) 
     return out
 
 
-#: The functions above by kernel name: every kernel of the table (checked at import).
+# ---- the kernels generated from their declaration --------------------------------------------
+class _Arrays:
+    """The array queries of the table's roles (hvdcompress/ops/table.py), on numpy arrays."""
+
+    @staticmethod
+    def dtype(a: Any) -> str:
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"the C++ kernels take numpy arrays, got {type(a).__name__}")
+        return a.dtype.name
+
+    @staticmethod
+    def ndim(a: Array) -> int:
+        return a.ndim
+
+    @staticmethod
+    def numel(a: Array) -> int:
+        return a.size
+
+    @staticmethod
+    def is_contiguous(a: Array) -> bool:
+        return a.flags.c_contiguous
+
+    @staticmethod
+    def contiguous(a: Array) -> Array:
+        return a  # a view must not be copied here: the roles then refuse it
+
+
+def generate(kernel: table.Kernel) -> Callable:
+    """The numpy function of ``kernel`` from its declaration: each argument checked by its role,
+    output buffers given (checked writable) or allocated (64-byte aligned), new outputs
+    allocated, then its C function called with the arguments of ``kernel.c``."""
+    signature = kernel.signature()
+    outputs = [p for p in kernel.params if isinstance(p.role, roles.Out)]
+    new = [r for r in kernel.results if r.kind is not None]
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        env = dict(bound.arguments)
+        for p in kernel.order:
+            value = env[p.name]
+            if value is not None or p.default is not None:  # None: an optional argument left out
+                env[p.name] = float(value) if isinstance(p.role, roles.Scalar) \
+                    else p.role.check(_Arrays, kernel.name, p.name, value, env)
+        for p in outputs:
+            if env[p.name] is not None:
+                _writable(env[p.name], p.name)
+            elif not isinstance(p.role, roles.Into) or env[p.role.target] is not None:
+                env[p.name] = empty(env["n"], np.float32)
+        for r in new:
+            env[r.name] = empty(r.size(env), r.kind) if r.size else np.empty((), r.dtype)
+        _call(kernel.exports[0], *(_address(env[a.lstrip("&")]) for a in kernel.c))
+        results = tuple(r.value(env[r.name]) for r in kernel.results)
+        return results[0] if len(results) == 1 else results
+
+    run.__name__ = run.__qualname__ = kernel.name
+    run.__doc__ = kernel.doc or None
+    run.__signature__ = signature
+    return implements(run)
+
+
+def _address(value: Any) -> Any:
+    return value.ctypes.data if isinstance(value, np.ndarray) else value
+
+
+def _generated(written: Mapping[str, Any]) -> Dict[str, Callable]:
+    """The generated function of every kernel declared with a C call; TypeError when one of them
+    is also in ``written`` (this module's namespace)."""
+    declared = {name: k for name, k in table.KERNELS.items() if k.c is not None}
+    both = sorted(set(declared) & set(written))
+    if both:
+        raise TypeError(f"{__name__} writes {', '.join(both)} by hand, although the table declares "
+                        "its C call")
+    return {name: generate(k) for name, k in declared.items()}
+
+
+globals().update(_generated(globals()))
+
+
+#: The functions above by kernel name: every kernel of the table (checked at import: a kernel
+#: both written by hand and declared with a C call is a TypeError).
 IMPLEMENTATION = table.implementation(globals())
 
 

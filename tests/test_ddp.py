@@ -42,10 +42,10 @@ STEPS = 4
 TWO = ["none", "fp16", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "topk_ef_clip",
        "fp16_clip", "frozen_adam", "frozen_adam_momentum", *REGISTRY]
 RESUME = ["dgc", "powersgd", "topk_ef", "frozen_adam"]
-FOUR = ["none", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "two_level_dgc"]
+FOUR = ["none", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "two_level_dgc", "halves_onebit_ef"]
 # no float allreduce of more than two numbers (two-level: the node's reduce-scatter is an
 # all-to-all summed in rank order, DGC's allreduce between the 2 nodes adds two)
-EXACT_AT_FOUR = ["int8", "onebit_ef", "topk_ef", "two_level_dgc"]
+EXACT_AT_FOUR = ["int8", "onebit_ef", "topk_ef", "two_level_dgc", "halves_onebit_ef"]
 # 16 processes importing torch take 30-40 s on 2 cores (torch's import alone is 2 s of CPU
 # each): opt-in, one launch, two steps; onebit through the compressed allreduce, DGC's
 # selections of different sizes per rank
@@ -81,7 +81,8 @@ def run_cases(np_: int, cases: list, resume: list = (), steps: int = STEPS, time
     """tests/ddp/worker.py's ``cases`` on ``np_`` ranks in one launch: case -> each rank's record."""
     per_rank = torchrun(np_, HERE / "ddp" / "worker.py", ["--cases", ",".join(cases), "--steps",
                                                           str(steps), "--resume", ",".join(resume)], timeout)
-    assert [len(records) for records in per_rank] == [len(cases)] * np_, per_rank
+    cases = ["collectives", *cases]
+    assert [[record["case"] for record in records] for records in per_rank] == [cases] * np_, per_rank
     return {case: [records[i] for records in per_rank] for i, case in enumerate(cases)}
 
 
@@ -124,7 +125,8 @@ def check_replicas_and_reference(records: list, case: str, exact: bool, steps: i
     (``exact``) or within float rounding of them."""
     for record in records[1:]:
         assert_same_bits(params(record), params(records[0]), f"{case}: rank {record['rank']} vs 0")
-    want = simulated(case, len(records), steps)[0]
+    # halves: two groups of P/2 ranks, each the same training as P/2 ranks alone
+    want = simulated(case, len(records) // (2 if CASES[case].halves else 1), steps)[0]
     got = params(records[0])
     if exact:
         assert_same_bits(got, want, f"{case} vs the Horovod front end")
@@ -144,6 +146,24 @@ def test_two_ranks_equal_the_horovod_front_end(two_ranks, case):
 @pytest.mark.parametrize("case", FOUR)
 def test_four_ranks(four_ranks, case):
     check_replicas_and_reference(four_ranks[case], case, exact=case in EXACT_AT_FOUR)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_collectives_adapter(two_ranks, four_ranks, world):
+    """Sizes that differ per rank, empty tensors, mixed dtypes, 2-D tensors: each output as
+    Horovod's collectives would give it (tests/ddp/worker.py's ``collectives``)."""
+    ranks = range(world)
+    for record in (two_ranks if world == 2 else four_ranks)["collectives"]:
+        r = record["rank"]
+        assert record["allgather"] == [
+            ["torch.int16", [sum(q + 1 for q in ranks)], [i for q in ranks for i in range(q + 1)]],
+            ["torch.float32", [world // 2], [float(q) for q in ranks if q % 2]],
+            ["torch.uint8", [2 * world, 3], [q for q in ranks for _ in range(6)]]]
+        assert record["allgather_empty"] == [["torch.float32", [0], []]]
+        assert record["allreduce"] == [["torch.float16", [3], [sum(0.5 + q for q in ranks)] * 3],
+                                       ["torch.float32", [2, 2], [float(sum(ranks))] * 4]]
+        assert record["alltoall"] == [["torch.int16", [2 * world],
+                                       [2 * r + i + 100 * q for q in ranks for i in range(2)]]]
 
 
 @pytest.mark.skipif(not os.environ.get(SIXTEEN_ENV),

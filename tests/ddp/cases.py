@@ -64,13 +64,16 @@ def sgd(params, momentum: float = 0.9, weight_decay: float = 0.0) -> torch.optim
 class Case(NamedTuple):
     """``compression()`` a fresh compressor per rank; ``optimizer(params)``; whether the
     hook is given the optimizer (the momentum or Adam take-over); ``clip_grad_norm``; ``intra_node()``
-    the node level's compressor of two-level compression over nodes of ``RANKS_PER_NODE``."""
+    the node level's compressor of two-level compression over nodes of ``RANKS_PER_NODE``;
+    ``halves``: the ranks split into two process groups, each training its own DDP model (a
+    rank's batches are those of its rank in its group)."""
 
     compression: Callable[[], Optional[hc.Compressor]]
     optimizer: Callable = sgd
     take_over: bool = False
     clip_grad_norm: Optional[float] = None
     intra_node: Optional[Callable[[], hc.Compressor]] = None
+    halves: bool = False
 
 
 RANKS_PER_NODE = 2
@@ -94,6 +97,7 @@ CASES = {
                                                        send="momentum"),
                                  lambda params: torch.optim.Adam(params, lr=1e-2, weight_decay=1e-3),
                                  take_over=True),
+    "halves_onebit_ef": Case(lambda: hc.ErrorFeedback(hc.OneBit()), halves=True),
     "two_level_dgc": Case(lambda: hc.DGC(0.95, min_numel=100), take_over=True,
                           intra_node=hc.NoCompression),
 }

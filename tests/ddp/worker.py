@@ -5,7 +5,7 @@ one record per case to its rank's result file (examples/hvdrun.py's ``write_resu
     torchrun --standalone --nproc_per_node 2 tests/ddp/worker.py --cases none,dgc --steps 4 \
         --resume dgc
 
-Each record: the case, the parameters after ``--steps`` steps, the parameter names of every
+The first record: :func:`collectives`' outputs of the adapter. Then per case: the case, the parameters after ``--steps`` steps, the parameter names of every
 bucket the hook saw (to show DDP rebuilt its buckets), and for a ``--resume`` case whether
 training resumed from a checkpoint taken halfway (model, optimizer, hook state) ends on the
 same bits as training straight through.
@@ -27,16 +27,18 @@ from hvdrun import write_result  # noqa: E402
 
 from cases import BUCKET_CAP_MB, CASES, RANKS_PER_NODE, Case, build_model, flat_params, train_step  # noqa: E402
 from hvdcompress.torch import ddp  # noqa: E402
+from hvdcompress.torch.dist_collectives import DistCollectives  # noqa: E402
 
 
 class Run:
     """A DDP model, its optimizer and its hook state for one case, from ``checkpoint`` if given."""
 
     def __init__(self, case: Case, checkpoint: dict | None = None):
+        self.group = dist.new_subgroups(dist.get_world_size() // 2)[0] if case.halves else None
         self.net = build_model()
-        self.model = DDP(self.net, bucket_cap_mb=BUCKET_CAP_MB)
+        self.model = DDP(self.net, bucket_cap_mb=BUCKET_CAP_MB, process_group=self.group)
         self.opt = case.optimizer(self.model.parameters())
-        self.state = ddp.CompressionState(compression=case.compression(),
+        self.state = ddp.CompressionState(process_group=self.group, compression=case.compression(),
                                           optimizer=self.opt if case.take_over else None,
                                           named_parameters=self.net.named_parameters(),
                                           clip_grad_norm=case.clip_grad_norm,
@@ -56,7 +58,7 @@ class Run:
 
     def train(self, first: int, last: int) -> None:
         for step in range(first, last):
-            train_step(self.model, self.opt, dist.get_rank(), step)
+            train_step(self.model, self.opt, dist.get_rank(self.group), step)
 
     def checkpoint(self) -> dict:
         """Through torch.save and torch.load, as a file would."""
@@ -65,6 +67,24 @@ class Run:
                     "hook": self.state.state_dict()}, buffer)
         buffer.seek(0)
         return torch.load(buffer)
+
+
+def collectives() -> dict:
+    """The adapter's outputs, as (dtype, shape, values), for payloads that no single compressor
+    produces together: sizes that differ per rank, an empty tensor on some ranks or on all,
+    several dtypes and a 2-D tensor in one call."""
+    comm = DistCollectives()
+    r, world = comm.rank, comm.world
+    calls = {
+        "allgather": comm.allgather([torch.arange(r + 1, dtype=torch.int16), torch.full((r % 2,), float(r)),
+                                     torch.full((2, 3), r, dtype=torch.uint8)], "mixed"),
+        "allgather_empty": comm.allgather([torch.empty(0)], "empty"),
+        "allreduce": comm.allreduce([torch.full((3,), 0.5 + r, dtype=torch.float16),
+                                     torch.full((2, 2), float(r))], "sum"),
+        "alltoall": comm.alltoall([torch.arange(2 * world, dtype=torch.int16) + 100 * r], "swap"),
+    }
+    return {kind: [(str(t.dtype), list(t.shape), t.reshape(-1).tolist()) for t in comm.wait(handle)]
+            for kind, handle in calls.items()}
 
 
 def main() -> None:
@@ -77,6 +97,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     resume = [c for c in args.resume.split(",") if c]
+    write_result(rank, {"case": "collectives", **collectives()})
     for name in args.cases.split(","):
         run = Run(CASES[name])
         record = {"case": name}

@@ -176,7 +176,7 @@ class CompressionState:
         backend = dist.get_backend(self.process_group)
         return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
-    def _check_optimizer(self):
+    def _check_optimizer(self) -> Optional[Compressor]:
         """Check the optimizer against the compressor and hook into its step: the momentum
         take-over's suspension around it, or FrozenAdam's step in its place (returned)."""
         compressor, optimizer = self.compressor, self.optimizer
@@ -209,7 +209,7 @@ class CompressionState:
             raise ValueError(f"named_parameters: names must be unique; duplicates: {', '.join(dups)}")
         return {p: n for n, p in named}
 
-    # ---- the optimizer's step (momentum take-over) -------------------------------------------------
+    # ---- the optimizer's step (the take-overs) ------------------------------------------------------
     def _suspend(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         """Step pre-hook: the settings the compressor applied at 0 for the step."""
         self._restore()   # a step that raised left them at 0
@@ -218,6 +218,24 @@ class CompressionState:
     def _restore(self, *_: Any) -> None:
         """Step post-hook: the user's settings back."""
         self._suspension.close()
+
+    def _adam_step(self, closure: Optional[Callable] = None) -> Optional[torch.Tensor]:
+        """The optimizer's step under FrozenAdam: :meth:`hvdcompress.adam.FrozenAdam.after_exchange`
+        for every parameter with a gradient (the exchanged mean DDP wrote), its param group's
+        settings read now (schedulers keep working); then the compressor's step count."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            for i, group in enumerate(self.optimizer.param_groups):
+                settings = adam_settings(group, i)
+                for p in (q for q in group["params"] if q.grad is not None):
+                    state = self._state(self._name(p), p.device)
+                    p.copy_(self._adam.after_exchange(_OPS, state, p.reshape(-1), p.grad.reshape(-1),
+                                                      settings).view_as(p))
+        self.compressor.on_step()
+        return loss
 
     # ---- the hook ----------------------------------------------------------------------------------
     def _name(self, p: torch.Tensor) -> str:
@@ -272,7 +290,6 @@ class CompressionState:
         if buffer.is_sparse:
             raise ValueError("a DDP bucket holds sparse gradients, which the compression hook "
                              "cannot compress; use dense gradients (e.g. nn.Embedding(sparse=False))")
-        self._restore()   # the user's momentum settings, for the take-over's TensorInfo
         pairs = list(zip(bucket.parameters(), [g.reshape(-1) for g in bucket.gradients()]))
         future: torch.futures.Future = torch.futures.Future()
         if not self._buckets:   # the step's first bucket
@@ -314,24 +331,6 @@ class CompressionState:
             self.compressor.on_step()
         for future, buffer, _ in self._buckets:
             future.set_result(buffer)
-
-    def _adam_step(self, closure: Optional[Callable] = None) -> Optional[torch.Tensor]:
-        """The optimizer's step under FrozenAdam: :meth:`hvdcompress.adam.FrozenAdam.after_exchange`
-        for every parameter with a gradient (the exchanged mean DDP wrote), its param group's
-        settings read now (schedulers keep working); then the compressor's step count."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        with torch.no_grad():
-            for i, group in enumerate(self.optimizer.param_groups):
-                settings = adam_settings(group, i)
-                for p in (q for q in group["params"] if q.grad is not None):
-                    state = self._state(self._name(p), p.device)
-                    p.copy_(self._adam.after_exchange(_OPS, state, p.reshape(-1), p.grad.reshape(-1),
-                                                      settings).view_as(p))
-        self.compressor.on_step()
-        return loss
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def state_dict(self) -> dict:

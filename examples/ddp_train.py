@@ -4,9 +4,12 @@ DistributedDataParallel and hvdcompress's communication hook (no Horovod launche
     torchrun --nproc_per_node 2 examples/ddp_train.py --compression dgc
     torchrun --nproc_per_node 2 examples/ddp_train.py --params compressor=onebit,ef=vanilla,momentum=plain
     torchrun --nproc_per_node 4 examples/ddp_train.py --compression dgc --intra-node none --ranks-per-node 2
+    torchrun --nproc_per_node 2 examples/ddp_train.py --optimizer adamw --lr 2e-3 \
+        --params compressor=topk,k=0.01,ef=vanilla,adam=frozen,freeze_steps=100
 
-The flags are pytorch_train.py's (examples/compression_cli.py). The hook is given the SGD
-optimizer, so DGC (and ``momentum=...`` from ``--params``) take its momentum over. Gloo on CPUs,
+The flags are pytorch_train.py's (examples/compression_cli.py), plus ``--optimizer``. The hook
+is given the optimizer, so DGC (and ``momentum=...`` from ``--params``) take SGD's momentum
+over, and ``adam=frozen`` AdamW's step. Gloo on CPUs,
 NCCL when CUDA is available. Rank 0 prints the loss of each epoch; at the end every rank reports test accuracy, mean step time and
 the gradient bytes of its last step (dense vs sent) with ``hvdrun.write_result``.
 """
@@ -37,6 +40,8 @@ def main() -> None:
     for flag, kind, default in (("--epochs", int, 20), ("--batch-size", int, 32), ("--lr", float, 0.05),
                                 ("--hidden", int, 2048), ("--seed", int, 42)):   # pytorch_train.py's
         parser.add_argument(flag, type=kind, default=default)
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                        help="SGD with momentum 0.9, or AdamW (pass a smaller --lr, e.g. 2e-3)")
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -50,7 +55,8 @@ def main() -> None:
     x_tr, y_tr, x_te, y_te = (t.to(device) for t in load_data(rank, size))
     net = build_model(args.hidden).to(device)
     model = DDP(net)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9) if args.optimizer == "sgd" \
+        else torch.optim.AdamW(model.parameters(), lr=args.lr)
     state = ddp.CompressionState(compression=compression_from_args(parser, args), optimizer=opt,
                                  named_parameters=net.named_parameters(),
                                  intra_node=intra_node_from_args(args), ranks_per_node=args.ranks_per_node)

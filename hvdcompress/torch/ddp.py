@@ -61,6 +61,7 @@ from ..compressor import Compressor, TensorInfo
 from ..exchange import Exchange, check_collective
 from ..options import parse_options
 from ..process_sets import node_layout
+from ..replicas import ReplicaCheck, counters_checksum
 from ..two_level import TwoLevelExchange
 from .backend import TorchOps
 from .clipping import clip_gradients, clip_local_gradients
@@ -116,6 +117,11 @@ class CompressionState:
     c·sqrt(P) before compression, which then waits for the last bucket; otherwise the averaged
     gradients are clipped to c after the exchange (``clip_grad_norm_`` after DDP's backward).
 
+    ``check_replicas=N``: every N-th exchange, before it, a 64-bit checksum of every parameter
+    (as the last step left it) and of the compressor's counters is compared across the group
+    (:mod:`hvdcompress.replicas`; default ``HVDCOMPRESS_CHECK_REPLICAS``, else off); a
+    difference raises :class:`hvdcompress.ReplicaMismatch` from ``backward()`` on every rank.
+
     ``state.exchange.last_step_bytes`` / ``.total_bytes``: this rank's dense versus sent gradient
     bytes (:class:`~hvdcompress.accounting.ByteCount`). A warm-up schedule is driven by
     ``hvdcompress.SparsityScheduler(state.compressor)``.
@@ -127,14 +133,15 @@ class CompressionState:
                  intra_node: Union[Compressor, Mapping, None] = None,
                  ranks_per_node: Optional[int] = None,
                  named_parameters: Optional[Iterable] = None,
-                 clip_grad_norm: Optional[float] = None):
+                 clip_grad_norm: Optional[float] = None, check_replicas: Optional[int] = None):
         if intra_node is not None and process_group not in (None, dist.group.WORLD):
             raise ValueError(f"intra_node={intra_node!r} with process_group={process_group!r}: "
                              "two-level compression runs over all ranks (its own node and "
                              "cross-node groups); use process_group=None or intra_node=None")
         self.options = parse_options(compression, op=_AVERAGE, average_op=_AVERAGE, sum_op="sum",
                                      clip_grad_norm=clip_grad_norm, collective=collective,
-                                     intra_node=intra_node, ranks_per_node=ranks_per_node)
+                                     intra_node=intra_node, ranks_per_node=ranks_per_node,
+                                     check_replicas=check_replicas)
         self.compressor = compressor = self.options.compressor
         check_collective(collective, compressor)   # before any collective runs
         if getattr(compressor, "takes_over_adam", False) and optimizer is None:
@@ -156,6 +163,7 @@ class CompressionState:
         self._suspension = ExitStack()
         self._buckets: list = []       # this step's (future, buffer, [(param, flat grad)])
         self._flights: list = []       # launched rounds, in launch order
+        self._replicas = ReplicaCheck(self.options.check_replicas, _OPS, self.comm)
         check_ranks_agree({"params": [(n, tuple(p.shape), str(p.dtype)) for p, n in
                                       sorted(self._names.items(), key=lambda item: item[1])],
                            **self.options.agreement(self.exchange)},
@@ -293,6 +301,7 @@ class CompressionState:
         pairs = list(zip(bucket.parameters(), [g.reshape(-1) for g in bucket.gradients()]))
         future: torch.futures.Future = torch.futures.Future()
         if not self._buckets:   # the step's first bucket
+            self._check_replicas()
             self._clip_before = self.options.clip_before and (self._adam is None or not self._adam.warming_up(
                 [adam_settings(g, i) for i, g in enumerate(self.optimizer.param_groups)]))
         self._buckets.append((future, buffer, pairs))
@@ -310,6 +319,14 @@ class CompressionState:
         if bucket.is_last():
             self._buckets, self._flights = [], []
         return future
+
+    def _check_replicas(self) -> None:
+        """Every ``check_replicas`` exchanges, before the exchange: the parameters as the last
+        optimizer step left them and the compressor's counters, compared across the group."""
+        names = sorted(self._names.items(), key=lambda item: item[1])
+        self._replicas.after_step(
+            lambda: [(n, p.detach()) for p, n in names],
+            lambda: counters_checksum(self.compressor.state_dict(), sorted(self._tensors.items())))
 
     def _complete(self) -> None:
         """After the last bucket: (the local clip and the launches,) every round, the decoded

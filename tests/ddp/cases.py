@@ -66,7 +66,8 @@ class Case(NamedTuple):
     hook is given the optimizer (the momentum or Adam take-over); ``clip_grad_norm``; ``intra_node()``
     the node level's compressor of two-level compression over nodes of ``RANKS_PER_NODE``;
     ``halves``: the ranks split into two process groups, each training its own DDP model (a
-    rank's batches are those of its rank in its group)."""
+    rank's batches are those of its rank in its group); ``check_replicas`` the hook's, and
+    ``perturb_at``: the step before which rank 1 changes one of its parameters."""
 
     compression: Callable[[], Optional[hc.Compressor]]
     optimizer: Callable = sgd
@@ -74,6 +75,8 @@ class Case(NamedTuple):
     clip_grad_norm: Optional[float] = None
     intra_node: Optional[Callable[[], hc.Compressor]] = None
     halves: bool = False
+    check_replicas: Optional[int] = None
+    perturb_at: Optional[int] = None
 
 
 RANKS_PER_NODE = 2
@@ -98,6 +101,8 @@ CASES = {
                                  lambda params: torch.optim.Adam(params, lr=1e-2, weight_decay=1e-3),
                                  take_over=True),
     "halves_onebit_ef": Case(lambda: hc.ErrorFeedback(hc.OneBit()), halves=True),
+    "replicas_checked": Case(lambda: hc.ErrorFeedback(hc.TopK(0.05)), check_replicas=1),
+    "replicas_differ": Case(lambda: hc.ErrorFeedback(hc.TopK(0.05)), check_replicas=1, perturb_at=2),
     "two_level_dgc": Case(lambda: hc.DGC(0.95, min_numel=100), take_over=True,
                           intra_node=hc.NoCompression),
 }

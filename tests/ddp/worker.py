@@ -6,7 +6,8 @@ one record per case to its rank's result file (examples/hvdrun.py's ``write_resu
         --resume dgc
 
 The first record: :func:`collectives`' outputs of the adapter. Then per case: the case, the parameters after ``--steps`` steps, the parameter names of every
-bucket the hook saw (to show DDP rebuilt its buckets), and for a ``--resume`` case whether
+bucket the hook saw (to show DDP rebuilt its buckets), the hook's ReplicaMismatch for a
+case whose rank 1 changes a parameter (``perturb_at``), and for a ``--resume`` case whether
 training resumed from a checkpoint taken halfway (model, optimizer, hook state) ends on the
 same bits as training straight through.
 """
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from hvdrun import write_result  # noqa: E402
 
 from cases import BUCKET_CAP_MB, CASES, RANKS_PER_NODE, Case, build_model, flat_params, train_step  # noqa: E402
+from hvdcompress import ReplicaMismatch  # noqa: E402
 from hvdcompress.torch import ddp  # noqa: E402
 from hvdcompress.torch.dist_collectives import DistCollectives  # noqa: E402
 
@@ -43,7 +45,9 @@ class Run:
                                           named_parameters=self.net.named_parameters(),
                                           clip_grad_norm=case.clip_grad_norm,
                                           intra_node=case.intra_node and case.intra_node(),
-                                          ranks_per_node=case.intra_node and RANKS_PER_NODE)
+                                          ranks_per_node=case.intra_node and RANKS_PER_NODE,
+                                          check_replicas=case.check_replicas)
+        self.perturb_at = case.perturb_at
         if checkpoint is not None:
             self.net.load_state_dict(checkpoint["model"])
             self.opt.load_state_dict(checkpoint["opt"])
@@ -58,6 +62,9 @@ class Run:
 
     def train(self, first: int, last: int) -> None:
         for step in range(first, last):
+            if step == self.perturb_at and dist.get_rank() == 1:
+                with torch.no_grad():
+                    self.net.head.bias[0] += 1e-3
             train_step(self.model, self.opt, dist.get_rank(self.group), step)
 
     def checkpoint(self) -> dict:
@@ -110,6 +117,11 @@ def main() -> None:
             record["resumed"] = flat_params(again.net)
             record["resumed_layouts"] = again.layouts
             run.train(half, args.steps)
+        elif CASES[name].perturb_at is not None:
+            try:
+                run.train(0, args.steps)
+            except ReplicaMismatch as error:
+                record["mismatch"] = str(error)
         else:
             run.train(0, args.steps)
         record.update(params=flat_params(run.net), layouts=run.layouts,

@@ -43,6 +43,7 @@ TWO = ["none", "fp16", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "topk_
        "fp16_clip", "frozen_adam", "frozen_adam_momentum", "replicas_checked", *REGISTRY,
        "replicas_differ"]   # last: its backward raises
 RESUME = ["dgc", "powersgd", "topk_ef", "frozen_adam"]
+ONE = ["int8", "onebit_ef"]   # a payload's bytes at an unaligned offset of the gathered buffer
 FOUR = ["none", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "two_level_dgc", "halves_onebit_ef"]
 # no float allreduce of more than two numbers (two-level: the node's reduce-scatter is an
 # all-to-all summed in rank order, DGC's allreduce between the 2 nodes adds two)
@@ -90,6 +91,11 @@ def run_cases(np_: int, cases: list, resume: list = (), steps: int = STEPS, time
 @pytest.fixture(scope="module")
 def two_ranks() -> dict:
     return run_cases(2, TWO, RESUME)
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> dict:
+    return run_cases(1, ONE)
 
 
 @pytest.fixture(scope="module")
@@ -144,17 +150,22 @@ def test_two_ranks_equal_the_horovod_front_end(two_ranks, case):
     check_replicas_and_reference(two_ranks[case], case, exact=True)
 
 
+@pytest.mark.parametrize("case", ONE)
+def test_one_rank(one_rank, case):
+    check_replicas_and_reference(one_rank[case], case, exact=True)
+
+
 @pytest.mark.parametrize("case", FOUR)
 def test_four_ranks(four_ranks, case):
     check_replicas_and_reference(four_ranks[case], case, exact=case in EXACT_AT_FOUR)
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_collectives_adapter(two_ranks, four_ranks, world):
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_collectives_adapter(one_rank, two_ranks, four_ranks, world):
     """Sizes that differ per rank, empty tensors, mixed dtypes, 2-D tensors: each output as
     Horovod's collectives would give it (tests/ddp/worker.py's ``collectives``)."""
     ranks = range(world)
-    for record in (two_ranks if world == 2 else four_ranks)["collectives"]:
+    for record in {1: one_rank, 2: two_ranks, 4: four_ranks}[world]["collectives"]:
         r = record["rank"]
         assert record["allgather"] == [
             ["torch.int16", [sum(q + 1 for q in ranks)], [i for q in ranks for i in range(q + 1)]],

@@ -111,9 +111,9 @@ class DistCollectives(Collectives):
         out = []
         for position, spans, dtype, shape in handle.pieces:
             flat = handle.buffers[position].view(-1)
-            if len(spans) == 1:
-                got = flat.narrow(0, *spans[0])
-            else:  # the ranks' pieces of a gathered tensor, in a new (aligned) tensor
-                got = torch.cat([flat.narrow(0, start, length) for start, length in spans])
+            parts = [flat.narrow(0, start, length) for start, length in spans]
+            in_place = len(parts) == 1 and (flat.dtype == dtype or spans[0][0] == 0)
+            # else the ranks' pieces, or bytes at an offset, in a new tensor (aligned for the view)
+            got = parts[0] if in_place else torch.cat(parts)
             out.append(got.view(dtype).view(shape))
         return out

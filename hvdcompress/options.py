@@ -2,7 +2,7 @@
 
 The torch optimizer, the TF tape and the Keras optimizer take Horovod's arguments plus
 hvdcompress's own (``compression``, ``clip_grad_norm``, ``collective``, ``intra_node``,
-``ranks_per_node``, ``check_replicas``, ``auto_allowed``, ``link``). :func:`parse_options` turns
+``ranks_per_node``, ``check_replicas``, ``auto_allowed``, ``link``, ``scaler``). :func:`parse_options` turns
 them into one :class:`Options` at construction: a compressor for ``compression`` and
 ``intra_node`` (dicts go through :func:`hvdcompress.from_params`; ``"auto"`` with
 ``auto_allowed`` and ``link`` is :class:`hvdcompress.auto.Auto`, which plans at the first
@@ -15,7 +15,9 @@ the options is decided here too, the same for every front end:
   compression (a compressor that carries state) or the exchanged ones after it
   (:mod:`hvdcompress.clipping`);
 * :meth:`Options.group_ids`: which tensors are launched together, by name;
-* :meth:`Options.agreement`: what every rank must agree on (:mod:`hvdcompress.agreement`).
+* :meth:`Options.agreement`: what every rank must agree on (:mod:`hvdcompress.agreement`);
+* ``scaler``: the loss scaler whose scale the wrapper divides out before compressing
+  (:mod:`hvdcompress.loss_scale`), checked against the front end's scaler classes.
 
 A front end keeps only its hooks, variables and collective adapters.
 """
@@ -75,6 +77,7 @@ class Options:
     intra_node: Optional[Compressor] = None   # two-level compression (hvdcompress.two_level)
     ranks_per_node: Optional[int] = None
     check_replicas: Optional[int] = None
+    scaler: Any = None                        # loss scaler (hvdcompress.loss_scale)
 
     @cached_property
     def clip_before(self) -> bool:
@@ -114,7 +117,8 @@ class Options:
                 "intra_node": repr(self.intra_node),
                 "ranks_per_node": None if self.intra_node is None else exchange.comm.world,
                 "average": self.average,
-                "check_replicas": self.check_replicas}
+                "check_replicas": self.check_replicas,
+                "loss_scaler": self.scaler is not None}   # its overflow flag is a collective
 
 
 def parse_options(compression: Any = None, *, op: Any, average_op: Any, sum_op: Any,
@@ -123,11 +127,13 @@ def parse_options(compression: Any = None, *, op: Any, average_op: Any, sum_op: 
                   clip_grad_norm: Optional[float] = None, collective: str = "auto",
                   intra_node: Any = None, ranks_per_node: Optional[int] = None,
                   check_replicas: Optional[int] = None, process_set: Any = None,
-                  global_set: Any = None, auto_allowed: Any = None, link: Any = None) -> Options:
+                  global_set: Any = None, auto_allowed: Any = None, link: Any = None,
+                  scaler: Any = None, scaler_types: tuple = ()) -> Options:
     """:class:`Options` from a front end's keyword arguments. ``average_op`` / ``sum_op`` are the
     framework's ``hvd.Average`` / ``hvd.Sum``; ``process_set`` / ``global_set`` the one given
     and Horovod's global set (two-level runs over the global set only); ``auto_allowed`` and
-    ``link`` go with ``compression="auto"`` (:mod:`hvdcompress.auto`)."""
+    ``link`` go with ``compression="auto"`` (:mod:`hvdcompress.auto`); ``scaler`` must be None
+    or an instance of one of ``scaler_types`` (the front end's loss scalers)."""
     auto = from_arguments(compression, auto_allowed, link)
     compressor = as_compressor(compression) if auto is None else auto
     if isinstance(compressor, Auto) and (collective != "auto" or intra_node is not None):
@@ -156,6 +162,10 @@ def parse_options(compression: Any = None, *, op: Any, average_op: Any, sum_op: 
                          "of parameters (variables)")
     if not isinstance(sparse_as_dense, bool):
         raise ValueError(f"sparse_as_dense={sparse_as_dense!r}: allowed: True or False")
+    if scaler is not None and not isinstance(scaler, scaler_types):
+        allowed = " or ".join(f"{t.__module__}.{t.__qualname__}" for t in scaler_types)
+        raise ValueError(f"scaler={scaler!r}: allowed: None or a {allowed} (the loss scaler "
+                         "whose scale is divided out before compression)")
     intra = None
     if intra_node is None:
         if ranks_per_node is not None:
@@ -173,4 +183,4 @@ def parse_options(compression: Any = None, *, op: Any, average_op: Any, sum_op: 
                    predivide=float(factor), groups=groups, sparse_as_dense=sparse_as_dense,
                    clip_grad_norm=check_clip_grad_norm(clip_grad_norm, compressor),
                    collective=collective, intra_node=intra, ranks_per_node=ranks_per_node,
-                   check_replicas=check_every(check_replicas))
+                   check_replicas=check_every(check_replicas), scaler=scaler)

@@ -39,9 +39,9 @@ sys.path.insert(0, str(HERE / "ddp"))
 from cases import CASES, RANKS_PER_NODE, REGISTRY, build_model, flat_params, reference  # noqa: E402
 
 STEPS = 4
-TWO = ["none", "fp16", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "topk_ef_clip",
-       "fp16_clip", "frozen_adam", "frozen_adam_momentum", "replicas_checked", *REGISTRY,
-       "replicas_differ"]   # last: its backward raises
+TWO = ["none", "fp16", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "csc", "momentum_nesterov",
+       "topk_ef_clip", "fp16_clip", "frozen_adam", "frozen_adam_momentum", "replicas_checked",
+       *REGISTRY, "replicas_differ"]   # last: its backward raises
 RESUME = ["dgc", "powersgd", "topk_ef", "frozen_adam"]
 ONE = ["int8", "onebit_ef"]   # a payload's bytes at an unaligned offset of the gathered buffer
 FOUR = ["none", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "two_level_dgc", "halves_onebit_ef"]

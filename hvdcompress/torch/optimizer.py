@@ -21,12 +21,15 @@ Defined behaviour for unusual gradients:
   * empty tensors: nothing is sent; the gradient stays empty.
   * integer/complex gradients: ``TypeError`` naming the parameter.
   * NaN/Inf: selected and sent like any large value, so every rank sees them as with a dense
-    allreduce (AMP's GradScaler then skips the step); residuals drop non-finite entries.
+    allreduce (AMP's GradScaler then skips the step); residuals drop non-finite entries. With
+    ``scaler=`` an overflow leaves the compressor state exactly as before the step, on every
+    rank (:mod:`hvdcompress.loss_scale`).
   * sparse gradients (``nn.Embedding(sparse=True)``): with ``sparse_as_dense=True`` densified
     and compressed; otherwise sent uncompressed through Horovod's sparse allreduce.
 """
 from __future__ import annotations
 
+import sys
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -34,11 +37,14 @@ from typing import Callable, Iterable, Mapping, Optional, Union
 
 import horovod.torch as hvd
 import torch
+from torch.amp.grad_scaler import OptState
 
 from ..accounting import ByteCount
 from ..adam import adam_settings
 from ..agreement import check_ranks_agree
+from ..clipping import what_it_keeps
 from ..compressor import Compressor, TensorInfo
+from ..loss_scale import OverflowGuard
 from ..options import Options, parse_options
 from ..replicas import ReplicaCheck, counters_checksum
 from ..two_level import build_exchange
@@ -67,6 +73,101 @@ def _weak_hook(optimizer) -> Callable:
     return hook
 
 
+def _copy_into(value: torch.Tensor, buffer: Optional[torch.Tensor]) -> torch.Tensor:
+    """A copy of ``value`` in ``buffer`` when it fits (no allocation), else a new one."""
+    if buffer is not None and buffer.shape == value.shape and buffer.dtype == value.dtype \
+            and buffer.device == value.device:
+        return buffer.copy_(value)
+    return value.detach().clone()
+
+
+class _GradScalerLink:
+    """``scaler=``: the torch side of :mod:`hvdcompress.loss_scale` for one optimizer.
+
+    At the step's first gradient it reads the GradScaler's scale tensor (``_scale``: no host
+    sync) as 1/s in float32, computed in float64 as ``GradScaler.unscale_`` does, and records in
+    the scaler that this optimizer's gradients are unscaled (stage ``UNSCALED``), so that its
+    ``step`` does not unscale them again. Each gradient is unscaled in place by the scaler's own
+    kernel (``torch._amp_foreach_non_finite_check_and_unscale_``), which raises this rank's
+    overflow flag on an inf/NaN. After the exchange the flag summed over ranks becomes the
+    scaler's ``found_inf`` of this optimizer: ``step`` is skipped and ``update`` lowers the
+    scale identically on every rank.
+    """
+
+    def __init__(self, scaler, optimizer: torch.optim.Optimizer):
+        self.scaler = scaler
+        self.key = id(optimizer)   # the scaler's key (_per_optimizer_states); no reference cycle
+        self.guard = OverflowGuard(_OPS, _copy_into)
+        self._inv: dict = {}       # device -> 1/s of this step
+        self._flags: dict = {}     # device -> this rank's overflow flag of this step
+
+    def _opt_state(self) -> dict:
+        return self.scaler._per_optimizer_states[self.key]
+
+    def _begin(self) -> None:
+        scale = self.scaler._scale
+        if scale is None:
+            raise RuntimeError("scaler=: gradients arrived, but the GradScaler has no scale yet; "
+                               "run the backward pass on scaler.scale(loss)")
+        state = self._opt_state()
+        if state["stage"] is not OptState.READY:
+            raise RuntimeError(f"scaler=: the GradScaler's stage for this optimizer is {state['stage'].name} "
+                               "at its first gradient: scaler.unscale_(optimizer) or scaler.step(optimizer) "
+                               "ran before the backward pass finished. With scaler= the optimizer "
+                               "unscales the gradients itself: drop scaler.unscale_(optimizer) and call "
+                               "scaler.step(optimizer) after the backward pass")
+        self._inv[scale.device] = scale.double().reciprocal().float()
+        self._flags[scale.device] = torch.zeros((), dtype=torch.float32, device=scale.device)
+        state["stage"] = OptState.UNSCALED
+        state["found_inf_per_device"] = self._flags   # this rank's until settle()
+
+    def unscale(self, p: torch.Tensor) -> None:
+        """Divide ``p.grad`` by the scale in place (a sparse one's values), before compression."""
+        if p.grad is None:
+            return
+        if not self._inv:
+            self._begin()
+        grad = p.grad._values() if p.grad.is_sparse else p.grad
+        if grad.device not in self._inv:
+            self._inv[grad.device] = next(iter(self._inv.values())).to(grad.device)
+            self._flags[grad.device] = torch.zeros((), dtype=torch.float32, device=grad.device)
+        with torch.no_grad():
+            torch._amp_foreach_non_finite_check_and_unscale_([grad], self._flags[grad.device],
+                                                             self._inv[grad.device])
+
+    def launch(self, comm: HorovodCollectives):
+        """Start summing the ranks' overflow flags (after the gradients' collectives)."""
+        if not self._inv:   # no gradient on this rank this step
+            self._begin()
+        device = self.scaler._scale.device
+        flag = sum(f.to(device) for f in self._flags.values()).reshape(1)
+        return self.guard.launch(comm, flag)
+
+    def settle(self, comm: HorovodCollectives, handle) -> bool:
+        """Whether any rank overflowed; if so the compressor state is as before the step. The
+        scaler's ``found_inf`` for this optimizer is set to that answer."""
+        overflow = self.guard.settle(comm, handle)
+        device = self.scaler._scale.device
+        found = torch.full((), float(overflow), dtype=torch.float32, device=device)
+        self._opt_state()["found_inf_per_device"] = {device: found}
+        self._inv, self._flags = {}, {}
+        return overflow
+
+
+def _inside_grad_scaler() -> bool:
+    """Whether the running ``step()`` was called by an enabled ``torch.amp.GradScaler``: one of
+    the few frames above it is a GradScaler method (Optimizer's profiling wrapper sits between)."""
+    frame = sys._getframe(1)
+    for _ in range(6):
+        if frame is None:
+            return False
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, torch.amp.GradScaler) and owner.is_enabled():
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the wrapped optimizer's class by :func:`DistributedOptimizer`."""
 
@@ -89,6 +190,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.clip_grad_norm = options.clip_grad_norm
         self._awaiting_clip = []   # parameters whose gradient is complete, held for the local clip
         self._watch = GradientWatch(compression, options.intra_node)  # the clip-after-synchronize trap
+        #: scaler=: unscale before compression, undo overflow steps (hvdcompress.loss_scale)
+        self._scaler = _GradScalerLink(options.scaler, self) if options.scaler is not None else None
+        self._overflow = False     # whether the last synchronize() found an overflow (scaler=)
+        self._amp_warned = False   # GradScaler.step without scaler= (a stateful compressor) warned
         self._tensor_state = {name: {} for name in self._parameter_names.values()}
         self._delay = {p: self.backward_passes_per_step for p in self._parameter_names}
         self._requires_update = []  # in name order: every multi-tensor loop is rank-independent
@@ -113,6 +218,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._included():  # a rank outside the process set does no collective (as Horovod)
             self._check_ranks_agree()
             self._register_hooks()
+            # GradScaler.step then calls step() without looking at found_inf, which is only
+            # known after the exchange; step() skips the update itself (outside the process
+            # set GradScaler unscales and skips on the rank's own gradients, as usual)
+            self._step_supports_amp_scaling = self._scaler is not None
 
     def _world(self) -> int:
         return self._comm.world
@@ -186,7 +295,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _ready(self, p: torch.Tensor) -> None:
         """``p``'s gradient is complete for this step: compress it now, or, with
         ``clip_grad_norm`` before the exchange, once every gradient is complete (the clip needs
-        their global norm)."""
+        their global norm). With ``scaler=`` it is unscaled first (the clip, the compressor
+        state and the exchange then see unscaled gradients)."""
+        if self._scaler is not None:
+            self._scaler.unscale(p)
         if not self._clips_before():
             self._prepare(p)
             return
@@ -233,6 +345,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if grad.is_sparse:
             grad = grad.to_dense()
         info = self._info(p)
+        if self._scaler is not None:   # undone if any rank overflows (hvdcompress.loss_scale)
+            self._scaler.guard.save(info.name, self._tensor_state[info.name])
         x = grad.reshape(-1)
         if self._adam is not None:  # the Adam take-over: the gradient or momentum to send
             settings = adam_settings(self._param_group[p])
@@ -277,8 +391,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._ready(p)
         for gid in sorted(self._prepared, key=str):  # groups whose members did not all report
             self._inflight.append(self._exchange.start(self._prepared.pop(gid)))
+        overflow = self._scaler.launch(self._comm) if self._scaler is not None else None
         while self._inflight:
             self._finish(self._inflight.pop(0))
+        if overflow is not None:
+            self._overflow = self._scaler.settle(self._comm, overflow)
         for p, finish in self._sparse.items():
             p.grad = finish()  # Horovod's sparse allreduce hands back a function
         self._sparse.clear()
@@ -307,6 +424,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._plain_step:  # broadcast_optimizer_state initialising the wrapped optimizer
             return self._wrapped_step(closure)
+        self._warn_unscaled_amp()
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
@@ -315,11 +433,35 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             self._watch.check(self._parameter_names)
         self._synchronized = False
+        if self._scaler is not None and self._included():
+            if self._overflow:   # some rank overflowed: no update, no compressor step, anywhere
+                return None
+            for attr in ("grad_scale", "found_inf"):   # set by GradScaler.step: unscaled, finite
+                if hasattr(self, attr):
+                    setattr(self, attr, None)
         result = self._wrapped_step(closure)
         self._compression.on_step()
         if self._included():
             self._check_replicas()
         return result
+
+    def _warn_unscaled_amp(self) -> None:
+        """Once: ``step()`` runs inside ``GradScaler.step`` without ``scaler=`` while the
+        compressor carries state, which then holds scaled gradients (hvdcompress.loss_scale)."""
+        carrier = self._watch.carrier
+        if self._scaler is not None or self._amp_warned or carrier is None or not _inside_grad_scaler():
+            return
+        self._amp_warned = True
+        self._watch.warned = True   # its warning would be about the scaler's unscale_, this one's subject
+        warnings.warn(
+            f"optimizer.step() runs inside torch.amp.GradScaler.step, but this hvdcompress "
+            f"optimizer has no scaler=: {carrier.name}, which {what_it_keeps(carrier)}, then "
+            "carries scaled gradients from step to step, so every change of the loss scale "
+            "distorts its state (unscale_ after synchronize() divides only the current step) and "
+            "an overflow step that the scaler skips still advances it. Pass scaler=<your "
+            "GradScaler> to hvdcompress.torch.DistributedOptimizer (it unscales each gradient "
+            "before compression and undoes overflow steps on every rank) and drop "
+            "scaler.unscale_(optimizer); see docs/mixed_precision.md.", stacklevel=4)
 
     def _check_replicas(self) -> None:
         """Every ``check_replicas`` steps, compare the parameters and the compressor's counters
@@ -420,7 +562,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          collective: str = "auto", intra_node: Union[Compressor, Mapping, None] = None,
                          ranks_per_node: Optional[int] = None,
                          check_replicas: Optional[int] = None, auto_allowed=None,
-                         link=None) -> torch.optim.Optimizer:
+                         link=None, scaler: Optional[torch.amp.GradScaler] = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are compressed, exchanged and averaged over ranks.
 
     Arguments are those of ``horovod.torch.DistributedOptimizer``; ``compression`` takes an
@@ -478,6 +620,18 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     ``{"bandwidth": "10gbit", "latency": "50us"}``); see :mod:`hvdcompress.auto` and
     docs/auto.md. The :class:`~hvdcompress.auto.Auto` is ``optimizer._compression``.
 
+    ``scaler=``: the ``torch.amp.GradScaler`` of mixed-precision training. Each gradient is
+    divided by the current loss scale before compression, so residuals, momenta and factors
+    hold unscaled gradients and the result does not depend on the scale; a step on which any
+    rank's gradients hold an inf/NaN leaves the compressor state exactly as before and is
+    skipped on every rank, and the scaler lowers its scale on every rank alike. Train with
+    ``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()`` (or ``opt.synchronize()``,
+    then ``with opt.skip_synchronize(): scaler.step(opt)``), without ``scaler.unscale_(opt)``:
+    the gradients are unscaled already, and the scaler knows it. Costs: a copy of the
+    compressor state per step, one allreduce of one number, one host read of it (see
+    :mod:`hvdcompress.loss_scale` and docs/mixed_precision.md). Without ``scaler=``, a
+    compressor that carries state inside ``GradScaler.step`` warns once.
+
     A rank outside ``process_set`` builds the optimizer, does no collective for it, and its
     ``step()`` applies its own local gradients with the wrapped optimizer, as Horovod's does.
     """
@@ -488,7 +642,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                             clip_grad_norm=clip_grad_norm, collective=collective,
                             intra_node=intra_node, ranks_per_node=ranks_per_node,
                             check_replicas=check_replicas, process_set=process_set,
-                            global_set=hvd.global_process_set, auto_allowed=auto_allowed, link=link)
+                            global_set=hvd.global_process_set, auto_allowed=auto_allowed, link=link,
+                            # a disabled GradScaler (enabled=False) scales nothing: as none
+                            scaler=None if isinstance(scaler, torch.amp.GradScaler) and not scaler.is_enabled() else scaler,
+                            scaler_types=(torch.amp.GradScaler,))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, options, process_set,

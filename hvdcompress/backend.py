@@ -101,10 +101,14 @@ class Ops(ABC):
         tensor, zeros plus ``values`` added at the int64 ``indices`` (repeats sum)."""
 
     @abstractmethod
-    def fill_at(self, x: Tensor, indices: Tensor, value: float, non_finite_only: bool = False) -> Tensor:
+    def fill_at(self, x: Tensor, indices: Tensor, value: float, non_finite_only: bool = False,
+                owned: bool = False) -> Tensor:
         """``x`` with ``x[indices] = value``, or with ``non_finite_only`` only where
         ``x[indices]`` is NaN or ±Inf (kernels.h ``fill_at`` for float32); may work in place and
-        return ``x``."""
+        return ``x``. ``owned``: ``x`` is the caller's own fresh kernel result, which nothing
+        else references yet (no state, no view), so that a backend whose tensors are immutable
+        may still fill it in place instead of copying it (TensorFlow: a float32 result of the
+        C++ kernels, which wraps their buffer)."""
 
     @abstractmethod
     def concat(self, xs: Sequence[Tensor]) -> Tensor: ...
@@ -342,18 +346,12 @@ def kernel_method(kernel: table.Kernel) -> Callable:
     ``self._impl(first tensor).<kernel>(...)``, with a scalar as :meth:`Ops._scalar_arg` makes
     it, an ``Into`` buffer as :meth:`Ops._in_place` says and an ``Out`` one as
     :meth:`Ops._decode` does."""
-    params = [p for p in kernel.params if not isinstance(p.role, roles.Into)]
-    signature = inspect.Signature(
-        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-        + [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default)
-           for p in params])
+    params = tuple(p for p in kernel.params if not isinstance(p.role, roles.Into))
     first = next(p.name for p in kernel.params if p.role.tensor)
     out = next((p.name for p in params if isinstance(p.role, roles.Out)), None)
 
     def method(self: Ops, *args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        env = dict(bound.arguments)
+        env = kernel.bind(args, kwargs, params)
         for p in kernel.order:
             if not isinstance(p.role, roles.Out) and (env[p.name] is not None or p.default is not None):
                 env[p.name] = p.role.check(self, kernel.name, p.name, env[p.name], env)
@@ -364,7 +362,10 @@ def kernel_method(kernel: table.Kernel) -> Callable:
         return call(None) if out is None else self._decode(env[out], env["n"], call)
 
     method.__name__ = method.__qualname__ = kernel.name
-    method.__signature__ = signature
+    method.__signature__ = inspect.Signature(
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        + [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default)
+           for p in params])
     method.__doc__ = (f"{kernel.doc} (kernels.h ``{kernel.name}``).\n\nDeclared in "
                       f"hvdcompress/ops/table.py: ``{kernel.name}({kernel.declaration})``.")
     return method

@@ -262,6 +262,9 @@ def lowrank_residual(m: Array, p: Array, q: Array, out: Optional[Array] = None) 
 
 
 # ---- the kernels generated from their declaration --------------------------------------------
+_DTYPE_NAMES: Dict[np.dtype, str] = {}
+
+
 class _Arrays:
     """The array queries of the table's roles (hvdcompress/ops/table.py), on numpy arrays."""
 
@@ -269,7 +272,8 @@ class _Arrays:
     def dtype(a: Any) -> str:
         if not isinstance(a, np.ndarray):
             raise TypeError(f"the C++ kernels take numpy arrays, got {type(a).__name__}")
-        return a.dtype.name
+        name = _DTYPE_NAMES.get(a.dtype)  # numpy's dtype.name takes microseconds
+        return name if name is not None else _DTYPE_NAMES.setdefault(a.dtype, a.dtype.name)
 
     @staticmethod
     def ndim(a: Array) -> int:
@@ -292,14 +296,12 @@ def generate(kernel: table.Kernel) -> Callable:
     """The numpy function of ``kernel`` from its declaration: each argument checked by its role,
     output buffers given (checked writable) or allocated (64-byte aligned), new outputs
     allocated, then its C function called with the arguments of ``kernel.c``."""
-    signature = kernel.signature()
     outputs = [p for p in kernel.params if isinstance(p.role, roles.Out)]
     new = [r for r in kernel.results if r.kind is not None]
+    c_args = [a.lstrip("&") for a in kernel.c]
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        env = dict(bound.arguments)
+        env = kernel.bind(args, kwargs)
         for p in kernel.order:
             value = env[p.name]
             if value is not None or p.default is not None:  # None: an optional argument left out
@@ -312,13 +314,13 @@ def generate(kernel: table.Kernel) -> Callable:
                 env[p.name] = empty(env["n"], np.float32)
         for r in new:
             env[r.name] = empty(r.size(env), r.kind) if r.size else np.empty((), r.dtype)
-        _call(kernel.exports[0], *(_address(env[a.lstrip("&")]) for a in kernel.c))
+        _call(kernel.exports[0], *[_address(env[a]) for a in c_args])
         results = tuple(r.value(env[r.name]) for r in kernel.results)
         return results[0] if len(results) == 1 else results
 
     run.__name__ = run.__qualname__ = kernel.name
     run.__doc__ = kernel.doc or None
-    run.__signature__ = signature
+    run.__signature__ = kernel.signature()
     return implements(run)
 
 

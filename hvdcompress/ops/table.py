@@ -90,6 +90,26 @@ class Kernel:
         return inspect.Signature([inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                                     default=p.default) for p in self.params])
 
+    def bind(self, args: tuple, kwargs: dict, params: Optional[Tuple[Param, ...]] = None) -> dict:
+        """The arguments of a call by parameter name, defaults filled in, as
+        ``inspect.Signature.bind`` makes them (the same TypeErrors), faster: a kernel call is
+        often a few microseconds. ``params``: these parameters instead of all."""
+        params = self.params if params is None else params
+        if len(args) > len(params):
+            raise TypeError(f"{self.name}() takes {len(params)} arguments, {len(args)} given")
+        env = {p.name: a for p, a in zip(params, args)}
+        for name, value in kwargs.items():
+            if name in env or all(p.name != name for p in params):
+                raise TypeError(f"{self.name}() got {'multiple values for' if name in env else 'an unexpected'} "
+                                f"argument {name!r}")
+            env[name] = value
+        for p in params[len(args):]:
+            if p.name not in env:
+                if p.default is inspect.Parameter.empty:
+                    raise TypeError(f"{self.name}() missing the argument {p.name!r}")
+                env[p.name] = p.default
+        return env
+
     def result(self, name: str) -> Result:
         return next(r for r in self.results if r.name == name)
 

@@ -138,6 +138,25 @@ def test_state_updates_return_new_tensors_and_leave_their_inputs_unchanged():
         np.testing.assert_array_equal(tensor.numpy(), original)
 
 
+def test_fill_at_fills_an_owned_kernel_result_in_its_buffer_and_copies_anything_else():
+    """``owned``: the caller's fresh kernel result (DGC's new momentum and velocity) is filled in
+    the buffer it wraps, without a copy; a tensor that is not a kernel result is copied."""
+    n, where = 8192, tf.constant([1, 5000], tf.int64)
+    g = np.random.default_rng(8).standard_normal(n).astype(np.float32)
+    _, v = TF.momentum_correction(TF.zeros(n, like=tf.constant(g)), TF.zeros(n, like=tf.constant(g)),
+                                  tf.constant(g), 0.9, False)
+    address = np.asarray(v).ctypes.data
+    filled = TF.fill_at(v, where, 0.0, owned=True)
+    want = g.copy()
+    want[[1, 5000]] = 0.0
+    assert filled is v and np.asarray(filled).ctypes.data == address
+    np.testing.assert_array_equal(filled.numpy(), want)
+    constant = tf.constant(g)
+    filled = TF.fill_at(constant, where, 0.0, owned=True)
+    np.testing.assert_array_equal(filled.numpy(), want)
+    np.testing.assert_array_equal(constant.numpy(), g)
+
+
 def test_decoders_fill_a_variable_out():
     bits = np.arange(16) % 3 == 0
     out = tf.Variable(tf.fill([16], 7.0))

@@ -84,8 +84,9 @@ class MomentumCorrection(SparsityWarmup, SparseCompressor):
 
     def correct(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Union[Packet, tuple]:
         """Weight decay, clipping and momentum correction of the gradient ``x``: a dense packet
-        (small tensor or sparsity 0; the velocity is flushed), else ``(u, v)``, the momentum and
-        velocity, stored in ``state`` (they may be its buffers)."""
+        (small tensor or sparsity 0; the velocity is flushed), else ``(u, v)``, the new momentum
+        and velocity, which :meth:`release` stores in ``state`` (on an in-place backend they are
+        its buffers already; else fresh tensors that only the caller holds)."""
         check_float_tensor(ops, x, info)
         g = x
         wd = info.weight_decay if self.weight_decay is None else self.weight_decay
@@ -107,17 +108,16 @@ class MomentumCorrection(SparsityWarmup, SparseCompressor):
             ops.write(state, "velocity", ops.zeros(info.numel, like=x))
             ops.write(state, "momentum", ops.zero_non_finite(u))
             return Packet([v], None, summable=True)
-        u, v = ops.momentum_correction(state["momentum"], state["velocity"], g, mu, nesterov)
-        ops.write(state, "momentum", u)
-        ops.write(state, "velocity", v)
-        return u, v
+        return ops.momentum_correction(state["momentum"], state["velocity"], g, mu, nesterov)
 
     def release(self, ops: Ops, state: dict, u: Tensor, v: Tensor, indices: Tensor) -> None:
         """The elements at ``indices`` were sent: clear them from the velocity and, with
         masking, from the momentum; without masking, clear only the non-finite ones there (O(k),
-        no host read)."""
-        ops.write(state, "velocity", ops.fill_at(v, indices, 0.0))
-        ops.write(state, "momentum", ops.fill_at(u, indices, 0.0, non_finite_only=not self.masking))
+        no host read). Then store both. ``u`` and ``v`` are :meth:`correct`'s, not stored nor
+        handed out yet: filled in place even where tensors are immutable."""
+        ops.write(state, "velocity", ops.fill_at(v, indices, 0.0, owned=True))
+        ops.write(state, "momentum", ops.fill_at(u, indices, 0.0, non_finite_only=not self.masking,
+                                                 owned=True))
 
 
 class DGC(MomentumCorrection):

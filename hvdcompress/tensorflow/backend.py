@@ -18,6 +18,7 @@ result comes back through DLPack without a copy (docs/kernels.md). They need the
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -31,10 +32,17 @@ _BRIDGE: dict = {}
 _DLPACK_MIN = 4096  # elements: smaller results are copied (tf.convert_to_tensor), which is cheaper
 
 
+_BUFFERS: dict = {}  # id(tensor) -> the kernel result it wraps, while the tensor lives
+
+
 def _wrap(a: np.ndarray) -> Tensor:
-    """A TensorFlow tensor of the kernel result ``a``: large aligned ones without a copy."""
+    """A TensorFlow tensor of the kernel result ``a``: large aligned ones without a copy (and
+    remembered in ``_BUFFERS``, for :meth:`TFOps.fill_at` of an owned result)."""
     if a.size >= _DLPACK_MIN and a.ctypes.data % 64 == 0:
-        return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
+        t = tf.experimental.dlpack.from_dlpack(a.__dlpack__())
+        _BUFFERS[id(t)] = a
+        weakref.finalize(t, _BUFFERS.pop, id(t), None)
+        return t
     return tf.convert_to_tensor(a)
 
 
@@ -117,8 +125,14 @@ class TFOps(Ops):
     def _scatter_add(self, n: int, indices: Tensor, values: Tensor) -> Tensor:
         return tf.tensor_scatter_nd_add(tf.zeros([n], values.dtype), tf.expand_dims(indices, 1), values)
 
-    def fill_at(self, x: Tensor, indices: Tensor, value: float, non_finite_only: bool = False) -> Tensor:
+    def fill_at(self, x: Tensor, indices: Tensor, value: float, non_finite_only: bool = False,
+                owned: bool = False) -> Tensor:
         indices = _as_int64(indices)
+        buffer = _BUFFERS.get(id(x)) if owned else None
+        if buffer is not None:  # the caller's own kernel result: filled in its buffer, not copied
+            native.fill_at(buffer, np.asarray(indices), float(value), out=buffer,
+                           non_finite_only=non_finite_only)
+            return x
         if self._is_flat_float32(x):
             return self._impl(x).fill_at(x, indices, float(value), non_finite_only=non_finite_only)
         fill = tf.fill(tf.shape(indices), tf.constant(value, x.dtype))

@@ -181,7 +181,7 @@ class TorchOps(Ops):
         out = torch.zeros(n, dtype=values.dtype, device=values.device)
         return out.index_add_(0, indices, values)
 
-    def fill_at(self, x, indices, value, non_finite_only=False):
+    def fill_at(self, x, indices, value, non_finite_only=False, owned=False):
         indices = indices.long()
         if self._is_flat_float32(x):
             return self._impl(x).fill_at(x, indices.contiguous(), float(value), out=x,

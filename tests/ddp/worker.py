@@ -5,17 +5,17 @@ one record per case to its rank's result file (examples/hvdrun.py's ``write_resu
     torchrun --standalone --nproc_per_node 2 tests/ddp/worker.py --cases none,dgc --steps 4 \
         --resume dgc
 
-The first record: :func:`collectives`' outputs of the adapter. Then per case: the case, the parameters after ``--steps`` steps, the parameter names of every
-bucket the hook saw (to show DDP rebuilt its buckets), the hook's ReplicaMismatch for a
-case whose rank 1 changes a parameter (``perturb_at``), and for a ``--resume`` case whether
-training resumed from a checkpoint taken halfway (model, optimizer, hook state) ends on the
-same bits as training straight through.
+The first record holds :func:`collectives`' outputs of the adapter. Then one per case: the
+parameters after ``--steps`` steps, the parameter names of every bucket the hook saw (to show
+DDP rebuilt its buckets), the bytes, the hook's ReplicaMismatch for a case whose rank 1
+changes a parameter (``perturb_at``), and for a ``--resume`` case the parameters of training
+resumed from a checkpoint taken halfway (model, optimizer, hook state), to compare with those
+of training straight through.
 """
 from __future__ import annotations
 
 import argparse
 import io
-import os
 import sys
 from pathlib import Path
 
@@ -26,7 +26,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from hvdrun import write_result  # noqa: E402
 
-from cases import BUCKET_CAP_MB, CASES, RANKS_PER_NODE, Case, build_model, flat_params, train_step  # noqa: E402
+from cases import (BUCKET_CAP_MB, CASES, RANKS_PER_NODE, Case, build_model, flat_params,  # noqa: E402
+                   train_step)
 from hvdcompress import ReplicaMismatch  # noqa: E402
 from hvdcompress.torch import ddp  # noqa: E402
 from hvdcompress.torch.dist_collectives import DistCollectives  # noqa: E402
@@ -133,5 +134,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()

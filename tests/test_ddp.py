@@ -244,3 +244,13 @@ def test_bad_arguments_name_the_argument():
         ddp.CompressionState(process_group=object(), intra_node=hc.FP16())
     with pytest.raises(ValueError, match="clip_grad_norm=-1"):
         ddp.CompressionState(clip_grad_norm=-1)
+
+
+def test_the_hook_does_not_import_horovod():
+    """DDP users need not install Horovod: hvdcompress.torch loads the Horovod front end only when
+    one of its names is used."""
+    code = ("import sys, hvdcompress.torch.ddp, hvdcompress.torch as hvc\n"
+            "assert not [m for m in sys.modules if m.startswith('horovod')], 'horovod imported'\n"
+            "hvc.DistributedOptimizer\n"
+            "assert 'horovod.torch' in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,9 +1,12 @@
-"""hvdcompress.reshard: compressor state redistributed from P to P' ranks (no Horovod)."""
+"""hvdcompress.reshard: compressor state redistributed from P to P' ranks: the function alone
+(numpy references), then checkpoints written at 2 ranks resumed at 3 and back at 2 under
+horovodrun (tests/hvd/torch_reshard.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from conftest import run_horovod
 from hvdcompress.reshard import pooled, redistribute, segments_of
 
 N = 11  # not a multiple of 2, 3 or 4: the segments are padded
@@ -19,25 +22,26 @@ def cut(x: np.ndarray, parts: int) -> list:
     return [padded[j * length:(j + 1) * length] for j in range(parts)]
 
 
-def whole(state: dict, key: str) -> np.ndarray:
-    """The new rank's ``key`` over the whole tensor, from either layout (float64)."""
+def whole(state: dict, key: str, n: int = N) -> np.ndarray:
+    """A rank's ``key`` over the whole tensor of ``n`` elements, from either layout (float64)."""
     if key in state:
         return state[key].astype(np.float64)
-    return np.concatenate([state[f"seg{j}.{key}"] for j in range(segments_of(state))])[:N].astype(np.float64)
+    segments = sorted(int(k[3:].split(".")[0]) for k in state if k.startswith("seg") and k.endswith("." + key))
+    return np.concatenate([state[f"seg{j}.{key}"] for j in segments])[:n].astype(np.float64)
 
 
-def delivered(states: list, key: str, average: bool) -> np.ndarray:
+def delivered(states: list, key: str, average: bool, n: int = N) -> np.ndarray:
     """What the key's state stands for in the update: Σ_r e_r / P (Average) or Σ_r e_r (Sum),
     server residuals (``sum.<key>``, segment r on rank r) included, in float64."""
     world = len(states)
-    total = np.zeros(N)
+    total = np.zeros(n)
     for r, st in enumerate(states):
-        total += whole(st, key)
+        total += whole(st, key, n)
         if f"sum.{key}" in st:
-            server = np.zeros(-(-N // world) * world)
+            server = np.zeros(-(-n // world) * world)
             length = st[f"sum.{key}"].size
             server[r * length:(r + 1) * length] = st[f"sum.{key}"]
-            total += server[:N]
+            total += server[:n]
     return total / world if average else total
 
 
@@ -115,3 +119,75 @@ def test_errors_name_what_is_wrong():
         redistribute([{"cross.residual": vec(1, 6)}] * 2, N, 3, 0, True, 0)
     with pytest.raises(ValueError, match="states is empty"):
         redistribute([], N, 3, 0, True, 0)
+
+
+# ---- under horovodrun -----------------------------------------------------------------------------
+CASES = ["topk_ef_nesterov", "dgc", "onebit_ef_auto", "onebit_ef_alltoall", "frozen_adam"]
+PER_RANK = {"residual", "quant_residual", "momentum", "velocity"}
+SIZES = {"0.weight": 1000, "0.bias": 50, "2.weight": 200, "2.bias": 4}
+LAUNCHES = [(2, ["--write", "a"]), (3, ["--read", "a", "--write", "b"]), (2, ["--read", "b"])]
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    """Write at 2 ranks (a), resume at 3 and write again (b), resume at 2: three launches."""
+    work = tmp_path_factory.mktemp("reshard")
+    records = [run_horovod("torch_reshard.py", np=np_, args=[str(work), *extra], timeout=300)
+               for np_, extra in LAUNCHES]
+    return work, records
+
+
+def rank_states(path_of, world: int) -> list:
+    """Per rank, tensor name -> {key: array}, from the script's npz files."""
+    out = []
+    for r in range(world):
+        per_tensor: dict = {}
+        with np.load(path_of(r)) as z:
+            for k in z.files:
+                name, key = k.split("/", 1)
+                per_tensor.setdefault(name, {})[key] = z[k]
+        out.append(per_tensor)
+    return out
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("tag,world,new_world", [("a", 2, 3), ("b", 3, 2)], ids=["2to3", "3to2"])
+def test_a_checkpoint_resumes_at_another_world_size(launches, case, tag, world, new_world):
+    work, records = launches
+    old = rank_states(lambda r: work / f"{case}.{tag}.rank{r}.npz", world)
+    new = rank_states(lambda r: work / f"{case}.{tag}.loaded.rank{r}.npz", new_world)
+    checked = carried = 0
+    for name, n in SIZES.items():
+        keys = {k.split(".")[-1] for st in old for k in st.get(name, {})}
+        for key in keys & PER_RANK:
+            want = delivered([st[name] for st in old], key, True, n)
+            got = delivered([st[name] for st in new], key, True, n)
+            bound = np.abs(want) * 2.0 ** -24 + 1e-30   # T/P rounded once to float32
+            assert np.all(np.abs(got - want) <= bound), (name, key, np.abs(got - want).max())
+            carried += bool(np.abs(want).max() > 0)
+            for r in range(1, new_world):
+                np.testing.assert_array_equal(whole(new[r][name], key, n), whole(new[0][name], key, n))
+            checked += 1
+        for key in keys & {"adam.m", "adam.v"}:   # replicated: rank 0's, bit for bit
+            for r in range(new_world):
+                np.testing.assert_array_equal(new[r][name][key], old[0][name][key])
+            checked += 1
+    assert checked and carried, "no state to carry over"
+    resumed = [rec for rec in records[1 if tag == "a" else 2] if rec["case"] == case]
+    assert len(resumed) == new_world
+    assert all("gather=True" in rec["refused"] for rec in resumed), resumed[0]["refused"]
+
+
+@pytest.mark.horovod
+def test_the_collectives_follow_the_world_size(launches):
+    """The compressed allreduce's segments were re-cut: onebit with collective='auto' takes the
+    allgather at 2 ranks and the compressed allreduce for its large tensor at 3."""
+    work, records = launches
+    plans = {(rec["world"], rec["case"]): rec["plan"] for launch in records[:2] for rec in launch}
+    assert plans[(2, "onebit_ef_auto")]["0.weight"] == "allgather"
+    assert plans[(3, "onebit_ef_auto")]["0.weight"] == "alltoall"
+    assert plans[(3, "onebit_ef_alltoall")]["0.weight"] == "alltoall"
+    loaded = rank_states(lambda r: work / f"onebit_ef_auto.a.loaded.rank{r}.npz", 3)
+    assert sorted(k for k in loaded[0]["0.weight"] if k.endswith("residual")) == \
+        ["seg0.residual", "seg1.residual", "seg2.residual"]

@@ -36,17 +36,20 @@ from contextlib import contextmanager
 from typing import Callable, Iterable, Mapping, Optional, Union
 
 import horovod.torch as hvd
+import numpy as np
 import torch
 from torch.amp.grad_scaler import OptState
 
 from ..accounting import ByteCount
 from ..adam import adam_settings
-from ..agreement import check_ranks_agree
+from ..agreement import allgather_object, check_ranks_agree
 from ..clipping import what_it_keeps
 from ..compressor import Compressor, TensorInfo
 from ..loss_scale import OverflowGuard
+from ..exchange import Planner
 from ..options import Options, parse_options
 from ..replicas import ReplicaCheck, counters_checksum
+from ..reshard import has_per_rank, redistribute
 from ..two_level import build_exchange
 from .backend import TorchOps
 from .clipping import GradientWatch, clip_gradients, clip_local_gradients
@@ -198,12 +201,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._delay = {p: self.backward_passes_per_step for p in self._parameter_names}
         self._requires_update = []  # in name order: every multi-tensor loop is rank-independent
         self._comm = HorovodCollectives(process_set)
-        self._exchange = build_exchange(hvd, HorovodCollectives, process_set, compression, _OPS,
-                                        intra_node=options.intra_node,
-                                        ranks_per_node=options.ranks_per_node,
-                                        average=options.average, predivide=options.predivide,
-                                        collective=options.collective)
-        self._replicas = ReplicaCheck(options.check_replicas, _OPS, self._comm, ranks=_ranks_of(process_set))
+        self._build_exchange()
         self._prepared = {}        # group id -> [Entry] compressed, not yet launched
         self._inflight = []        # launched rounds of the exchange engine
         self._sparse = {}          # p -> handle of Horovod's sparse allreduce
@@ -222,6 +220,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # known after the exchange; step() skips the update itself (outside the process
             # set GradScaler unscales and skips on the rank's own gradients, as usual)
             self._step_supports_amp_scaling = self._scaler is not None
+
+    def _build_exchange(self) -> None:
+        """The exchange engine and the replica guard for Horovod's current world."""
+        options = self._options
+        self._exchange = build_exchange(hvd, HorovodCollectives, self.process_set, self._compression, _OPS,
+                                        intra_node=options.intra_node,
+                                        ranks_per_node=options.ranks_per_node,
+                                        average=options.average, predivide=options.predivide,
+                                        collective=options.collective)
+        self._replicas = ReplicaCheck(options.check_replicas, _OPS, self._comm, ranks=_ranks_of(self.process_set))
 
     def _world(self) -> int:
         return self._comm.world
@@ -516,21 +524,84 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._delay[p] = passes
 
     # ---- checkpoints ----------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """The wrapped optimizer's state plus ``'hvdcompress'``: the compressor's own state and
-        every tensor's buffers (residuals, momenta, velocities), keyed by parameter name."""
+    def state_dict(self, gather: bool = False) -> dict:
+        """The wrapped optimizer's state plus ``'hvdcompress'``: the compressor's own state, the
+        world size and op, and every tensor's buffers (residuals, momenta, velocities) keyed by
+        parameter name: this rank's (``'tensors'``), or with ``gather=True`` every rank's
+        (``'ranks'``, numpy arrays, in rank order).
+
+        ``gather=True`` is a collective (every rank of the process set calls it; one allgather
+        of the state): the checkpoint then resumes at any world size, by the rule of
+        :mod:`hvdcompress.reshard` (the unsent error-feedback mass and the mean momentum are
+        preserved). One rank's checkpoint holds that rank's residuals only: it resumes at the
+        same world size, every rank then starting from that rank's state."""
         sd = super(self.__class__, self).state_dict()
-        sd["hvdcompress"] = {
-            "compressor": self._compression.state_dict(),
-            "tensors": {name: {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
-                        for name, st in self._tensor_state.items()},
-        }
+        own = {"compressor": self._compression.state_dict(), "world": self._world(),
+               "average": self.op == hvd.Average}
+        if gather and self._included():
+            mine = {name: {k: v.detach().cpu().numpy().copy() if torch.is_tensor(v) else v
+                           for k, v in st.items()} for name, st in self._tensor_state.items()}
+            own["ranks"] = allgather_object(mine, self._comm, _OPS, torch.zeros(1))
+        else:
+            own["tensors"] = {name: {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
+                              for name, st in self._tensor_state.items()}
+        sd["hvdcompress"] = own
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Load a :meth:`state_dict`. A gathered one (``gather=True``) is redistributed to this
+        run's world size and this rank (:func:`hvdcompress.reshard.redistribute`); one rank's
+        must come from a run of the same world size (a ``ValueError`` otherwise, when it holds
+        per-rank state). Local: no collective."""
         state_dict = dict(state_dict)
         own = state_dict.pop("hvdcompress", None)
         super(self.__class__, self).load_state_dict(state_dict)
+        self._clear_pending()
+        if own is None:
+            return
+        saved = own["tensors"] if "tensors" in own else {n: {} for r in own["ranks"] for n in r}
+        unknown = sorted(set(saved) - set(self._tensor_state))
+        if unknown:
+            raise ValueError(f"load_state_dict: compressor state for unknown parameters {unknown[:5]}")
+        self._compression.load_state_dict(own["compressor"])
+        by_name = {n: p for p, n in self._parameter_names.items()}
+        if "ranks" in own:
+            self._load_gathered(own, by_name)
+            return
+        world = own.get("world", self._world())
+        if world != self._world() and any(has_per_rank(st) for st in saved.values()):
+            raise ValueError(f"load_state_dict: this checkpoint holds one rank's compressor state "
+                             f"(residuals, momenta) of a run at {world} ranks, and this run has "
+                             f"{self._world()}; save it with state_dict(gather=True) to resume at "
+                             "another world size, or drop its 'hvdcompress' entry to start the "
+                             "compressor afresh")
+        for name, st in saved.items():
+            device = by_name[name].device
+            self._tensor_state[name] = {k: v.clone().to(device) if torch.is_tensor(v) else v
+                                        for k, v in st.items()}
+
+    def _load_gathered(self, own: dict, by_name: dict) -> None:
+        """This rank's share of every rank's saved state (:mod:`hvdcompress.reshard`)."""
+        average = self.op == hvd.Average
+        if own["average"] != average:
+            ops = {True: "hvd.Average", False: "hvd.Sum"}
+            raise ValueError(f"load_state_dict: the checkpoint was written with op={ops[own['average']]} "
+                             f"and this optimizer has op={ops[average]}; the residuals' share of "
+                             "each rank depends on it: use the checkpoint's op")
+        for name in {n for r in own["ranks"] for n in r}:
+            p = by_name[name]
+            states = [r.get(name, {}) for r in own["ranks"]]
+            layout = 0
+            if any(states):  # the new layout: the compressed allreduce's segments, or the whole tensor
+                like = p.detach().reshape(-1)
+                if self._exchange.collective_for(self._info(p), like) == "alltoall":
+                    layout = self._exchange.comm.world
+            new = redistribute(states, p.numel(), self._world(), self._rank(), average, layout)
+            self._tensor_state[name] = {k: torch.from_numpy(v.copy()).to(p.device)
+                                        if isinstance(v, np.ndarray) else v for k, v in new.items()}
+
+    def _clear_pending(self) -> None:
+        """Forget any step in progress (a checkpoint load, an elastic reset)."""
         self._prepared.clear()
         self._awaiting_clip.clear()
         self._inflight.clear()
@@ -538,17 +609,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self.set_backward_passes_per_step(self.backward_passes_per_step)
-        if own is None:
-            return
-        unknown = sorted(set(own["tensors"]) - set(self._tensor_state))
-        if unknown:
-            raise ValueError(f"load_state_dict: compressor state for unknown parameters {unknown[:5]}")
-        self._compression.load_state_dict(own["compressor"])
-        by_name = {n: p for p, n in self._parameter_names.items()}
-        for name, saved in own["tensors"].items():
-            device = by_name[name].device
-            self._tensor_state[name] = {k: v.clone().to(device) if torch.is_tensor(v) else v
-                                        for k, v in saved.items()}
+
+    def rebuild(self) -> None:
+        """Rebuild the exchange for Horovod's current world, after ``hvd.shutdown(); hvd.init()``
+        at another size (an elastic reset, :mod:`hvdcompress.torch.elastic`): a new engine (the
+        collective of every tensor planned again for the new number of ranks), the replica
+        guard, and the rank agreement, a collective that a rank joining the run makes in its
+        constructor at the same point. The compressor state is not touched: load a gathered
+        :meth:`state_dict` to lay it out for the new world."""
+        if self.process_set is not hvd.global_process_set:
+            raise ValueError("rebuild: this optimizer runs over a process set, which does not "
+                             "survive hvd.shutdown(); elastic training needs the global process set")
+        if isinstance(self._compression, Planner):
+            raise ValueError("rebuild: compression='auto' plans for one world size and link; "
+                             "elastic training needs a fixed compressor")
+        self._clear_pending()
+        total = self._exchange.total_bytes
+        self._build_exchange()
+        self._exchange.total_bytes = total
+        if self._included():
+            self._check_ranks_agree()
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,

@@ -29,6 +29,13 @@ then in both phases, as torch.optim.Adam/AdamW (bias corrections with v's at T0 
 
     w <- w·(1 - lr·λ)  (AdamW);   w <- w - lr · (m / (1-b1^t)) / (sqrt(v / (1-b2^min(t,T0))) + eps)
 
+except that after the freeze a coordinate whose frozen v is 0 (it had no gradient in the whole
+warm-up: an unused embedding row, an always-zero input pixel) is not updated. Its denominator is
+eps, so the compression error the exchange gives it (onebit sends ±scale for a zero gradient)
+would move it by lr·scale/eps, about 1e8 steps at once: training went to NaN on digits. Live
+Adam would have grown v with its first real gradient; frozen, no safe step exists, and none is
+taken (DeepSpeed's 1-bit Adam asks the user for such a mask, ``exp_avg_mask``; here it is v = 0).
+
 Adam's own (L2) weight decay adds λ·w to the exchanged gradient (to m, times 1-b1, after the
 freeze): it is the same on every rank, so it is added exactly instead of being compressed.
 Since m is the same on every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression
@@ -187,6 +194,8 @@ class FrozenAdam(Decorator):
         t_v = min(t, max(self.freeze_point(b2), 1))
         denom = ops.sqrt(state["adam.v"] * (1.0 / (1.0 - b2 ** t_v))) + settings.eps
         update = state["adam.m"] * (1.0 / (1.0 - b1 ** t)) / denom
+        if frozen:  # coordinates without a gradient in the warm-up (v = 0) stay where they are
+            update = ops.where(state["adam.v"] > 0.0, update, ops.zeros(ops.numel(update), like=update))
         if settings.decoupled and settings.weight_decay:
             param = param * (1.0 - settings.lr * settings.weight_decay)
         return param - update * settings.lr

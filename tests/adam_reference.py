@@ -95,6 +95,8 @@ def reference(steps: int, freeze: int, lr: float, b1: float, b2: float, wd: floa
                 m = got + w * f32((1 - b1) * l2) if l2 else got
         t_v = min(t, max(freeze, 1))
         update = m * f32(1 / (1 - b1 ** t)) / (np.sqrt(v * f32(1 / (1 - b2 ** t_v))) + f32(eps))
+        if step >= freeze:  # no step where the frozen v is 0
+            update = np.where(v > 0, update, f32(0))
         if decoupled:
             w = w * f32(1 - lr * wd)
         w = w - update * f32(lr)

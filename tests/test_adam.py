@@ -138,3 +138,24 @@ def test_from_params_and_default_freeze_point():
     restored = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
     restored.load_state_dict(c.state_dict())
     assert restored.steps == 1
+
+
+def test_a_coordinate_without_gradient_in_the_warm_up_is_not_moved_after_the_freeze():
+    """v = 0 at the freeze (an always-zero input pixel): onebit sends ±scale for its zero
+    gradient, and m / (sqrt(0) + eps) would move it by lr·scale/eps (NaN on digits); it stays,
+    while the other coordinates take the frozen-Adam step."""
+    from hvdcompress.adam import AdamSettings
+    from hvdcompress.torch.backend import TorchOps
+    ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=1)
+    settings = AdamSettings(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8)
+    param = torch.tensor([0.5, 0.5])
+    state = {"adam.m": torch.zeros(2), "adam.v": torch.zeros(2)}
+    param = adam.after_exchange(ops, state, param, torch.tensor([0.0, 0.2]), settings)  # warm-up
+    adam.on_step()
+    assert adam.frozen(settings) and state["adam.v"][0] == 0 and state["adam.v"][1] > 0
+    moved = param.clone()
+    after = adam.after_exchange(ops, state, param, torch.tensor([0.3, 0.3]), settings)  # ±scale
+    assert after[0] == moved[0]                       # without the rule: 0.5 - 1e-3·0.03/1e-8·... = -3e3
+    m, v = state["adam.m"][1].item(), state["adam.v"][1].item()
+    expected = moved[1].item() - 1e-3 * (m / (1 - 0.9 ** 2)) / (np.sqrt(v / (1 - 0.999)) + 1e-8)
+    assert after[1].item() == pytest.approx(expected, rel=1e-6)

@@ -1,0 +1,94 @@
+"""Compression under ``hvd.elastic.run``: 2 ranks, grown to 3, shrunk to 2 (tests/test_elastic.py).
+
+    torch_elastic.py DIR          (DIR: where the states are written; the hosts file is
+                                   $HVDCOMPRESS_ELASTIC_HOSTS, read by elastic_discovery.sh)
+
+Every batch is one step of onebit with error feedback and Nesterov momentum (collective
+'auto': the allgather at 2 ranks, the compressed allreduce of the large tensor at 3), with
+the replica guard on every step, then a commit. :func:`world_wanted` says how many ranks each
+batch should run on; while the world differs, rank 0 writes the hosts file and every rank
+waits at ``check_host_updates`` (at most WAIT_S) until Horovod resets. On entering ``train``
+after a reset every rank writes its compressor state (DIR/b<batch>.new.rank<r>.npz) and rank
+0 the last commit's gathered states of the old ranks (DIR/b<batch>.old.rank<r>.npz).
+Records: one per rank and batch (world, a digest of the parameters, the large tensor's
+collective), and one per entry after a reset."""
+import hashlib
+import os
+import sys
+import time
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+import hvdcompress
+import hvdcompress.torch as hvc
+from common import result
+from hvdcompress.torch.elastic import TorchState
+
+BATCHES = 16
+WAIT_S = 120.0
+OUT = sys.argv[1]
+
+
+def world_wanted(batch: int) -> int:
+    return 2 if batch < 5 else 3 if batch < 10 else 2
+
+
+hvd.init()
+torch.set_num_threads(1)
+torch.manual_seed(1)  # every rank the same; a joining rank gets rank 0's parameters in sync()
+model = torch.nn.Sequential(torch.nn.Linear(20, 50), torch.nn.ReLU(), torch.nn.Linear(50, 4))
+opt = hvc.DistributedOptimizer(  # before any other collective: see hvdcompress.torch.elastic
+    torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+    named_parameters=model.named_parameters(), check_replicas=1,
+    compression=hvdcompress.from_params({"compressor": "onebit", "ef": "vanilla", "momentum": "nesterov"}))
+state = TorchState(model=model, optimizer=opt, batch=0)
+
+
+def save(path: str, tensors: dict) -> None:
+    np.savez(path, **{f"{name}/{key}": np.asarray(v) for name, st in tensors.items()
+                      for key, v in st.items() if not isinstance(v, (int, float))})
+
+
+def digest() -> str:
+    return hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
+
+
+@hvd.elastic.run
+def train(state):
+    rank, world = hvd.rank(), hvd.size()
+    if state.batch:
+        saved = state._handlers["optimizer"]._saved["hvdcompress"]
+        save(f"{OUT}/b{state.batch}.new.rank{rank}.npz",
+             {n: {k: v.numpy() if torch.is_tensor(v) else v for k, v in st.items()}
+              for n, st in opt._tensor_state.items()})
+        if rank == 0:
+            for r, tensors in enumerate(saved["ranks"]):
+                save(f"{OUT}/b{state.batch}.old.rank{r}.npz", tensors)
+        result(rank, event="entry", batch=state.batch, world=world, old_world=len(saved["ranks"]))
+    waited = time.monotonic()
+    while state.batch < BATCHES:
+        if world_wanted(state.batch) != world:
+            if rank == 0:
+                with open(os.environ["HVDCOMPRESS_ELASTIC_HOSTS"], "w") as f:
+                    f.write(f"localhost:{world_wanted(state.batch)}\n")
+            if time.monotonic() - waited > WAIT_S:
+                raise RuntimeError(f"batch {state.batch}: the world stayed at {world} ranks for "
+                                   f"{WAIT_S:.0f} s after asking for {world_wanted(state.batch)}")
+            time.sleep(0.5)
+            state.check_host_updates()  # raises HostsUpdatedInterrupt once Horovod noticed
+            continue
+        gen = torch.Generator().manual_seed(1000 * state.batch + rank)
+        opt.zero_grad()
+        x, y = torch.randn(8, 20, generator=gen), torch.randint(0, 4, (8,), generator=gen)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        state.batch += 1
+        result(rank, event="step", batch=state.batch, world=world, digest=digest(),
+               collective=opt._exchange.plan["0.weight"][1])
+        state.commit()
+        waited = time.monotonic()
+
+
+train(state)

@@ -1,0 +1,102 @@
+"""Compression under Horovod elastic (tests/hvd/torch_elastic.py): one launch of
+``horovodrun -np 2 --min-np 2 --max-np 3 --host-discovery-script tests/hvd/elastic_discovery.sh``
+on this host, grown to 3 ranks and shrunk back to 2 by the script's rank 0 through the hosts
+file. Checked: it finishes within the launch's time-out (no hang), the replicas are identical
+at every batch (the script's replica guard raises otherwise, and the digests are compared
+here), the large tensor's collective follows the world size, and after each reset every rank
+holds the share of the last commit's compressor state that hvdcompress.reshard defines
+(numpy references of tests/test_reshard.py)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import HVD_SCRIPTS, RANK_ENV
+from hvdrun import RESULTS_ENV, horovodrun_path, read_results
+from test_reshard import delivered, rank_states, whole
+
+pytestmark = pytest.mark.horovod
+TIMEOUT_S = 400
+SIZES = {"0.weight": 1000, "0.bias": 50, "2.weight": 200, "2.bias": 4}
+PER_RANK = {"residual", "momentum"}
+
+
+def run_elastic(work: Path) -> list:
+    """Every record of one elastic launch (rank files 0..2); the test fails with horovodrun's
+    output on a non-zero exit or after TIMEOUT_S, when the process group is killed.
+    ``--network-interface lo``: without it an elastic horovodrun waits for a second host to
+    find common network interfaces."""
+    hosts, results = work / "hosts", work / "results"
+    results.mkdir()
+    hosts.write_text("localhost:2\n")
+    cmd = [str(horovodrun_path()), "-np", "2", "--min-np", "2", "--max-np", "3",
+           "--network-interface", "lo", "--host-discovery-script", str(HVD_SCRIPTS / "elastic_discovery.sh"),
+           sys.executable, str(HVD_SCRIPTS / "torch_elastic.py"), str(work)]
+    env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           RESULTS_ENV: str(results), "HVDCOMPRESS_ELASTIC_HOSTS": str(hosts)}
+    log = work / "horovodrun.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait(TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(f"elastic launch timed out after {TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"elastic launch failed ({proc.returncode}):\n{log.read_text()[-4000:]}")
+    return [rec for per_rank in read_results(results, 3) for rec in per_rank]
+
+
+@pytest.fixture(scope="module")
+def elastic():
+    with tempfile.TemporaryDirectory(prefix="hvdcompress-elastic-") as d:
+        work = Path(d)
+        records = run_elastic(work)
+        yield work, records
+
+
+def test_grows_and_shrinks_with_identical_replicas(elastic):
+    _, records = elastic
+    steps = [r for r in records if r["event"] == "step"]
+    worlds = {}
+    for r in steps:
+        worlds.setdefault(r["batch"], set()).add((r["world"], r["collective"]))
+    assert sorted(worlds) == list(range(1, 17)), "every batch ran"
+    expected = {b: 2 if b <= 5 else 3 if b <= 10 else 2 for b in range(1, 17)}
+    for batch, seen in worlds.items():
+        world = expected[batch]
+        assert seen == {(world, "alltoall" if world == 3 else "allgather")}, (batch, seen)
+        ranks = [r for r in steps if r["batch"] == batch]
+        assert sorted(r["rank"] for r in ranks) == list(range(world)), (batch, ranks)
+        assert len({r["digest"] for r in ranks}) == 1, f"replicas differ at batch {batch}"
+
+
+def test_compressor_state_follows_the_rule_at_each_reset(elastic):
+    work, records = elastic
+    entries = {}
+    for r in records:
+        if r["event"] == "entry":
+            entries.setdefault(r["batch"], []).append(r)
+    assert sorted((b, e[0]["old_world"], len(e)) for b, e in entries.items()) == [(5, 2, 3), (10, 3, 2)]
+    for batch, seen in entries.items():
+        old_world, new_world = seen[0]["old_world"], len(seen)
+        old = rank_states(lambda r: work / f"b{batch}.old.rank{r}.npz", old_world)
+        new = rank_states(lambda r: work / f"b{batch}.new.rank{r}.npz", new_world)
+        for name, n in SIZES.items():
+            for key in PER_RANK:
+                want = delivered([st[name] for st in old], key, True, n)
+                got = delivered([st[name] for st in new], key, True, n)
+                assert np.abs(want).max() > 0, (batch, name, key)
+                assert np.all(np.abs(got - want) <= np.abs(want) * 2.0 ** -24 + 1e-30), \
+                    (batch, name, key, np.abs(got - want).max())
+                for r in range(1, new_world):
+                    np.testing.assert_array_equal(whole(new[r][name], key, n), whole(new[0][name], key, n))

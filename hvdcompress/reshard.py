@@ -69,6 +69,14 @@ def segments_of(state: Mapping[str, Any]) -> int:
     return max(found) + 1 if found else 0
 
 
+def _layout(state: Mapping[str, Any]) -> Optional[int]:
+    """The layout of a tensor's own per-rank state: its number of segments, 0 for the whole
+    tensor, None when it has none at this level (a stateless node level of two-level)."""
+    if segments_of(state):
+        return segments_of(state)
+    return 0 if any(split_key(k)[2] in PER_RANK for k in state) else None
+
+
 def has_per_rank(state: Mapping[str, Any]) -> bool:
     """Whether the tensor's state holds any per-rank additive entry."""
     return any(split_key(k)[2] in PER_RANK for k in state)
@@ -147,7 +155,7 @@ def redistribute(states: Sequence[Mapping[str, Any]], numel: int, new_world: int
     if not 0 <= new_rank < new_world:
         raise ValueError(f"redistribute: new_rank={new_rank} with new_world={new_world}; allowed: "
                          f"0 <= new_rank < new_world")
-    if world == new_world and segments_of(states[new_rank]) == new_segments:
+    if world == new_world and _layout(states[new_rank]) in (None, new_segments):
         return dict(states[new_rank])
     cross = sorted({k for s in states for k in s if k.startswith(CROSS)})
     if cross:

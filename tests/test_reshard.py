@@ -101,6 +101,16 @@ def test_same_world_and_layout_keeps_every_rank_own_state_bit_for_bit():
             assert new[k] is states[r][k]
 
 
+def test_two_level_state_resumes_at_the_same_world_size_only():
+    """The shard's state (``cross.``) is kept as it is at the same P, whatever the node level's
+    layout; at another P it is refused."""
+    states = [{"cross.seg0.residual": vec(r, 3), "cross.sum.residual": vec(9 + r, 3)} for r in range(4)]
+    for r in range(4):
+        assert redistribute(states, N, 4, r, True, 2) == states[r]
+    with pytest.raises(ValueError, match="written at 4 ranks cannot be redistributed to 2"):
+        redistribute(states, N, 2, 0, True, 2)
+
+
 def test_the_share_by_hand():
     states = [{"residual": np.array([1, 2, 3], np.float32)}, {"residual": np.array([3, 0, -3], np.float32)}]
     np.testing.assert_array_equal(pooled(states, "residual", 3, 2, 3, average=True), [2, 1, 0])

@@ -49,7 +49,7 @@ from ..loss_scale import OverflowGuard
 from ..exchange import Planner
 from ..options import Options, parse_options
 from ..replicas import ReplicaCheck, counters_checksum
-from ..reshard import has_per_rank, redistribute
+from ..reshard import has_per_rank, redistribute, split_key
 from ..two_level import build_exchange
 from .backend import TorchOps
 from .clipping import GradientWatch, clip_gradients, clip_local_gradients
@@ -528,7 +528,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The wrapped optimizer's state plus ``'hvdcompress'``: the compressor's own state, the
         world size and op, and every tensor's buffers (residuals, momenta, velocities) keyed by
         parameter name: this rank's (``'tensors'``), or with ``gather=True`` every rank's
-        (``'ranks'``, numpy arrays, in rank order).
+        (``'ranks'``, CPU tensors, in rank order).
 
         ``gather=True`` is a collective (every rank of the process set calls it; one allgather
         of the state): the checkpoint then resumes at any world size, by the rule of
@@ -539,7 +539,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         own = {"compressor": self._compression.state_dict(), "world": self._world(),
                "average": self.op == hvd.Average}
         if gather and self._included():
-            mine = {name: {k: v.detach().cpu().numpy().copy() if torch.is_tensor(v) else v
+            mine = {name: {k: v.detach().cpu().clone() if torch.is_tensor(v) else v
                            for k, v in st.items()} for name, st in self._tensor_state.items()}
             own["ranks"] = allgather_object(mine, self._comm, _OPS, torch.zeros(1))
         else:
@@ -590,14 +590,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              "each rank depends on it: use the checkpoint's op")
         for name in {n for r in own["ranks"] for n in r}:
             p = by_name[name]
-            states = [r.get(name, {}) for r in own["ranks"]]
+            saved = [r.get(name, {}) for r in own["ranks"]]
+            # in numpy (bfloat16, which numpy lacks, as float32), back to each entry's dtype after
+            dtypes = {split_key(k)[2]: v.dtype for st in saved for k, v in st.items() if torch.is_tensor(v)}
+            states = [{k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() if torch.is_tensor(v) else v
+                       for k, v in st.items()} for st in saved]
             layout = 0
             if any(states):  # the new layout: the compressed allreduce's segments, or the whole tensor
                 like = p.detach().reshape(-1)
                 if self._exchange.collective_for(self._info(p), like) == "alltoall":
                     layout = self._exchange.comm.world
             new = redistribute(states, p.numel(), self._world(), self._rank(), average, layout)
-            self._tensor_state[name] = {k: torch.from_numpy(v.copy()).to(p.device)
+            self._tensor_state[name] = {k: torch.from_numpy(v.copy()).to(p.device, dtypes[split_key(k)[2]])
                                         if isinstance(v, np.ndarray) else v for k, v in new.items()}
 
     def _clear_pending(self) -> None:

@@ -1,4 +1,4 @@
-"""End-to-end step time on emulated links: Horovod dense/fp16, DDP PowerSGD, hvdcompress.
+"""End-to-end step time on emulated links: Horovod dense/fp16, DDP and its hooks, hvdcompress.
 
 For every model, rank count and link rate, one launch (:mod:`netem`) runs every method in the
 same processes, one after the other, so ratios come from one run on a shared, noisy machine::
@@ -14,15 +14,21 @@ Methods (``--methods``, comma separated):
   nocomm        forward, backward and SGD step with no communication: the floor
   hvd-dense     horovod.torch.DistributedOptimizer, fp32
   hvd-fp16      the same with hvd.Compression.fp16
-  ddp-powersgd  torch DistributedDataParallel (gloo, same links) with its PowerSGD comm hook
+  ddp-dense     torch DistributedDataParallel (gloo, same links), no comm hook: fp32 allreduce
+  ddp-fp16      the same with DDP's fp16_compress_hook
+  ddp-powersgd  the same with DDP's PowerSGD comm hook
+  ddp:<method>  the same with hvdcompress's hook (:mod:`hvdcompress.torch.ddp`) compressing as
+                the hvdcompress method after ``ddp:`` does (``ddp:dgc``, ``ddp:topk:k=0.001``,
+                ``ddp:int8@collective=alltoall``; two-level on hosts x slots takes its ranks
+                per node from Horovod)
   anything else an hvdcompress compressor: a short name from :data:`HVDC_METHODS`, or
                 ``compressor[:key=value...][@option=value...]``: the compressor for
                 :func:`hvdcompress.from_params` (e.g. ``topk:k=0.001``), then the
                 DistributedOptimizer's ``collective`` (``int8@collective=alltoall``) or
                 ``intra_node`` (a compressor name: ``dgc@intra_node=fp16``, two-level, run
-                only on hosts x slots with ranks per node from Horovod). Methods that
-                from_params rejects here (compressor not registered yet, wrong parameter) are
-                skipped with the reason.
+                only on hosts x slots with ranks per node from Horovod), run through
+                hvdcompress.torch.DistributedOptimizer. Methods that from_params rejects here
+                (compressor not registered yet, wrong parameter) are skipped with the reason.
 
 ``--hosts-slots HxS,...`` adds launches on H emulated hosts of S ranks each (loopback inside a
 host, the rate-limited link between hosts); there the measured wire bytes are the host link's
@@ -31,9 +37,10 @@ host, the rate-limited link between hosts); there the measured wire bytes are th
 Per method: step time (wall time of the timed steps / steps, all ranks aligned by a barrier),
 the split of a step (forward+backward incl. compression in the hooks, synchronize+update),
 codec time (compress + decompress per step, measured by wrapping the compressor), bytes per step
-per rank by the compressor's accounting and as counted on the rank's interface. Results go to
-stdout, ``benchmarks/results/e2e.json`` (merged with earlier runs, keyed by model/np/rate/method)
-and ``benchmarks/results/e2e_<model>.png``.
+per rank by the compressor's accounting and as counted on the rank's interface. The DDP methods
+communicate in the backward pass (fwd+bwd); inside DDP's own fp16 and PowerSGD hooks no codec
+time is measured. Results go to stdout, ``benchmarks/results/e2e.json`` (merged with earlier
+runs, keyed by model/np/rate/method) and ``benchmarks/results/e2e_<model>.png``.
 """
 from __future__ import annotations
 
@@ -50,7 +57,10 @@ from typing import Callable, Optional
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))  # hvdrun: each rank's results
 RESULTS = HERE / "results"
-BUILTIN = ("nocomm", "hvd-dense", "hvd-fp16", "ddp-powersgd")
+DDP_BUILTIN = ("ddp-dense", "ddp-fp16", "ddp-powersgd")  # DDP alone and with its own hooks
+BUILTIN = ("nocomm", "hvd-dense", "hvd-fp16", *DDP_BUILTIN)
+DDP_HOOK = "ddp:"  # prefix: an hvdcompress method through hvdcompress.torch.ddp's comm hook
+UNTIMED = ("ddp-fp16", "ddp-powersgd")  # codecs inside torch's hooks: no codec time
 HVDC_METHODS = {  # short names for hvdcompress configurations (also used by convergence.py)
     "fp16": "fp16",
     "bf16": "bf16",
@@ -90,12 +100,13 @@ HVDC_METHODS = {  # short names for hvdcompress configurations (also used by con
     "dgc-2l4": "dgc:sparsity=0.999@intra_node=fp16@ranks_per_node=4",
     "dgc-warmup-2l4": "dgc:sparsity=0.999:warmup=4@intra_node=fp16@ranks_per_node=4",
 }
-DEFAULT_METHODS = ",".join([*BUILTIN, "fp16", "bf16", "dgc", "topk", "onebit-ef", "int8",
-                            "randomk", "powersgd"])
+DEFAULT_METHODS = ",".join(["nocomm", "hvd-dense", "hvd-fp16", "ddp-powersgd", "fp16", "bf16",
+                            "dgc", "topk", "onebit-ef", "int8", "randomk", "powersgd"])
 POWERSGD_RANK = 4
 # One DDP bucket: with several, PowerSGD's second-round allreduces are issued from future
 # callbacks in completion order, which differs between ranks on Gloo (collective mismatch,
-# "op.preamble.length <= op.nbytes" on torch 2.13).
+# "op.preamble.length <= op.nbytes" on torch 2.13). Every DDP method gets the same buckets, so
+# DDP methods differ by their hook alone.
 DDP_BUCKET_MB = 1024
 
 
@@ -127,11 +138,32 @@ def model_input_shape(name: str) -> tuple:
 
 
 # ---- methods ------------------------------------------------------------------------------------
+def uses_ddp(method: str) -> bool:
+    """Whether ``method`` runs torch DistributedDataParallel (needs torch.distributed)."""
+    return method in DDP_BUILTIN or method.startswith(DDP_HOOK)
+
+
+def hvdc_spec(method: str) -> str:
+    """The hvdcompress spec of a method that is not built in: ``ddp:`` dropped, a short name
+    from HVDC_METHODS expanded (``'ddp:dgc'`` -> ``'dgc:sparsity=0.999'``)."""
+    hooked = method.startswith(DDP_HOOK)
+    name = method.removeprefix(DDP_HOOK)
+    if not hooked and name.startswith("ddp-"):
+        raise ValueError(f"method {method!r}: DDP's own methods: {', '.join(DDP_BUILTIN)}; an "
+                         f"hvdcompress method through the DDP hook: {DDP_HOOK}<method>")
+    if hooked and (not name or name in BUILTIN or name.startswith(("ddp-", DDP_HOOK))):
+        raise ValueError(f"method {method!r}: after {DDP_HOOK!r} an hvdcompress method (a short "
+                         "name from HVDC_METHODS or compressor[:key=value...][@option=value...]); "
+                         f"DDP alone and with its own hooks: {', '.join(DDP_BUILTIN)}")
+    return HVDC_METHODS.get(name, name)
+
+
 def hvdc_params(method: str) -> dict:
-    """``'topk:k=0.01'`` (or a short name from HVDC_METHODS) -> from_params dict.
-    ``warmup=E`` becomes an :class:`~hvdcompress.ExponentialWarmup` over E epochs."""
+    """``'topk:k=0.01'`` (or a short name from HVDC_METHODS, or either after ``ddp:``) ->
+    from_params dict. ``warmup=E`` becomes an :class:`~hvdcompress.ExponentialWarmup` over E
+    epochs."""
     from hvdcompress import ExponentialWarmup
-    name, *pairs = HVDC_METHODS.get(method, method).split("@")[0].split(":")
+    name, *pairs = hvdc_spec(method).split("@")[0].split(":")
     params = {"compressor": name, **dict(p.split("=", 1) for p in pairs)}
     if "warmup" in params:
         params["warmup"] = ExponentialWarmup(int(params["warmup"]), unit="epoch")
@@ -139,11 +171,12 @@ def hvdc_params(method: str) -> dict:
 
 
 def optimizer_options(method: str) -> dict:
-    """The DistributedOptimizer keywords after ``@`` in a method: ``collective`` as given,
-    ``intra_node`` as a compressor (``@intra_node=fp16`` -> ``from_params({"compressor": "fp16"})``),
-    ``ranks_per_node`` as an int (nodes emulated on one machine)."""
+    """The DistributedOptimizer (or DDP hook state) keywords after ``@`` in a method:
+    ``collective`` as given, ``intra_node`` as a compressor (``@intra_node=fp16`` ->
+    ``from_params({"compressor": "fp16"})``), ``ranks_per_node`` as an int (nodes emulated on one
+    machine)."""
     import hvdcompress
-    _, *pairs = HVDC_METHODS.get(method, method).split("@")
+    _, *pairs = hvdc_spec(method).split("@")
     options = dict(p.split("=", 1) for p in pairs)
     unknown = set(options) - {"collective", "intra_node", "ranks_per_node"}
     if unknown:
@@ -158,7 +191,7 @@ def optimizer_options(method: str) -> dict:
 
 def two_level(method: str) -> bool:
     """Whether ``method`` runs the two-level exchange (needs hosts x slots)."""
-    return method not in BUILTIN and "intra_node" in HVDC_METHODS.get(method, method)
+    return method not in BUILTIN and "intra_node" in hvdc_spec(method)
 
 
 def method_problem(method: str) -> Optional[str]:
@@ -212,9 +245,20 @@ class CodecTimer:
         return type(cls.__name__, (cls,), attrs)
 
 
-def make_optimizer(method: str, model, timer: CodecTimer, lr: float = 0.01,
-                   momentum: float = 0.9, prefix: str = ""):
-    """``(model, optimizer)`` for one method; the model is wrapped in DDP for ``ddp-powersgd``.
+def timed_compressor(method: str, timer: CodecTimer):
+    """``method``'s hvdcompress compressor (:func:`hvdc_params`), its codec timed by ``timer``."""
+    import hvdcompress
+    compressor = hvdcompress.from_params(hvdc_params(method))
+    compressor.__class__ = timer.timed_class(type(compressor),
+                                             ("compress", "decompress", "decompress_gathered"))
+    return compressor
+
+
+def make_method(method: str, model, timer: CodecTimer, lr: float = 0.01, momentum: float = 0.9,
+                prefix: str = "") -> tuple:
+    """``(model, optimizer, counter)`` for one method: the model is wrapped in DDP for the DDP
+    methods (:func:`uses_ddp`); ``counter`` holds the hvdcompress methods' ``last_step_bytes``
+    (their DistributedOptimizer, or the DDP hook's exchange), None for the built-in methods.
 
     Parameter names get ``prefix`` so Horovod never sees one name with two shapes or dtypes.
     """
@@ -222,44 +266,72 @@ def make_optimizer(method: str, model, timer: CodecTimer, lr: float = 0.01,
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     named = [(prefix + n, p) for n, p in model.named_parameters()]
     if method == "nocomm":
-        return model, opt
+        return model, opt, None
     if method in ("hvd-dense", "hvd-fp16"):
         import horovod.torch as hvd
         compression = hvd.Compression.none
         if method == "hvd-fp16":
             compression = timer.timed_class(hvd.Compression.fp16, ("compress", "decompress"))
-        return model, hvd.DistributedOptimizer(opt, named_parameters=named, compression=compression)
-    if method == "ddp-powersgd":
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-        from torch.nn.parallel import DistributedDataParallel
-        ddp = DistributedDataParallel(model, bucket_cap_mb=DDP_BUCKET_MB)
-        ddp.register_comm_hook(psgd.PowerSGDState(process_group=None,
-                                                  matrix_approximation_rank=POWERSGD_RANK,
-                                                  start_powerSGD_iter=2), psgd.powerSGD_hook)
-        return ddp, opt
-    import hvdcompress
+        return model, hvd.DistributedOptimizer(opt, named_parameters=named,
+                                               compression=compression), None
+    if uses_ddp(method):
+        return make_ddp(method, model, opt, timer)
     import hvdcompress.torch as hvc
-    compressor = hvdcompress.from_params(hvdc_params(method))
-    compressor.__class__ = timer.timed_class(type(compressor),
-                                             ("compress", "decompress", "decompress_gathered"))
-    return model, hvc.DistributedOptimizer(opt, named_parameters=named, compression=compressor,
-                                           **optimizer_options(method))
+    opt = hvc.DistributedOptimizer(opt, named_parameters=named,
+                                   compression=timed_compressor(method, timer),
+                                   **optimizer_options(method))
+    return model, opt, opt
 
 
-def accounted_bytes(method: str, model, opt) -> int:
-    """One rank's payload bytes per step by the method's own accounting."""
+def make_ddp(method: str, model, opt, timer: CodecTimer) -> tuple:
+    """:func:`make_method` for a DDP method: ``model`` in DistributedDataParallel with the
+    method's comm hook (none for ``ddp-dense``); the counter is the hvdcompress hook's exchange.
+    A two-level ``ddp:`` method without ``ranks_per_node`` takes Horovod's local size."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel
+    wrapped = DistributedDataParallel(model, bucket_cap_mb=DDP_BUCKET_MB)
+    if method == "ddp-dense":
+        return wrapped, opt, None
+    if method == "ddp-fp16":
+        wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)  # None: default group
+        return wrapped, opt, None
+    if method == "ddp-powersgd":
+        wrapped.register_comm_hook(psgd.PowerSGDState(process_group=None,
+                                                      matrix_approximation_rank=POWERSGD_RANK,
+                                                      start_powerSGD_iter=2), psgd.powerSGD_hook)
+        return wrapped, opt, None
+    from hvdcompress.torch import ddp
+    options = optimizer_options(method)
+    if "intra_node" in options and "ranks_per_node" not in options:
+        import horovod.torch as hvd
+        options["ranks_per_node"] = hvd.local_size()
+    state = ddp.CompressionState(compression=timed_compressor(method, timer), optimizer=opt,
+                                 named_parameters=wrapped.named_parameters(), **options)
+    wrapped.register_comm_hook(state, ddp.compression_hook)
+    return wrapped, opt, state.exchange
+
+
+def make_optimizer(method: str, model, timer: CodecTimer, lr: float = 0.01,
+                   momentum: float = 0.9, prefix: str = "") -> tuple:
+    """``(model, optimizer)`` of :func:`make_method` (convergence.py trains with them)."""
+    return make_method(method, model, timer, lr, momentum, prefix)[:2]
+
+
+def accounted_bytes(method: str, model, counter) -> int:
+    """One rank's payload bytes per step by the method's own accounting (``counter``: see
+    :func:`make_method`)."""
     dense = sum(p.numel() * 4 for p in model.parameters())
     if method == "nocomm":
         return 0
-    if method == "hvd-dense":
+    if method in ("hvd-dense", "ddp-dense"):
         return dense
-    if method == "hvd-fp16":
+    if method in ("hvd-fp16", "ddp-fp16"):
         return dense // 2
     if method == "ddp-powersgd":  # P and Q of each matrix, vectors dense
         return sum(4 * (p.numel() if p.dim() <= 1 else
                         POWERSGD_RANK * (p.shape[0] + p.numel() // p.shape[0]))
                    for p in model.parameters())
-    return opt.last_step_bytes.sent
+    return counter.last_step_bytes.sent
 
 
 # ---- worker (runs in each rank's namespace) -------------------------------------------------------
@@ -276,8 +348,7 @@ def run_method(method: str, args) -> dict:
 
     torch.manual_seed(0)
     timer = CodecTimer()
-    model, opt = make_optimizer(method, build_model(args.model), timer,
-                                prefix=f"{method}.")
+    model, opt, counter = make_method(method, build_model(args.model), timer, prefix=f"{method}.")
     x = torch.randn(args.batch, *model_input_shape(args.model))
     y = torch.randint(0, 10, (args.batch,))
     split = {"fwd_bwd": 0.0, "sync_update": 0.0}
@@ -311,8 +382,8 @@ def run_method(method: str, args) -> dict:
     wire = iface_bytes() - tx0
     return {"method": method, "steps": steps, "step_s": elapsed / steps,
             "fwd_bwd_s": split["fwd_bwd"] / steps, "sync_update_s": split["sync_update"] / steps,
-            "codec_s": None if method == "ddp-powersgd" else timer.seconds / steps,
-            "accounted_bytes": accounted_bytes(method, model, opt),
+            "codec_s": None if method in UNTIMED else timer.seconds / steps,
+            "accounted_bytes": accounted_bytes(method, model, counter),
             "wire_bytes": wire / steps,
             "params": sum(p.numel() for p in model.parameters())}
 
@@ -328,7 +399,7 @@ def worker(args) -> None:
         hvd.init(process_sets=hvc.node_process_sets())
     else:
         hvd.init()
-    if "ddp-powersgd" in args.methods:
+    if any(uses_ddp(m) for m in args.methods):
         import torch.distributed as dist
         dist.init_process_group("gloo", init_method="env://")
     for method in args.methods:

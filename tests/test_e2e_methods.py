@@ -1,0 +1,62 @@
+"""benchmarks/e2e.py's method names, parsed without launching anything: the DDP methods
+(``ddp-dense``, ``ddp-fp16``, ``ddp-powersgd``, ``ddp:<hvdcompress method>``) next to the
+Horovod ones, and the reasons names that cannot run are skipped with."""
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import e2e
+
+
+@pytest.mark.parametrize("method", ["dgc", "powersgd", "int8", "onebit-ef", "topk:k=0.001",
+                                    "dgc-warmup", "int8-a2a"])
+def test_ddp_prefix_parses_as_the_horovod_method(method):
+    assert e2e.hvdc_spec(f"ddp:{method}") == e2e.hvdc_spec(method)
+    assert e2e.optimizer_options(f"ddp:{method}") == e2e.optimizer_options(method)
+    assert e2e.method_problem(f"ddp:{method}") is None
+
+
+def test_ddp_dgc_params():
+    assert e2e.hvdc_params("ddp:dgc") == {"compressor": "dgc", "sparsity": "0.999"}
+    assert e2e.hvdc_params("ddp:topk:k=0.001@collective=allgather") == {"compressor": "topk",
+                                                                        "k": "0.001"}
+    assert e2e.optimizer_options("ddp:int8@collective=alltoall") == {"collective": "alltoall"}
+
+
+@pytest.mark.parametrize("method", ["nocomm", "hvd-dense", "hvd-fp16", "ddp-dense", "ddp-fp16",
+                                    "ddp-powersgd"])
+def test_builtin_methods_run(method):
+    assert e2e.method_problem(method) is None
+    assert not e2e.two_level(method)
+
+
+def test_which_methods_use_ddp():
+    ddp = ["ddp-dense", "ddp-fp16", "ddp-powersgd", "ddp:dgc", "ddp:topk:k=0.01"]
+    assert all(e2e.uses_ddp(m) for m in ddp)
+    assert not any(e2e.uses_ddp(m) for m in ["nocomm", "hvd-dense", "dgc", "powersgd"])
+
+
+def test_two_level_through_the_hook():
+    assert e2e.two_level("ddp:dgc-2l") and e2e.two_level("ddp:dgc@intra_node=fp16")
+    assert not e2e.two_level("ddp:dgc")
+    assert e2e.optimizer_options("ddp:dgc-2l4")["ranks_per_node"] == 4
+
+
+@pytest.mark.parametrize("method, says", [
+    ("ddp:hvd-dense", "ddp-dense, ddp-fp16, ddp-powersgd"),
+    ("ddp:ddp-powersgd", "after 'ddp:' an hvdcompress method"),
+    ("ddp:", "after 'ddp:' an hvdcompress method"),
+    ("ddp:ddp:dgc", "after 'ddp:' an hvdcompress method"),
+    ("ddp-int8", "ddp:<method>"),
+    ("ddp:nosuch", "compressor='nosuch' is unknown"),
+    ("nosuch", "compressor='nosuch' is unknown"),
+    ("ddp:dgc:nosuch=1", "nosuch"),
+    ("ddp:int8@bucket=4", "optimizer option(s) ['bucket']"),
+])
+def test_unknown_methods_say_why(method, says):
+    assert says in e2e.method_problem(method)
+
+
+def test_runnable_skips_with_the_reason(capsys):
+    assert e2e.runnable(["ddp-dense", "ddp:nosuch", "ddp:dgc"], "e2e") == ["ddp-dense", "ddp:dgc"]
+    assert "e2e: skipping ddp:nosuch: from_params: compressor='nosuch'" in capsys.readouterr().out

@@ -1,6 +1,6 @@
 """The DDP communication hook (hvdcompress.torch.ddp) in real torchrun processes over Gloo.
 
-Each launch runs tests/ddp/worker.py on N ranks (1, 2 and 4; 16 on request) for many
+Each launch runs tests/ddp/worker.py on N ranks (1, 2 and 4) for many
 compression cases at once (a launch costs seconds, a case a fraction of one); every rank
 writes its records to its own file. Against them:
 
@@ -19,7 +19,8 @@ writes its records to its own file. Against them:
 * the collectives adapter on payloads no compressor produces together (empty, mixed, 2-D);
 * examples/ddp_train.py trains.
 
-16 ranks run with HVDCOMPRESS_DDP_16_RANKS=1 (30-40 s more on 2 cores).
+16 ranks: in the 16-rank Horovod launch (tests/test_scale16_horovod.py), whose processes run
+the same worker after their Horovod part (16 imports of torch are most of a launch's time here).
 """
 from __future__ import annotations
 
@@ -52,11 +53,6 @@ FOUR = ["none", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "two_level_dg
 # no float allreduce of more than two numbers (two-level: the node's reduce-scatter is an
 # all-to-all summed in rank order, DGC's allreduce between the 2 nodes adds two)
 EXACT_AT_FOUR = ["int8", "onebit_ef", "topk_ef", "two_level_dgc", "halves_onebit_ef"]
-# 16 processes importing torch take 30-40 s on 2 cores (torch's import alone is 2 s of CPU
-# each): opt-in, one launch, two steps; onebit through the compressed allreduce, DGC's
-# selections of different sizes per rank
-SIXTEEN, SIXTEEN_STEPS = ["onebit_ef", "dgc"], 2
-SIXTEEN_ENV = "HVDCOMPRESS_DDP_16_RANKS"
 
 
 def torchrun(np_: int, script: Path, args: list, timeout: float = 180) -> list:
@@ -105,11 +101,6 @@ def one_rank() -> dict:
 @pytest.fixture(scope="module")
 def four_ranks() -> dict:
     return run_cases(4, FOUR)
-
-
-@pytest.fixture(scope="module")
-def sixteen_ranks() -> dict:
-    return run_cases(16, SIXTEEN, steps=SIXTEEN_STEPS, timeout=300)
 
 
 def params(record: dict) -> dict:
@@ -180,13 +171,6 @@ def test_collectives_adapter(one_rank, two_ranks, four_ranks, world):
                                        ["torch.float32", [2, 2], [float(sum(ranks))] * 4]]
         assert record["alltoall"] == [["torch.int16", [2 * world],
                                        [2 * r + i + 100 * q for q in ranks for i in range(2)]]]
-
-
-@pytest.mark.skipif(not os.environ.get(SIXTEEN_ENV),
-                    reason=f"16 torchrun ranks take 30-40 s on 2 cores; {SIXTEEN_ENV}=1 runs them")
-@pytest.mark.parametrize("case", SIXTEEN)
-def test_sixteen_ranks(sixteen_ranks, case):
-    check_replicas_and_reference(sixteen_ranks[case], case, exact=case == "onebit_ef", steps=SIXTEEN_STEPS)
 
 
 def test_state_survives_the_bucket_rebuild(two_ranks):

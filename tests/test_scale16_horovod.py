@@ -11,23 +11,49 @@ inside + DGC across ends with identical parameters everywhere, each rank sending
 sparse payload between nodes."""
 from __future__ import annotations
 
+import socket
 import time
 
 import numpy as np
 import pytest
 
 from conftest import run_horovod
+from test_ddp import check_replicas_and_reference
 from test_two_level_horovod import integer_average
 
 pytestmark = pytest.mark.horovod
 RANKS = 16
+# the DDP hook's cases (tests/ddp/cases.py) in the same launch: onebit through the compressed
+# allreduce, DGC's selections of different sizes per rank
+DDP_SIXTEEN, DDP_STEPS = ["onebit_ef", "dgc"], 2
 
 
 @pytest.fixture(scope="module")
-def sixteen() -> tuple:
+def launch() -> tuple:
+    """(records, seconds) of the one 16-rank launch: Horovod's, then the DDP hook's."""
+    with socket.socket() as s:   # a free port for torch.distributed's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     began = time.monotonic()
-    results = sorted(run_horovod("torch_scale16.py", np=RANKS, timeout=600), key=lambda r: r["rank"])
-    return results, time.monotonic() - began
+    records = run_horovod("torch_scale16.py", np=RANKS, timeout=600,
+                          args=[str(port), ",".join(DDP_SIXTEEN), str(DDP_STEPS)])
+    return sorted(records, key=lambda r: r["rank"]), time.monotonic() - began
+
+
+@pytest.fixture(scope="module")
+def sixteen(launch) -> tuple:
+    records, elapsed = launch
+    return [r for r in records if "case" not in r], elapsed
+
+
+@pytest.mark.parametrize("case", DDP_SIXTEEN)
+def test_ddp_hook_at_sixteen_ranks(launch, case):
+    """DDP's communication hook over 16 gloo ranks: replicas identical, and equal to the simulated
+    Horovod front end (bit for bit for onebit+EF through the compressed allreduce; DGC's dense
+    small tensors are summed by gloo's ring in another order, so to float rounding)."""
+    records = [r for r in launch[0] if r.get("case") == case]
+    assert [r["rank"] for r in records] == list(range(RANKS))
+    check_replicas_and_reference(records, case, exact=case == "onebit_ef", steps=DDP_STEPS)
 
 
 def test_sixteen_ranks_end_with_identical_parameters(sixteen):

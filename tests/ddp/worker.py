@@ -95,42 +95,48 @@ def collectives() -> dict:
             for kind, handle in calls.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", required=True)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--resume", default="")
-    args = parser.parse_args()
+def run(cases: list, steps: int, resume: list) -> None:
+    """Initialise torch.distributed (gloo, from the environment: MASTER_ADDR, MASTER_PORT, RANK,
+    WORLD_SIZE, which torchrun sets), write the adapter's record and one record per case, and
+    tear the group down. tests/hvd/torch_scale16.py calls it under horovodrun."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    resume = [c for c in args.resume.split(",") if c]
     write_result(rank, {"case": "collectives", **collectives()})
-    for name in args.cases.split(","):
+    for name in cases:
         run = Run(CASES[name])
         record = {"case": name}
         if name in resume:
-            half = args.steps // 2
+            half = steps // 2
             run.train(0, half)
             saved = run.checkpoint()
             again = Run(CASES[name], saved)
-            again.train(half, args.steps)
+            again.train(half, steps)
             record["resumed"] = flat_params(again.net)
             record["resumed_layouts"] = again.layouts
-            run.train(half, args.steps)
+            run.train(half, steps)
         elif CASES[name].perturb_at is not None:
             try:
-                run.train(0, args.steps)
+                run.train(0, steps)
             except ReplicaMismatch as error:
                 record["mismatch"] = str(error)
         else:
-            run.train(0, args.steps)
+            run.train(0, steps)
         record.update(params=flat_params(run.net), layouts=run.layouts,
                       sent_bytes=run.state.exchange.total_bytes.sent,
                       dense_bytes=run.state.exchange.total_bytes.dense)
         write_result(rank, record)
     dist.barrier()   # no rank tears its connections down under another's last collective
     dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", required=True)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--resume", default="")
+    args = parser.parse_args()
+    run(args.cases.split(","), args.steps, [c for c in args.resume.split(",") if c])
 
 
 if __name__ == "__main__":

@@ -8,8 +8,15 @@ compression the parameters after training, how far they moved from the broadcast
 collective of each tensor.
 
 Two-level: NoCompression on both levels next to the flat allreduce (integer-valued gradients,
-bit-exact), then FP16 inside + DGC across for a few steps."""
+bit-exact), then FP16 inside + DGC across for a few steps.
+
+Then, in the same processes (16 imports of torch take most of a launch here), the DDP
+communication hook: tests/ddp/worker.py's cases named in argv[2] for argv[3] steps, over a
+torch.distributed gloo group at 127.0.0.1:argv[1]; its records carry ``case``."""
+import os
+import sys
 import time
+from pathlib import Path
 
 import horovod.torch as hvd
 import torch
@@ -61,3 +68,10 @@ dgc_w, dgc = train_linear(rank, 4096, 3, PER_NODE, compression=hc.DGC(0.99, min_
 records["two_level"] = {"exact": exact.tolist(), "flat": flat_w.tolist(), "dgc_w": dgc_w.tolist(),
                         "inter_node": dgc.last_step_bytes.sent, "dense": dgc.last_step_bytes.dense}
 result(rank, size=hvd.size(), seconds=time.monotonic() - started, **records)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ddp"))
+import worker  # noqa: E402  (tests/ddp/worker.py)
+
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK=str(rank),
+                  WORLD_SIZE=str(hvd.size()))
+worker.run(sys.argv[2].split(","), int(sys.argv[3]), resume=[])

@@ -36,6 +36,10 @@ methods wrap their compressor in FrozenAdam (``onebit-ef-adam``, ``topk-ef-adam`
 ``clip * sqrt(N)`` before compression; ``clip / sqrt(N)`` in runs made before that was fixed,
 see benchmarks/README.md). A method may end in ``@lr=X`` and/or ``@clip=X`` to
 override ``--lr`` / ``--clip`` for it alone, and in ``@nesterov`` for Nesterov momentum.
+``ddp:<method>`` (LM task) trains through DistributedDataParallel with hvdcompress's
+communication hook instead (:mod:`hvdcompress.torch.ddp`, a gloo group beside Horovod's in the
+same processes; the optimizer's momentum or Adam taken over as by the Horovod optimizer), to
+compare the two front ends on one task.
 Writes ``results/lm_convergence.json`` and ``lm_convergence.png`` (validation bits/byte over
 steps).
 """
@@ -44,12 +48,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import socket
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))  # lm_train, hvdrun
-from e2e import (CodecTimer, hvdc_params, make_optimizer, optimizer_options, runnable,
+from e2e import (DDP_HOOK, CodecTimer, hvdc_params, make_optimizer, optimizer_options, runnable, uses_ddp,
                  shared_parser, two_level)
 from hvdrun import LaunchError, run_script, write_result  # noqa: E402
 
@@ -167,13 +172,22 @@ def train_lm(method: str, args, data) -> dict:
         sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
                               nesterov=options.get("nesterov", False))
     named = [(f"{method}.{n}", p) for n, p in model.named_parameters()]
-    dense = name == "hvd-dense"
+    dense, forward = name == "hvd-dense", model
+    compression = None if dense else hvdcompress.from_params(hvdc_params(name.removeprefix(DDP_HOOK)))
     if dense:
         opt = hvd.DistributedOptimizer(sgd, named_parameters=named)
+    elif name.startswith(DDP_HOOK):  # the same compressor as DistributedDataParallel's comm hook
+        from torch.nn.parallel import DistributedDataParallel
+        from hvdcompress.torch import ddp
+        forward = DistributedDataParallel(model)
+        state = ddp.CompressionState(compression=compression, optimizer=sgd, named_parameters=named,
+                                     clip_grad_norm=clip)
+        forward.register_comm_hook(state, ddp.compression_hook)
+        opt, warmup, counter = sgd, hvc.SparsityScheduler(state.compressor), state.exchange
     else:
         opt = hvc.DistributedOptimizer(sgd, named_parameters=named, clip_grad_norm=clip,
-                                       compression=hvdcompress.from_params(hvdc_params(name)))
-        warmup = hvc.SparsityScheduler(opt)
+                                       compression=compression)
+        warmup, counter = hvc.SparsityScheduler(opt), opt
     gen = torch.Generator().manual_seed(args.seed + 1 + hvd.rank())  # same batches for every method
     evaluate = lambda: validation_bits_per_byte(model, val_text, args.seq_len, args.val_bytes)
     curve = [(0, evaluate())]
@@ -184,7 +198,7 @@ def train_lm(method: str, args, data) -> dict:
                 group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / args.steps))
         x, y = sample_batch(train_text, args.batch, args.seq_len, gen)
         opt.zero_grad()
-        lm_loss(model, x, y).backward()
+        lm_loss(forward, x, y).backward()
         if dense:  # Horovod's documented clipping pattern: clip the averaged gradient
             opt.synchronize()
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -198,7 +212,7 @@ def train_lm(method: str, args, data) -> dict:
             warmup.step()
     return {"method": method, "curve": curve, "final_bpb": curve[-1][1],
             "model": args.model, "optimizer": args.optimizer, "seconds": time.perf_counter() - start,
-            "bytes": None if dense else opt.total_bytes.as_dict()}
+            "bytes": None if dense else counter.total_bytes.as_dict()}
 
 
 def worker(args) -> None:
@@ -215,6 +229,12 @@ def worker(args) -> None:
         hvd.init(process_sets=hvc.node_process_sets(ranks_per_node=per_node.pop()))
     else:
         hvd.init()
+    if any(uses_ddp(m) for m in args.methods):  # the DDP hook's process group beside Horovod's
+        import os
+        import torch.distributed as dist
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port),
+                          RANK=str(hvd.rank()), WORLD_SIZE=str(hvd.size()))
+        dist.init_process_group("gloo", init_method="env://")
     if args.task == "lm":
         from lm_train import load_corpus
         task_train, data = train_lm, load_corpus()
@@ -226,11 +246,18 @@ def worker(args) -> None:
             write_result(0, res)
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for the DDP methods' torch.distributed rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_np(np_: int, methods: list, args) -> list:
     """One horovodrun with ``np_`` ranks on localhost; rank 0's records, one per method."""
     flags = ["--worker", "--methods", ",".join(methods), "--epochs", str(args.epochs),
              "--batch", str(args.batch), "--lr", str(args.lr), "--momentum", str(args.momentum),
-             "--seed", str(args.seed), "--task", args.task]
+             "--seed", str(args.seed), "--task", args.task, "--port", str(free_port())]
     if args.task == "lm":
         flags += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in LM_FLAGS]
     try:
@@ -341,6 +368,7 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=1.0 if task == "lm" else 0.05)
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)  # the DDP methods' rendezvous
     lm = ap.add_argument_group("--task lm")
     lm.add_argument("--steps", type=int, default=400)
     lm.add_argument("--epoch-steps", type=int, default=25,

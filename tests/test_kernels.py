@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from hvdcompress.ops import native
 from hvdcompress.torch.backend import TorchOps
 
 PATHS = ["kernels", "fallback"]
@@ -552,6 +553,25 @@ def test_momentum_correction_matches_numpy_in_place(ops, nesterov, n):
     np.testing.assert_array_equal(got_u.numpy(), want_u)
     np.testing.assert_array_equal(got_v.numpy(), want_v)
     assert got_u.data_ptr() == tu.data_ptr() and got_v.data_ptr() == tv.data_ptr()
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("u_shift,v_shift", [(0, 0), (1, 1), (3, 1), (0, 2)])
+def test_momentum_correction_into_other_buffers_is_the_in_place_result(nesterov, u_shift, v_shift):
+    """Outputs other than u and v (TensorFlow's path) take streaming stores when they are aligned
+    alike, element stores otherwise: the bits are those of the in-place call either way, at any
+    alignment of the outputs (shifted by whole floats inside a larger buffer)."""
+    n = 200_003
+    g, u, v = data(n, 54, specials=True), data(n, 55), data(n, 56)
+    want_u, want_v = native.momentum_correction(g, u.copy(), v.copy(), 0.9, nesterov)
+    u_buf, v_buf = np.full(n + 8, 7.0, np.float32), np.full(n + 8, 7.0, np.float32)
+    u_out, v_out = u_buf[u_shift:u_shift + n], v_buf[v_shift:v_shift + n]
+    got_u, got_v = native.momentum_correction(g, u, v, 0.9, nesterov, u_out=u_out, v_out=v_out)
+    assert got_u is u_out and got_v is v_out
+    np.testing.assert_array_equal(got_u, want_u)
+    np.testing.assert_array_equal(got_v, want_v)
+    assert (u_buf[:u_shift] == 7.0).all() and (u_buf[u_shift + n:] == 7.0).all()  # nothing outside
+    assert (v_buf[:v_shift] == 7.0).all() and (v_buf[v_shift + n:] == 7.0).all()
 
 
 # ---- PowerSGD products ------------------------------------------------------------------------

@@ -31,6 +31,11 @@ launched after the gradients' collectives), and on an overflow every rank puts t
 step created included (they are removed). The compressor-wide counters (``on_step``) advance in
 the wrapper's step, which the overflow skips.
 
+A front end that holds every gradient of the step before it compresses the first (TensorFlow's
+tape and Keras optimizer: the exchange runs once all gradients exist) asks first instead
+(:func:`any_overflow`: the same one allreduce of one number, before the exchange) and does not
+compress an overflow step at all: the state is untouched, with no copy to keep or put back.
+
 The price, with a scaler only: one copy of every tensor's compressor state per step (a memcpy
 of its size, into buffers kept from step to step: the state's memory once more), one allreduce
 of one number per step (latency only), and one host read of the summed flag per step (the
@@ -45,6 +50,9 @@ from typing import Any, Callable, Optional
 
 from .backend import Ops, Tensor
 from .exchange import Collectives
+
+#: the name of the collective that sums the ranks' overflow flags
+OVERFLOW_TAG = "hvdc.loss_scale.overflow"
 
 #: state values that are Python values (a step counter), kept as they are; anything else is a tensor
 _VALUES = (bool, int, float, str, type(None))
@@ -87,7 +95,7 @@ class OverflowGuard:
     def launch(self, comm: Collectives, flag: Tensor) -> Any:
         """Start the sum over ranks of the overflow flags (``flag``: a 1-element float tensor,
         > 0 where this rank saw an inf or NaN)."""
-        return comm.allreduce([flag], "hvdc.loss_scale.overflow")
+        return comm.allreduce([flag], OVERFLOW_TAG)
 
     def settle(self, comm: Collectives, handle: Any) -> bool:
         """Whether any rank overflowed (the same answer on every rank); if so, every saved state
@@ -111,3 +119,12 @@ class OverflowGuard:
                     self.ops.write(state, key, value)
             # a write that could not reuse the state's buffer stored the copy itself: copy afresh next time
             self._buffers.pop(name, None)
+
+
+def any_overflow(ops: Ops, comm: Collectives, flag: Tensor) -> bool:
+    """Whether any rank saw an inf or NaN this step: the same answer on every rank, from the sum
+    over ranks of ``flag`` (a 1-element float tensor, > 0 where this rank saw one; one allreduce
+    of one number). For front ends that know every gradient before compressing the first
+    (TensorFlow's): asked before the exchange, it lets them skip an overflow step's compression
+    on every rank, so the compressor state is untouched (see the module doc)."""
+    return ops.scalar(comm.wait(comm.allreduce([flag], OVERFLOW_TAG))[0]) > 0

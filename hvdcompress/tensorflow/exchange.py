@@ -23,6 +23,17 @@ Otherwise they are passed through uncompressed, as Horovod does: values and indi
 allgathered (and divided by N for op=Average).
 
 ``None`` gradients stay ``None`` and are not communicated (as in Horovod's TensorFlow API).
+
+Loss scaling (:mod:`hvdcompress.loss_scale`): with ``scaler=`` (a Keras ``LossScaleOptimizer``)
+every gradient is multiplied by 1/s, s the scaler's current loss scale, before anything else
+(the local clip, error feedback, compression), by the scaler's own
+``get_unscaled_gradients``. With ``scaler=``, or when the Keras optimizer wraps a
+``LossScaleOptimizer`` (whose gradients arrive unscaled), each rank's overflow flag (1 where any
+gradient holds an inf or NaN) is summed over the ranks before the exchange
+(:func:`~hvdcompress.loss_scale.any_overflow`); if any rank overflowed, nothing is compressed
+or sent, the compressor state and counters stay as they were on every rank, and every
+exchanged gradient comes back NaN, so the ``LossScaleOptimizer`` skips the step and lowers its
+scale on every rank alike.
 """
 from __future__ import annotations
 
@@ -31,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
 from ..accounting import ByteCount
@@ -38,6 +50,7 @@ from ..agreement import check_ranks_agree
 from ..adam import AdamSettings
 from ..clipping import local_clip_limit
 from ..compressor import TensorInfo
+from ..loss_scale import any_overflow
 from ..options import Options, parse_options
 from ..replicas import ReplicaCheck, counters_checksum
 from ..two_level import build_exchange
@@ -63,12 +76,28 @@ class ExchangeOptions:
     process_set: Any = hvd.global_process_set
 
 
+def loss_scale_optimizers() -> tuple:
+    """The Keras loss scalers ``scaler=`` takes: Keras 2's ``LossScaleOptimizer`` (its
+    ``get_unscaled_gradients`` unscales, its ``apply_gradients`` takes unscaled gradients)."""
+    return (tf.keras.mixed_precision.LossScaleOptimizer,)
+
+
+def is_loss_scale_optimizer(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is a Keras ``LossScaleOptimizer``."""
+    return isinstance(optimizer, loss_scale_optimizers())
+
+
 def exchange_options(compression: Any = None, device_dense: str = "", device_sparse: str = "",
                      process_set: Any = hvd.global_process_set, op: Any = hvd.Average,
-                     **kwargs: Any) -> ExchangeOptions:
+                     scaler: Any = None, **kwargs: Any) -> ExchangeOptions:
     """:class:`ExchangeOptions` from Horovod's keyword arguments and hvdcompress's, each checked
     once (:func:`hvdcompress.options.parse_options`; the deprecated ``num_groups`` folded into
     ``groups``, as Horovod does, with a DeprecationWarning)."""
+    if is_loss_scale_optimizer(scaler) and not hasattr(scaler, "get_unscaled_gradients"):
+        raise ValueError(f"scaler={scaler!r}: allowed: None or a Keras 2 "
+                         "tf.keras.mixed_precision.LossScaleOptimizer (one with "
+                         "get_unscaled_gradients; Keras 3's unscales inside apply_gradients, "
+                         "which the tape's scaler= does not support yet)")
     for key, value in (("device_dense", device_dense), ("device_sparse", device_sparse)):
         if not isinstance(value, str):
             raise ValueError(f"{key}={value!r}: allowed: a device string such as '/cpu:0' or '' "
@@ -77,7 +106,8 @@ def exchange_options(compression: Any = None, device_dense: str = "", device_spa
         raise ValueError(f"process_set={process_set!r}: allowed: a horovod ProcessSet "
                          "(default hvd.global_process_set)")
     core = parse_options(compression, op=op, average_op=hvd.Average, sum_op=hvd.Sum,
-                         process_set=process_set, global_set=hvd.global_process_set, **kwargs)
+                         process_set=process_set, global_set=hvd.global_process_set,
+                         scaler=scaler, scaler_types=loss_scale_optimizers(), **kwargs)
     return ExchangeOptions(core, device_dense, device_sparse, process_set)
 
 
@@ -93,16 +123,29 @@ def source_names(sources: Sequence[Any]) -> list:
     return [f"{n}.{i}" if counts[n] > 1 else n for i, n in enumerate(names)]
 
 
+def overflow_flag(grads: Sequence[Any]) -> tf.Tensor:
+    """This rank's overflow flag, shape [1] float32: 1 when any of ``grads`` (None skipped,
+    IndexedSlices by their values) holds an inf or NaN, else 0."""
+    checks = [tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+              for g in grads if g is not None]
+    finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+    return tf.reshape(tf.cast(tf.logical_not(finite), tf.float32), [1])
+
+
 class GradientExchange:
     """Compresses, communicates and averages gradients with one compressor and fixed options.
 
     ``momentum`` / ``nesterov``: the wrapped optimizer's settings that the compressor takes over
     (:attr:`~hvdcompress.Compressor.takes_over_momentum`); handed to it in :class:`TensorInfo`.
     ``last_step_bytes`` / ``total_bytes``: this rank's dense versus sent bytes.
+    ``overflow_check``: ask every rank whether any gradient overflowed before compressing (see
+    the module doc; on with ``scaler=`` in the options, and for the Keras optimizer around a
+    ``LossScaleOptimizer``).
     """
 
     def __init__(self, options: ExchangeOptions, momentum: float = 0.0, nesterov: bool = False,
-                 adam_settings: Optional[Callable[[], AdamSettings]] = None):
+                 adam_settings: Optional[Callable[[], AdamSettings]] = None,
+                 overflow_check: bool = False):
         compressor = options.core.compressor
         if getattr(compressor, "takes_over_adam", False) and adam_settings is None:
             raise ValueError(f"compression={compressor!r}: the Adam take-over (FrozenAdam) replaces "
@@ -130,6 +173,8 @@ class GradientExchange:
         self.replicas = _CHECKS[self.state]
         self.replicas.every = core.check_replicas
         self.local: dict = {}   # id -> variable whose gradient stays this rank's own
+        self.scaler = core.scaler   # the Keras LossScaleOptimizer of scaler= (hvdcompress.loss_scale)
+        self.checks_overflow = overflow_check or self.scaler is not None
 
     def register_local(self, variable: Any) -> None:
         """Keep ``variable``'s gradient local: not exchanged, clipped or checked across ranks
@@ -148,29 +193,34 @@ class GradientExchange:
         is the exchanged gradient (warm-up) or momentum (after the freeze).
 
         On a rank outside the process set: its own gradients, untouched, with no collective
-        (as Horovod does); the same for the sources registered as local (:meth:`register_local`)."""
+        (as Horovod does); the same for the sources registered as local (:meth:`register_local`).
+        With ``scaler=`` every gradient is unscaled first (the module doc)."""
+        if self.scaler is not None:   # Keras's own unscale: g * (1/s), IndexedSlices included
+            grads = list(self.scaler.get_unscaled_gradients(list(grads)))
         if not self.options.process_set.included():
             return list(grads)
+        flag = overflow_flag(grads) if self.checks_overflow else None
         local = [i for i, s in enumerate(sources) if id(s) in self.local]
         if not local:
-            return self._shared(grads, sources)
-        out = self._shared([None if i in local else g for i, g in enumerate(grads)], sources)
+            return self._shared(grads, sources, flag)
+        out = self._shared([None if i in local else g for i, g in enumerate(grads)], sources, flag)
         for i in local:
             out[i] = grads[i]
         return out
 
-    def _shared(self, grads: Sequence[Any], sources: Sequence[Any]) -> list:
+    def _shared(self, grads: Sequence[Any], sources: Sequence[Any], flag: Any = None) -> list:
         """The exchange of ``grads`` with ``clip_grad_norm`` before or after it (None kept)."""
         c = self.core.clip_grad_norm
         if c is None:
-            return self._reduce(grads, sources)
+            return self._reduce(grads, sources, flag)
         if self.core.clip_before:
             limit = local_clip_limit(c, self.options.process_set.size(), average=self.core.average)
-            return self._reduce(self._clip(grads, limit), sources)
-        return self._clip(self._reduce(grads, sources), c)
+            return self._reduce(self._clip(grads, limit), sources, flag)
+        return self._clip(self._reduce(grads, sources, flag), c)
 
-    def _reduce(self, grads: Sequence[Any], sources: Sequence[Any]) -> list:
-        """The exchange of ``grads`` (see :meth:`__call__`)."""
+    def _reduce(self, grads: Sequence[Any], sources: Sequence[Any], flag: Any = None) -> list:
+        """The exchange of ``grads`` (see :meth:`__call__`); ``flag``: this rank's overflow flag
+        (:func:`overflow_flag`), or None without the overflow check."""
         names = source_names(sources)
         variables = sorted(((n, s) for n, s in zip(names, sources)
                             if hasattr(s, "assign") and id(s) not in self.local),
@@ -193,10 +243,13 @@ class GradientExchange:
         inputs = [out[i] for i in dense]
         self._init_states(inputs, infos)
         if tf.executing_eagerly():
-            reduced = self._exchange(inputs, params, infos, variables)
-        else:
+            reduced = self._exchange(inputs, params, infos, variables, flag)
+        elif flag is None:
             reduced = tf.py_function(lambda *g: self._exchange(list(g), params, infos, variables), inputs,
                                      Tout=[g.dtype for g in inputs])
+        else:
+            reduced = tf.py_function(lambda f, *g: self._exchange(list(g), params, infos, variables, f),
+                                     [flag] + inputs, Tout=[g.dtype for g in inputs])
             for r, g in zip(reduced, inputs):
                 r.set_shape(g.shape)
         for i, r in zip(dense, reduced):
@@ -251,15 +304,19 @@ class GradientExchange:
             values = values / tf.cast(ps.size(), values.dtype)
         return tf.IndexedSlices(values, indices, grad.dense_shape)
 
-    def _exchange(self, grads: list, params: list, infos: list, variables: list) -> list:
+    def _exchange(self, grads: list, params: list, infos: list, variables: list, flag: Any = None) -> list:
         """Eager: compress every gradient, communicate, decompress, scale (the engine's job).
         First, every ``check_replicas`` steps, the variables (``(name, variable)`` in name
-        order) as this step found them are compared across ranks."""
+        order) as this step found them are compared across ranks. With an overflow ``flag``,
+        the ranks' flags are summed first: after an overflow on any rank every gradient comes
+        back NaN and nothing is compressed (the compressor state is untouched)."""
         self.state.pull()
         self._check_ranks_agree(grads, infos)
         self.replicas.after_step(
             lambda: [(n, v.read_value() if hasattr(v, "read_value") else v) for n, v in variables],
             lambda: counters_checksum(self.compressor.state_dict(), sorted(self.state.named().items())))
+        if flag is not None and any_overflow(OPS, self._comm(), tf.reshape(tf.cast(flag, tf.float32), [1])):
+            return [tf.fill(tf.shape(g), tf.constant(np.nan, g.dtype)) for g in grads]
         factor = self.core.predivide
         adam = self.compressor if self.adam_settings is not None else None
         settings = None if adam is None else self.adam_settings()
@@ -299,9 +356,13 @@ class GradientExchange:
             return
         _AGREED[self.state] = True
         mine = {"params": sorted((info.name, info.shape, g.dtype.name) for info, g in zip(infos, grads)),
-                **self.core.agreement(self.engine)}
-        check_ranks_agree(mine, HorovodCollectives(self.options.process_set, self.options.device_dense),
-                          OPS, tf.zeros([1]), "hvdcompress.tensorflow")
+                **self.core.agreement(self.engine),
+                "overflow_check": self.checks_overflow}   # a collective (the flags' sum)
+        check_ranks_agree(mine, self._comm(), OPS, tf.zeros([1]), "hvdcompress.tensorflow")
+
+    def _comm(self) -> HorovodCollectives:
+        """Horovod's collectives over the process set (metadata: agreement, overflow flags)."""
+        return HorovodCollectives(self.options.process_set, self.options.device_dense)
 
     @property
     def last_step_bytes(self) -> ByteCount:

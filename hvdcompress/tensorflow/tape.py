@@ -48,7 +48,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             clip_grad_norm: float = None, collective: str = "auto",
                             intra_node: Any = None, ranks_per_node: int = None,
                             check_replicas: int = None, auto_allowed: Any = None,
-                            link: Any = None) -> tf.GradientTape:
+                            link: Any = None, scaler: Any = None) -> tf.GradientTape:
     """Wrap ``gradtape`` so that :meth:`gradient` returns gradients averaged over ranks.
 
     Arguments are those of ``horovod.tensorflow.DistributedGradientTape``; ``compression`` takes
@@ -73,6 +73,24 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     collective the cost model picks, as on the torch optimizer (:mod:`hvdcompress.auto`); the
     plan lives with the compressor object: pass the same ``hvdcompress.auto.Auto`` (or
     ``tape.exchange.compressor`` of the first tape) to every step's tape, or it plans anew.
+
+    ``scaler=``: the Keras ``tf.keras.mixed_precision.LossScaleOptimizer`` of mixed-precision
+    training (Keras 2), whose current loss scale s the loss was multiplied by. Each gradient is
+    divided by s (the scaler's ``get_unscaled_gradients``) before the clip and the compressor
+    see it, so residuals and momenta hold unscaled gradients and the result does not depend on
+    s; ``gradient`` returns unscaled gradients (do not call ``get_unscaled_gradients`` again).
+    Before compressing, the ranks sum their overflow flags (one allreduce of one number): if any
+    rank's gradients hold an inf or NaN, nothing is compressed, the compressor state stays as it
+    was on every rank, and every returned gradient is NaN, so ``scaler.apply_gradients`` skips
+    the step and lowers the scale on every rank alike::
+
+        with tf.GradientTape() as tape:
+            scaled_loss = opt.get_scaled_loss(loss_fn(model(x), y))   # opt: LossScaleOptimizer
+        tape = hvc.DistributedGradientTape(tape, compression=dgc, scaler=opt)
+        grads = tape.gradient(scaled_loss, model.trainable_variables)  # unscaled, averaged
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    See docs/mixed_precision.md and :mod:`hvdcompress.loss_scale`.
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"gradtape={gradtape!r}: allowed: a tf.GradientTape")
@@ -82,7 +100,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                                num_groups=num_groups, groups=groups, process_set=process_set,
                                clip_grad_norm=clip_grad_norm, collective=collective,
                                intra_node=intra_node, ranks_per_node=ranks_per_node,
-                               check_replicas=check_replicas, auto_allowed=auto_allowed, link=link)
+                               check_replicas=check_replicas, auto_allowed=auto_allowed, link=link,
+                               scaler=scaler)
     cls = subclass_with(gradtape.__class__, _DistributedGradientTape)
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)

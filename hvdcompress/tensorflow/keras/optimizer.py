@@ -31,6 +31,12 @@ Horovod; ``iterations`` counts every call, as Horovod's does, and the sums resta
 after each step (an inf or NaN of one cycle does not reach the next). IndexedSlices are
 densified for that.
 
+Around a Keras ``LossScaleOptimizer`` (``DistributedOptimizer(LossScaleOptimizer(SGD(...)))``), the
+gradients reach ``apply_gradients`` unscaled; the ranks sum their overflow flags before
+compressing, and after an overflow on any rank nothing is compressed (the compressor state stays
+as it was) and the exchanged gradients are NaN on every rank, so every rank's
+``LossScaleOptimizer`` skips the step and lowers its scale (docs/mixed_precision.md).
+
 Compressor state (residuals, momenta, velocities, DGC's counters) is tracked by the optimizer,
 so ``tf.train.Checkpoint(optimizer=opt)`` and TF-format ``model.save_weights`` capture it.
 """
@@ -46,7 +52,7 @@ from ...adam import AdamSettings
 from ...clipping import state_carrier, what_it_keeps
 from ...compressor import Compressor
 from ..subclass import subclass_with
-from ..exchange import GradientExchange, exchange_options
+from ..exchange import GradientExchange, exchange_options, is_loss_scale_optimizer
 
 
 def _keras_classes(name: str) -> tuple:
@@ -238,8 +244,11 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     momentum, nesterov = _take_over_momentum(compressor, optimizer, config)
     cls = subclass_with(optimizer.__class__, _DistributedOptimizer)
     wrapped = cls.from_config(config)
+    # around a LossScaleOptimizer: an overflow on any rank is found before compression, so the
+    # compressor state is untouched and every rank's LossScaleOptimizer skips (docs/mixed_precision.md)
     wrapped._hvdc_exchange = GradientExchange(options, momentum, nesterov,
-                                              adam_settings=_adam_settings(wrapped, compressor, config))
+                                              adam_settings=_adam_settings(wrapped, compressor, config),
+                                              overflow_check=is_loss_scale_optimizer(optimizer))
     wrapped._hvdc_compression_state = wrapped._hvdc_exchange.state
     wrapped._hvdc_accumulator = (GradientAccumulator(backward_passes_per_step,
                                                      average_aggregated_gradients)

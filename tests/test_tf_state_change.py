@@ -4,11 +4,18 @@
    the run without a loss scale; an overflow on one rank leaves every rank's compressor state
    as it was (tape, and the Keras optimizer around a LossScaleOptimizer), the scale is lowered
    on every rank, and the run continues as if that step's batches had not been there.
+2. Resume at another world size (tests/tf_state/resume.py): the compressor state gathered at 2
+   ranks (Keras optimizer: onebit + EF, the compressed allreduce at 3; tape: DGC's momentum and
+   velocity) is loaded at 3 ranks; the delivered mass Σ_r e_r / P is kept (numpy reference
+   below, not hvdcompress.reshard's code), every new rank holds the same share, the large
+   kernel's collective is planned again for 3 ranks, and one rank's state is refused.
 """
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -73,3 +80,94 @@ def test_overflow_on_one_rank_leaves_the_state_and_skips_everywhere(amp, case):
         assert r["weights_diff"] == 0.0, r        # the step was skipped
         assert r["scale_after"] == r["scale_before"] / 2, r
         assert r["gap_skip"] == 0.0, r            # as if the step's batches had not been there
+
+
+# ---- 2. resume at another world size ---------------------------------------------------------------
+SIZES = {"dense/kernel": 1000, "dense/bias": 50, "dense_1/kernel": 200, "dense_1/bias": 4}
+
+
+def load_states(path: Path) -> dict:
+    """tensor name -> {key: array} from a worker's npz (entries named ``<tensor>/<key>``)."""
+    out: dict = {}
+    with np.load(path) as z:
+        for k in z.files:
+            name, key = k.rsplit("/", 1)
+            out.setdefault(name, {})[key] = z[k]
+    return out
+
+
+def whole_ref(state: dict, key: str, n: int) -> np.ndarray:
+    """One rank's ``key`` over the whole tensor, float64: the entry itself, or its segments
+    ``seg<j>.key`` concatenated and cut to ``n``."""
+    if key in state:
+        return np.asarray(state[key], np.float64)
+    parts = sorted((int(k[3:k.index(".")]), v) for k, v in state.items()
+                   if k.startswith("seg") and k.endswith("." + key))
+    return np.concatenate([np.asarray(v, np.float64) for _, v in parts])[:n] if parts else np.zeros(n)
+
+
+def delivered_ref(states: list, key: str, n: int) -> np.ndarray:
+    """What the state stands for in the op=Average update: (Σ_r e_r + server residuals) / P; the
+    server residual ``sum.key`` of rank r covers segment r of the padded tensor."""
+    world, total = len(states), np.zeros(n)
+    for r, st in enumerate(states):
+        total += whole_ref(st, key, n)
+        if "sum." + key in st:
+            piece = np.asarray(st["sum." + key], np.float64)
+            padded = np.zeros(piece.size * world)
+            padded[r * piece.size:(r + 1) * piece.size] = piece
+            total += padded[:n]
+    return total / world
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    work = tmp_path_factory.mktemp("tf_resume")
+    saved = run_horovod(WORKERS / "resume.py", np=2, args=[str(work), "save"], timeout=300)
+    loaded = run_horovod(WORKERS / "resume.py", np=3, args=[str(work), "load"], timeout=300)
+    return work, saved, loaded
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("case,keys", [("keras", {"residual"}), ("tape", {"momentum", "velocity"})])
+def test_resume_at_three_ranks_keeps_the_delivered_mass(resumed, case, keys):
+    work, _, _ = resumed
+    with open(work / f"{case}.pkl", "rb") as f:
+        gathered = pickle.load(f)
+    assert gathered["world"] == 2 and gathered["average"] is True
+    old = [load_states(work / f"{case}.save.rank{r}.npz") for r in range(2)]
+    for r in range(2):   # the gathered state is every rank's own
+        for name, st in old[r].items():
+            for key, value in st.items():
+                np.testing.assert_array_equal(gathered["ranks"][r][name][key], value)
+    new = [load_states(work / f"{case}.load.rank{r}.npz") for r in range(3)]
+    for name, n in SIZES.items():
+        for key in keys:
+            want = delivered_ref([st[name] for st in old], key, n)
+            got = delivered_ref([st[name] for st in new], key, n)
+            assert np.abs(want).max() > 0, (name, key)
+            # T / P rounded once to float32: half an ulp of it
+            assert np.all(np.abs(got - want) <= np.abs(want) * 2.0 ** -24 + 1e-30), \
+                (name, key, np.abs(got - want).max())
+            for r in range(1, 3):
+                np.testing.assert_array_equal(whole_ref(new[r][name], key, n), whole_ref(new[0][name], key, n))
+    if case == "keras":   # the compressed allreduce's layout at 3 ranks
+        assert "seg2.residual" in new[0]["dense/kernel"] and "residual" in new[0]["dense/bias"]
+
+
+@pytest.mark.horovod
+def test_resume_plans_again_and_refuses_one_rank(resumed):
+    _, saved, loaded = resumed
+    plans = {(r["world"], r["case"]): r["plan"] for r in saved + loaded}
+    assert plans[(2, "keras")]["dense/kernel"] == "allgather"
+    assert plans[(3, "keras")]["dense/kernel"] == "alltoall"
+    assert len(loaded) == 6 and all("gather_compression_state" in r["refused"] for r in loaded), loaded[0]
+
+
+def test_load_checks_its_arguments():
+    with pytest.raises(TypeError, match=r"target=3: allowed: an hvdcompress.tensorflow.keras"):
+        hvc.gather_compression_state(3)
+    with pytest.raises(ValueError, match=r"saved must be what gather_compression_state returned"):
+        hvc.load_compression_state(hc.TopK(0.1), {"tensors": {}})
+    with pytest.raises(ValueError, match=r"variables= with target=.*allowed only with a DistributedOptimizer"):
+        hvc.load_compression_state(hc.TopK(0.1), {"compressor": {}, "ranks": []}, variables=[])

@@ -15,6 +15,7 @@ from .backend import TFOps
 from .broadcast import broadcast_variables
 from .collectives import node_process_sets
 from .keras.optimizer import DistributedOptimizer as _KerasDistributedOptimizer
+from .resume import gather_compression_state, load_compression_state
 from .state import CompressionState, compression_state
 from .tape import DistributedGradientTape
 
@@ -27,4 +28,5 @@ def DistributedOptimizer(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 __all__ = ["DistributedGradientTape", "DistributedOptimizer", "TFOps", "CompressionState",
-           "compression_state", "broadcast_variables", "node_process_sets"]
+           "compression_state", "broadcast_variables", "node_process_sets",
+           "gather_compression_state", "load_compression_state"]

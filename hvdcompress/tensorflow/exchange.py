@@ -51,8 +51,10 @@ from ..adam import AdamSettings
 from ..clipping import local_clip_limit
 from ..compressor import TensorInfo
 from ..loss_scale import any_overflow
+from ..exchange import Planner
 from ..options import Options, parse_options
 from ..replicas import ReplicaCheck, counters_checksum
+from ..reshard import has_per_rank, redistribute
 from ..two_level import build_exchange
 from .backend import TFOps
 from .collectives import HorovodCollectives
@@ -160,11 +162,21 @@ class GradientExchange:
         self.momentum = momentum
         self.nesterov = nesterov
         self.state = compression_state(compressor)
+        self.state.process_set, self.state.average = options.process_set, core.average
+        self._build()
+        self.local: dict = {}   # id -> variable whose gradient stays this rank's own
+        self.scaler = core.scaler   # the Keras LossScaleOptimizer of scaler= (hvdcompress.loss_scale)
+        self.checks_overflow = overflow_check or self.scaler is not None
+
+    def _build(self) -> None:
+        """The engine for Horovod's current world (and the replica guard, one per state)."""
+        options, core = self.options, self.core
         self.engine = build_exchange(hvd, lambda ps: HorovodCollectives(ps, options.device_dense),
-                                     options.process_set, compressor, OPS,
+                                     options.process_set, self.compressor, OPS,
                                      intra_node=core.intra_node, ranks_per_node=core.ranks_per_node,
                                      average=core.average, predivide=core.predivide,
                                      collective=core.collective)
+        self.built_for = self.state.generation
         if self.state not in _CHECKS:
             ps = options.process_set
             _CHECKS[self.state] = ReplicaCheck(core.check_replicas, OPS,
@@ -172,9 +184,65 @@ class GradientExchange:
                                                ranks=getattr(ps, "ranks", None))
         self.replicas = _CHECKS[self.state]
         self.replicas.every = core.check_replicas
-        self.local: dict = {}   # id -> variable whose gradient stays this rank's own
-        self.scaler = core.scaler   # the Keras LossScaleOptimizer of scaler= (hvdcompress.loss_scale)
-        self.checks_overflow = overflow_check or self.scaler is not None
+
+    def rebuild(self) -> None:
+        """Rebuild for Horovod's current world after ``hvd.shutdown(); hvd.init()`` at another
+        size (an elastic reset, :mod:`hvdcompress.tensorflow.elastic`): a new engine (every
+        tensor's collective planned again for the new number of ranks), the replica guard, and
+        the rank agreement again at the next exchange (a collective: a joining rank makes it at
+        its first exchange too). The compressor state is laid out by
+        :func:`hvdcompress.tensorflow.load_compression_state`. Runs by itself at the first
+        exchange after the state's ``generation`` changed."""
+        if self.options.process_set is not hvd.global_process_set or self.core.intra_node is not None:
+            raise ValueError("rebuild: this exchange runs over a process set (or two-level "
+                             "compression's node sets), which does not survive hvd.shutdown(); "
+                             "elastic training needs the global process set and intra_node=None")
+        if isinstance(self.compressor, Planner):
+            raise ValueError("rebuild: compression='auto' plans for one world size and link; "
+                             "elastic training needs a fixed compressor")
+        total = self.engine.total_bytes
+        _CHECKS.pop(self.state, None)
+        _AGREED.pop(self.state, None)
+        self._build()
+        self.engine.total_bytes = total
+
+    def lay_out(self, sources: Sequence[Any]) -> None:
+        """Lay a gathered state loaded with :func:`hvdcompress.tensorflow.load_compression_state`
+        out for this run's world now, for the variables ``sources`` (as given to
+        ``apply_gradients`` / ``tape.gradient``); otherwise the next exchange does it. Local."""
+        if self.built_for != self.state.generation:
+            self.rebuild()
+        names = source_names(sources)
+        pairs = [(n, s) for n, s in zip(names, sources) if hasattr(s, "assign") and id(s) not in self.local]
+        infos = [self._info(n, s, s) for n, s in pairs]
+        self._init_states([tf.zeros([0], s.dtype) for _, s in pairs], infos)
+        self._apply_loaded([s.dtype for _, s in pairs], infos)
+
+    def _apply_loaded(self, dtypes: list, infos: list) -> None:
+        """This rank's share of a loaded gathered state for each tensor of ``infos`` that it
+        holds (:func:`hvdcompress.reshard.redistribute`, laid out as this engine cuts it)."""
+        loaded = self.state.loaded
+        if loaded is None:
+            return
+        saved, average = loaded.saved, self.core.average
+        ps = self.options.process_set
+        for dtype, info in zip(dtypes, infos):
+            if info.name not in loaded.left:
+                continue
+            states = [per_rank.get(info.name, {}) for per_rank in saved["ranks"]]
+            if saved.get("average") not in (None, average) and any(has_per_rank(st) for st in states):
+                ops = {True: "hvd.Average", False: "hvd.Sum"}
+                raise ValueError(f"load_compression_state: the state was gathered with "
+                                 f"op={ops[saved['average']]} and this exchange has op={ops[average]}; "
+                                 "the residuals' share of each rank depends on it: use the same op")
+            layout = 0
+            if any(states) and self.engine.collective_for(info, tf.zeros([info.numel], dtype)) == "alltoall":
+                layout = self.engine.comm.world
+            new = redistribute(states, info.numel, ps.size(), ps.rank(), average, layout)
+            self.state.tensor(info.name).replace(new)
+            loaded.left.discard(info.name)
+        if not loaded.left:
+            self.state.loaded = None
 
     def register_local(self, variable: Any) -> None:
         """Keep ``variable``'s gradient local: not exchanged, clipped or checked across ranks
@@ -311,6 +379,12 @@ class GradientExchange:
         the ranks' flags are summed first: after an overflow on any rank every gradient comes
         back NaN and nothing is compressed (the compressor state is untouched)."""
         self.state.pull()
+        if self.built_for != self.state.generation:   # an elastic reset since: the new world's plan
+            self.rebuild()
+        ps = self.options.process_set
+        for info in infos:   # traced infos keep the world of their trace
+            info.world, info.rank = ps.size(), ps.rank()
+        self._apply_loaded([g.dtype for g in grads], infos)
         self._check_ranks_agree(grads, infos)
         self.replicas.after_step(
             lambda: [(n, v.read_value() if hasattr(v, "read_value") else v) for n, v in variables],

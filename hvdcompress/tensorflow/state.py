@@ -8,14 +8,20 @@ TF-format checkpoints) capture and restore it.
   tensor name, and the compressor-wide :meth:`~hvdcompress.Compressor.state_dict` (DGC's step
   and epoch counters). One per compressor object, from :func:`compression_state`, because
   Horovod-style tapes are created anew every step while the state must live on.
+
+At another world size (a checkpoint resumed at P' ranks, an elastic reset) the per-rank state
+is gathered and laid out again by :mod:`hvdcompress.tensorflow.resume`; the state carries what
+that needs between the load and the next exchange (:attr:`CompressionState.loaded`,
+:attr:`CompressionState.generation`).
 """
 from __future__ import annotations
 
 import re
 import weakref
 from collections.abc import MutableMapping
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from ..compressor import Compressor
@@ -65,6 +71,34 @@ class VariableState(tf.Module, MutableMapping):
     def __len__(self) -> int:
         return len(self.slots)
 
+    def replace(self, values: Mapping[str, Any]) -> None:
+        """Make the state exactly ``values`` (numpy arrays and Python numbers): entries not in it
+        are dropped, variables of the same shape and dtype are assigned, others made anew."""
+        for key in [k for k in self.slots if k not in values]:
+            del self[key]
+        for key, value in values.items():
+            var = self.slots.get(key)
+            if isinstance(value, np.ndarray):
+                if var is None or key in self._python_types or tuple(var.shape) != value.shape \
+                        or var.dtype.as_numpy_dtype != value.dtype:
+                    self.pop(key, None)
+                    self.slots[key] = _variable(tf.constant(value), f"{self.label}/{key}")
+                else:
+                    var.assign(value)
+            else:
+                if var is not None and self._python_types.get(key) is not type(value):
+                    del self[key]
+                self[key] = value
+
+
+class Loaded:
+    """A gathered compressor state loaded but not yet laid out (a plain object: not tracked by
+    checkpoints). ``saved``: the gathered dict; ``left``: the tensor names still to lay out."""
+
+    def __init__(self, saved: dict):
+        self.saved = saved
+        self.left = {name for per_rank in saved["ranks"] for name in per_rank}
+
 
 class CompressionState(tf.Module):
     """All state of one compressor: per-tensor :class:`VariableState` and compressor-wide counters.
@@ -93,6 +127,13 @@ class CompressionState(tf.Module):
                                 "only")
         self.counters = {k: _variable(v, f"compressor/{k}") for k, v in initial.items()}
         self._pushed = dict(initial)
+        #: a gathered state to lay out at the next exchange (hvdcompress.tensorflow.resume)
+        self.loaded: Optional[Loaded] = None
+        #: bumped by an elastic reset: exchanges built before it rebuild for the new world
+        self.generation = 0
+        #: the process set and op of the last exchange built on this state (for gathering)
+        self.process_set: Any = None
+        self.average: Optional[bool] = None
 
     def __contains__(self, name: str) -> bool:
         return name in self._positions

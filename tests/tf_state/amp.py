@@ -32,7 +32,7 @@ hvd.init()
 rank = hvd.rank()
 STEPS, BATCH, OVERFLOW = 10, 8, 4
 COMPRESSORS = {"topk_ef": lambda: hc.ErrorFeedback(hc.TopK(0.1)),
-               "dgc": lambda: hc.DGC(0.9, momentum=0.9)}
+               "dgc": lambda: hc.DGC(0.9, momentum=0.9, min_numel=0)}
 data = np.random.default_rng(100 + rank)
 X = data.standard_normal((STEPS, BATCH, 16)).astype(np.float32)
 Y = data.standard_normal((STEPS, BATCH, 4)).astype(np.float32)

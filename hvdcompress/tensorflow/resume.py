@@ -1,0 +1,100 @@
+"""Compressor state at another world size on TensorFlow / Keras: gather it, load it at P' ranks.
+
+The TF twin of the torch optimizer's ``state_dict(gather=True)`` / ``load_state_dict``; the rule is
+:mod:`hvdcompress.reshard`'s (numpy), the same for both front ends::
+
+    T = Σ_r e_r  (+ the compressed allreduce's server residuals)     (float64)
+    e'_r' = T / P   for every new rank r'    (op=Average:  Σ_r' e'_r' / P' = T / P = Σ_r e_r / P)
+    e'_r' = T / P'  for every new rank r'    (op=Sum:      Σ_r' e'_r' = T)
+
+for the per-rank additive state (residuals, momenta, velocities), rank 0's value for the
+replicated one (FrozenAdam's moments, PowerSGD's warm start, counters); see docs/elastic.md.
+
+::
+
+    saved = hvc.gather_compression_state(opt)      # every rank: one allgather
+    if hvd.rank() == 0:
+        np.save / pickle.dump({"weights": model.get_weights(), "compression": saved}, ...)
+    ...                                            # at P' ranks, every rank:
+    hvc.load_compression_state(opt, saved)         # local; laid out at the next exchange
+
+``target`` is an hvdcompress Keras ``DistributedOptimizer``, a ``DistributedGradientTape`` (its
+exchange), or the compressor given to the tapes (or its :class:`CompressionState`). Loading is
+lazy: the next exchange lays each tensor's share out for its world size and its collective
+(the compressed allreduce's P' segments, or the whole tensor), so nothing about the new run
+needs to be repeated here; pass ``variables=`` with an optimizer or tape to lay it out at once.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from ..agreement import allgather_object
+from ..compressor import Compressor
+from .backend import TFOps
+from .collectives import HorovodCollectives
+from .state import CompressionState, Loaded, compression_state
+
+OPS = TFOps()
+
+
+def _resolve(target: Any) -> Tuple[CompressionState, Any]:
+    """(the compression state, the exchange or None) of ``target``."""
+    exchange = getattr(target, "_hvdc_exchange", None) or getattr(target, "exchange", None)
+    if exchange is not None and hasattr(exchange, "state") and hasattr(exchange, "lay_out"):
+        return exchange.state, exchange
+    if isinstance(target, Compressor):
+        return compression_state(target), None
+    if isinstance(target, CompressionState):
+        return target, None
+    raise TypeError(f"target={target!r}: allowed: an hvdcompress.tensorflow.keras.DistributedOptimizer, "
+                    "an hvdcompress DistributedGradientTape, the hvdcompress Compressor given to the "
+                    "tapes, or its CompressionState")
+
+
+def _value(v: Any) -> Any:
+    return v if isinstance(v, (bool, int, float, str, type(None))) else np.array(v)
+
+
+def gather_compression_state(target: Any) -> dict:
+    """Every rank's compressor state, for a checkpoint that resumes at any world size.
+
+    A collective: every rank of the exchange's process set calls it (one allgather of the
+    pickled state). Returns ``{"compressor": counters, "world": P, "average": op is Average,
+    "ranks": [rank r's {tensor name: {key: numpy array or number}} for r < P]}``, the same on
+    every rank; rank 0 writes it."""
+    state, exchange = _resolve(target)
+    state.pull()   # counters a checkpoint restore put in the variables
+    ps = exchange.options.process_set if exchange is not None else (state.process_set or hvd.global_process_set)
+    mine = {name: {k: _value(st[k]) for k in st} for name, st in state.named().items()}
+    ranks = allgather_object(mine, HorovodCollectives(ps), OPS, tf.zeros([1]))
+    average = exchange.core.average if exchange is not None else state.average
+    return {"compressor": state.compressor.state_dict(), "world": len(ranks), "average": average,
+            "ranks": ranks}
+
+
+def load_compression_state(target: Any, saved: dict, variables: Optional[Sequence[Any]] = None) -> None:
+    """Load a :func:`gather_compression_state` of a run at any world size. Local: no collective.
+
+    The compressor's counters are loaded now; each tensor's state is replaced by this rank's
+    share (:func:`hvdcompress.reshard.redistribute`) at the next exchange that sees the tensor,
+    laid out for that exchange's world and collective, or at once for ``variables`` (with an
+    optimizer or tape as ``target``). A state gathered with op=Average loaded into an exchange
+    with op=Sum (or the reverse) raises a ``ValueError`` there."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("ranks"), list) or "compressor" not in saved:
+        raise ValueError("load_compression_state: saved must be what gather_compression_state returned "
+                         "(a dict with 'compressor' and 'ranks'); a single rank's state cannot be "
+                         "laid out for another world size")
+    state, exchange = _resolve(target)
+    if variables is not None and exchange is None:
+        raise ValueError(f"load_compression_state: variables= with target={target!r}: allowed only "
+                         "with a DistributedOptimizer or DistributedGradientTape (their exchange "
+                         "knows the layout); without variables= the next exchange lays it out")
+    state.compressor.load_state_dict(saved["compressor"])
+    state.push()
+    state.loaded = Loaded(saved)
+    if variables is not None:
+        exchange.lay_out(list(variables))

@@ -136,7 +136,7 @@ def test_ef_sign_pack_matches_numpy(ops, n):
 
 # ---- unpack -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("bits", [1, 2, 8])
-@pytest.mark.parametrize("n,ranks", [(1, 1), (13, 3), (70001, 2)])
+@pytest.mark.parametrize("n,ranks", [(1, 1), (13, 3), (70001, 2), (140005, 3)])  # the last: widened tables
 def test_unpack_sum_matches_numpy(ops, bits, n, ranks):
     rng = np.random.default_rng(bits * 100 + n)
     codes = rng.integers(0, 1 << bits, size=(ranks, n)).astype(np.uint32)
@@ -149,7 +149,7 @@ def test_unpack_sum_matches_numpy(ops, bits, n, ranks):
     np.testing.assert_array_equal(got.numpy(), want)
 
 
-@pytest.mark.parametrize("n,ranks", [(1, 1), (13, 2), (70001, 3), (1000, 4)])
+@pytest.mark.parametrize("n,ranks", [(1, 1), (13, 2), (70001, 3), (1000, 4), (140005, 2)])
 def test_sign_vote_matches_numpy(ops, n, ranks):
     xs = [data(n, 20 + r) for r in range(ranks)]
     packed = np.concatenate([np_pack((~np.signbit(x)).astype(np.uint32), 1) for x in xs])

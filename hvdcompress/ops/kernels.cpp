@@ -413,7 +413,10 @@ void pack_codes(int64_t n, uint8_t* __restrict out, Fill fill) {
 }
 
 // Decodes and sums R payloads block by block, then applies finish(block, m) to each summed block
-// while it is in L1.
+// while it is in L1. Codes of fewer than 8 bits are looked up a byte at a time when n is large:
+// each rank's table widened to the 8 / BITS floats of every byte value (256 rows, built once per
+// call), so a byte adds a short vector instead of 8 / BITS extracted lookups. The same floats are
+// added in the same order either way.
 template <int BITS, class Finish>
 void unpack_sum_impl(const uint8_t* packed, int64_t n, const float* tables, int64_t R, float* out,
                      Finish finish) {
@@ -421,6 +424,12 @@ void unpack_sum_impl(const uint8_t* packed, int64_t n, const float* tables, int6
   constexpr uint32_t mask = (1u << BITS) - 1;
   const int64_t nbytes = packed_bytes(n, BITS);
   const int64_t blocks = (n + kBlock - 1) / kBlock;
+  const bool widen = BITS < 8 && n >= 64 * 256 * per;
+  std::vector<float> wide(widen ? static_cast<size_t>(R) * 256 * per : 0);
+  for (int64_t r = 0; r < (widen ? R : 0); ++r)
+    for (int byte = 0; byte < 256; ++byte)
+      for (int j = 0; j < per; ++j)
+        wide[(r * 256 + byte) * per + j] = tables[(r << BITS) + ((byte >> (8 - BITS * (j + 1))) & mask)];
   parallel_for(blocks, kBlock, [&](int64_t k0, int64_t k1) {
     alignas(64) uint8_t c[kBlock];
     for (int64_t k = k0; k < k1; ++k) {
@@ -431,12 +440,25 @@ void unpack_sum_impl(const uint8_t* packed, int64_t n, const float* tables, int6
         const uint8_t* p = packed + r * nbytes + i0 / per;
         const float* table = tables + (r << BITS);
         const uint8_t* code = p;
+        int64_t done = 0;  // elements added through the widened table
+        if (widen) {
+          const float* w = wide.data() + r * 256 * per;
+          for (; done + per <= m; done += per) {
+            const float* row = w + p[done / per] * per;
+#if defined(__SSE2__)
+            for (int j = 0; j < per; j += 4)
+              _mm_storeu_ps(o + done + j, _mm_add_ps(_mm_loadu_ps(o + done + j), _mm_loadu_ps(row + j)));
+#else
+            for (int j = 0; j < per; ++j) o[done + j] += row[j];
+#endif
+          }
+        }
         if (BITS < 8) {
-          for (int64_t b = 0; b < (m + per - 1) / per; ++b)
+          for (int64_t b = done / per; b < (m + per - 1) / per; ++b)
             for (int j = 0; j < per; ++j) c[b * per + j] = (p[b] >> (8 - BITS * (j + 1))) & mask;
           code = c;
         }
-        for (int64_t i = 0; i < m; ++i) o[i] += table[code[i]];
+        for (int64_t i = done; i < m; ++i) o[i] += table[code[i]];
       }
       finish(o, m);
     }

@@ -9,17 +9,27 @@
    velocity) is loaded at 3 ranks; the delivered mass Σ_r e_r / P is kept (numpy reference
    below, not hvdcompress.reshard's code), every new rank holds the same share, the large
    kernel's collective is planned again for 3 ranks, and one rank's state is refused.
+3. Elastic (tests/tf_state/elastic.py): one elastic horovodrun on this host, 2 ranks grown to 3
+   and shrunk to 2 through tests/hvd/elastic_discovery.sh, with
+   hvdcompress.tensorflow.elastic.TensorFlowKerasState: no hang (bounded launch), identical
+   replicas at every batch, the kernel's collective follows the world size, and after each
+   reset every rank holds the share of the last commit's state that the rule defines.
 """
 from __future__ import annotations
 
+import os
 import pickle
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_horovod
+from conftest import HVD_SCRIPTS, RANK_ENV, run_horovod
+from hvdrun import RESULTS_ENV, horovodrun_path, read_results
 
 import hvdcompress as hc
 import hvdcompress.tensorflow as hvc
@@ -171,3 +181,72 @@ def test_load_checks_its_arguments():
         hvc.load_compression_state(hc.TopK(0.1), {"tensors": {}})
     with pytest.raises(ValueError, match=r"variables= with target=.*allowed only with a DistributedOptimizer"):
         hvc.load_compression_state(hc.TopK(0.1), {"compressor": {}, "ranks": []}, variables=[])
+
+
+# ---- 3. elastic -----------------------------------------------------------------------------------
+ELASTIC_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def elastic(tmp_path_factory):
+    """Every record of one elastic launch (rank files 0..2); fails with horovodrun's output on a
+    non-zero exit, or after ELASTIC_TIMEOUT_S, when the process group is killed.
+    ``--network-interface lo``: one host (see tests/test_elastic.py)."""
+    work = tmp_path_factory.mktemp("tf_elastic")
+    hosts, results = work / "hosts", work / "results"
+    results.mkdir()
+    hosts.write_text("localhost:2\n")
+    cmd = [str(horovodrun_path()), "-np", "2", "--min-np", "2", "--max-np", "3",
+           "--network-interface", "lo", "--host-discovery-script", str(HVD_SCRIPTS / "elastic_discovery.sh"),
+           sys.executable, str(WORKERS / "elastic.py"), str(work)]
+    env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           RESULTS_ENV: str(results), "HVDCOMPRESS_ELASTIC_HOSTS": str(hosts)}
+    log = work / "horovodrun.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait(ELASTIC_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(f"elastic launch timed out after {ELASTIC_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"elastic launch failed ({proc.returncode}):\n{log.read_text()[-4000:]}")
+    return work, [rec for per_rank in read_results(results, 3) for rec in per_rank]
+
+
+@pytest.mark.horovod
+def test_elastic_grows_and_shrinks_with_identical_replicas(elastic):
+    _, records = elastic
+    steps = [r for r in records if r["event"] == "step"]
+    expected = {b: 2 if b <= 3 else 3 if b <= 6 else 2 for b in range(1, 9)}
+    assert sorted({r["batch"] for r in steps}) == sorted(expected), "every batch ran"
+    for batch, world in expected.items():
+        ranks = [r for r in steps if r["batch"] == batch]
+        assert sorted(r["rank"] for r in ranks) == list(range(world)), (batch, ranks)
+        assert {(r["world"], r["collective"]) for r in ranks} == \
+            {(world, "alltoall" if world == 3 else "allgather")}, (batch, ranks)
+        assert len({r["digest"] for r in ranks}) == 1, f"replicas differ at batch {batch}"
+
+
+@pytest.mark.horovod
+def test_elastic_state_follows_the_rule_at_each_reset(elastic):
+    work, records = elastic
+    entries: dict = {}
+    for r in records:
+        if r["event"] == "entry":
+            entries.setdefault(r["batch"], []).append(r)
+    assert sorted((b, e[0]["old_world"], len(e)) for b, e in entries.items()) == [(3, 2, 3), (6, 3, 2)]
+    for batch, seen in entries.items():
+        old = [load_states(work / f"b{batch}.old.rank{r}.npz") for r in range(seen[0]["old_world"])]
+        new = [load_states(work / f"b{batch}.new.rank{r}.npz") for r in range(len(seen))]
+        for name, n in SIZES.items():
+            want = delivered_ref([st[name] for st in old], "residual", n)
+            got = delivered_ref([st[name] for st in new], "residual", n)
+            assert np.abs(want).max() > 0, (batch, name)
+            assert np.all(np.abs(got - want) <= np.abs(want) * 2.0 ** -24 + 1e-30), \
+                (batch, name, np.abs(got - want).max())
+            for r in range(1, len(new)):
+                np.testing.assert_array_equal(whole_ref(new[r][name], "residual", n),
+                                              whole_ref(new[0][name], "residual", n))

@@ -54,10 +54,16 @@ def test_tape_scaler_is_checked(scaler, message):
 
 # ---- 1. loss scaling ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def amp():
-    records = run_horovod(WORKERS / "amp.py", np=2, timeout=300)
+def two_ranks(tmp_path_factory):
+    """One 2-rank launch: amp.py's cases, then resume.py's save (tests/tf_state/two_ranks.py)."""
+    work = tmp_path_factory.mktemp("tf_state")
+    return work, run_horovod(WORKERS / "two_ranks.py", np=2, args=[str(work)], timeout=300)
+
+
+@pytest.fixture(scope="module")
+def amp(two_ranks):
     by_case: dict = {}
-    for r in records:
+    for r in two_ranks[1]:
         by_case.setdefault(r["case"], []).append(r)
     return by_case
 
@@ -131,9 +137,9 @@ def delivered_ref(states: list, key: str, n: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory):
-    work = tmp_path_factory.mktemp("tf_resume")
-    saved = run_horovod(WORKERS / "resume.py", np=2, args=[str(work), "save"], timeout=300)
+def resumed(two_ranks):
+    work, records = two_ranks
+    saved = [r for r in records if r["case"] in ("keras", "tape")]
     loaded = run_horovod(WORKERS / "resume.py", np=3, args=[str(work), "load"], timeout=300)
     return work, saved, loaded
 

@@ -1,0 +1,15 @@
+"""The 2-rank cases of tests/test_tf_state_change.py in one launch (one TensorFlow start-up):
+amp.py's loss-scaling cases, then ``resume.py DIR save``.
+
+    two_ranks.py DIR
+"""
+import runpy
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+work = sys.argv[1]
+sys.argv = [str(HERE / "amp.py")]
+runpy.run_path(str(HERE / "amp.py"), run_name="__main__")
+sys.argv = [str(HERE / "resume.py"), work, "save"]
+runpy.run_path(str(HERE / "resume.py"), run_name="__main__")

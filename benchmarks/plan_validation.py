@@ -12,14 +12,16 @@ then predict and compare::
     .venv/bin/python benchmarks/plan_validation.py [--e2e benchmarks/results/e2e_validation.json]
 
 What the model is given, per setting (model, ranks or hosts x slots, rate): the model's tensor
-shapes; the compute floor measured in the same launch (``nocomm``: forward + backward, then the
-optimizer step; the backward's share of it spread over the tensors as
-:func:`hvdcompress.plan.profile.from_sizes` does); this machine's codec calibration at one
-thread, as each rank runs (cached apart from the plan's own), slowed by ``ranks / cores`` when
-the ranks outnumber the cores;
-Horovod's fusion defaults. The links are *fitted*, not assumed: alpha and beta of each rate from
-the dense Horovod step at the fewest ranks measured at that rate (the probe), by inverting the
-ring formula with the fitted alpha; those probe rows are left out of the error statistics.
+shapes; the compute floor (``nocomm``: forward + backward, then the optimizer step; the
+backward's share of it spread over the tensors as :func:`hvdcompress.plan.profile.from_sizes`
+does) measured at the probe (below), where every rank has a core; this machine's calibration
+at one thread per process, run by min(ranks, cores) processes at once as the ranks share the
+memory (cached apart from the plan's own): codec times and the reduction's gamma per dtype;
+``cpu_share = ranks / cores`` (every emulated host is a namespace of this machine), which
+stretches compute, codec and sums when the ranks outnumber the cores; Horovod's fusion
+defaults. The links are *fitted*, not assumed: per rate, alpha is :data:`ALPHA_S` and beta the
+one with which the model predicts the dense step at the fewest ranks measured at that rate (the
+probe) exactly; those probe rows are left out of the error statistics.
 Reported, for the Horovod front end and the DDP hook (the same exchange engine, other
 launch overheads) separately: per method the predicted and measured step and the relative
 error; the median and worst absolute error; and per setting whether the fastest method is
@@ -29,12 +31,12 @@ Writes ``benchmarks/results/plan_validation.json``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 os.environ["OMP_NUM_THREADS"] = "1"   # calibrate as the ranks run (e2e: one thread each), before
@@ -43,7 +45,7 @@ sys.path.insert(0, str(HERE))
 CACHE = Path.home() / ".cache" / "hvdcompress" / "one-thread"
 
 from hvdcompress.plan import calibration as cal  # noqa: E402
-from hvdcompress.plan.links import Cluster, Link  # noqa: E402
+from hvdcompress.plan.links import Cluster, Link, cpu_share  # noqa: E402
 from hvdcompress.plan.model import predict  # noqa: E402
 from hvdcompress.plan.payloads import DEFAULT_COMPRESSORS  # noqa: E402
 from hvdcompress.plan.profile import from_sizes  # noqa: E402
@@ -63,42 +65,58 @@ def shapes(model: str) -> list:
     return [tuple(p.shape) for p in build_model(model).parameters()]
 
 
+@functools.lru_cache(maxsize=None)
 def calibration_for(ranks: int) -> cal.Calibration:
-    """This machine's codec calibration (cached), each time scaled by ranks / cores when the
-    ranks share fewer cores."""
+    """This machine's calibration (cached), by as many processes at once as the ranks that run
+    at once (every rank on this machine, at most one per core)."""
     import torch
     torch.set_num_threads(1)
     specs = [DEFAULT_COMPRESSORS[m] for methods in FRONT_ENDS.values() for m in methods.values()]
-    path = cal.cache_path("cpu", CACHE)
+    processes = min(ranks, os.cpu_count() or 1)
+    path = cal.cache_path("cpu", CACHE, processes=processes)
     base = cal.load(path)
-    if base is None or any(base.times(s) is None for s in specs):
-        base = cal.calibrate(specs, device="cpu")
+    if base is None or not base.reduce or any(base.times(s) is None for s in specs):
+        base = cal.calibrate(specs, device="cpu", processes=processes)
         cal.save(base, path)
-    share = max(1.0, ranks / (os.cpu_count() or 1))
-    scaled = {k: cal.CodecTimes(*(cal.Fit(f.a * share, f.b * share) for f in (v.compress, v.decode, v.decode4)))
-              for k, v in base.codecs.items()}
-    return replace(base, codecs=scaled)
+    return base
 
 
 def cluster(entry: dict, link: Link) -> Cluster:
-    """Each flat rank in its own namespace (a node of one); hosts x slots: loopback inside."""
+    """Each flat rank in its own namespace (a node of one); hosts x slots: loopback inside.
+    Every namespace runs on this machine's cores: cpu_share = ranks / cores."""
     slots = entry.get("slots", 1)
     loopback = Link(10e-6, 2e9)
-    return Cluster(entry["np"] // slots, slots, loopback, link)
+    return Cluster(entry["np"] // slots, slots, loopback, link, cpu_share(entry["np"]))
 
 
 def rows_of(entry: dict) -> dict:
     return {r["method"]: r for r in entry["rows"]}
 
 
-def fit_link(entry: dict, probe: str) -> Link:
-    """beta from the dense step at the probe setting: the wire time is the measured step less
-    the compute floor, and a ring allreduce of B bytes costs 2(P-1)/P·B/beta (+ alpha terms)."""
-    rows = rows_of(entry)
-    p, dense = entry["np"], rows[probe]
-    params = dense["params"]
-    wire_s = dense["step_s"] - rows["nocomm"]["step_s"] - 2 * (p - 1) * ALPHA_S
-    return Link(ALPHA_S, 2 * (p - 1) / p * 4 * params / max(wire_s, 1e-6))
+def profile_of(floor_entry: dict):
+    """The tensors' ready times from the compute floor (``nocomm``) of ``floor_entry``."""
+    floor = rows_of(floor_entry)["nocomm"]
+    return from_sizes(shapes(floor_entry["model"]), floor["fwd_bwd_s"], floor["sync_update_s"])
+
+
+def predict_setting(entry: dict, link: Link, floor_entry: dict, methods: dict) -> list:
+    """The model's rows for ``methods`` (e2e name -> plan label) in the setting of ``entry``."""
+    return predict(profile_of(floor_entry), cluster(entry, link),
+                   {methods[m]: DEFAULT_COMPRESSORS[methods[m]] for m in methods},
+                   levels=("flat",), calibration=calibration_for(entry["np"]))
+
+
+def fit_link(entry: dict, probe: str, label: str) -> Link:
+    """The beta (alpha fixed at :data:`ALPHA_S`) with which the model predicts the measured
+    dense step ``probe`` of ``entry`` exactly: bisection in log(beta), the predicted step falling
+    as beta grows (10 kB/s to 1 TB/s)."""
+    measured = rows_of(entry)[probe]["step_s"]
+    low, high = math.log(1e4), math.log(1e12)
+    for _ in range(50):
+        mid = (low + high) / 2
+        step = predict_setting(entry, Link(ALPHA_S, math.exp(mid)), entry, {probe: label})[0].step_time_s
+        low, high = (mid, high) if step > measured else (low, mid)
+    return Link(ALPHA_S, math.exp((low + high) / 2))
 
 
 def validate(e2e: dict, front_end: str) -> dict:
@@ -110,15 +128,11 @@ def validate(e2e: dict, front_end: str) -> dict:
     report, errors, fastest = {"settings": {}}, [], []
     for rate, entries in sorted(by_rate.items()):
         probe_key, probe = min(entries, key=lambda ke: (ke[1].get("slots", 1), ke[1]["np"]))
-        link = fit_link(probe, probe_method)
+        link = fit_link(probe, probe_method, methods_of[probe_method])
         for key, entry in sorted(entries):
             rows = rows_of(entry)
-            floor = rows["nocomm"]
-            profile = from_sizes(shapes(entry["model"]), floor["fwd_bwd_s"], floor["sync_update_s"])
             methods = [m for m in methods_of if m in rows]
-            predicted = predict(profile, cluster(entry, link),
-                                {methods_of[m]: DEFAULT_COMPRESSORS[methods_of[m]] for m in methods},
-                                levels=("flat",), calibration=calibration_for(entry["np"]))
+            predicted = predict_setting(entry, link, probe, {m: methods_of[m] for m in methods})
             best = {}
             for row in predicted:   # the engine's own collective choice: the fewer bytes
                 old = best.get(row.compressor)

@@ -14,6 +14,7 @@ from hvdcompress.plan import calibration as cal
 from hvdcompress.plan import collectives as coll
 from hvdcompress.plan import (Cluster, Fusion, Job, Link, from_sizes, measure, parse_bandwidth,
                               parse_latency, predict, recommend, simulate)
+from hvdcompress.plan import cpu_share as cal_share
 from hvdcompress.plan.exchanges import exchange
 from hvdcompress.plan.pipeline import fused_time
 
@@ -29,8 +30,69 @@ def test_ring_formulas(ranks):
     ar = coll.allreduce(b, ranks, LINK)
     assert ar.total_s == pytest.approx(2 * (ranks - 1) * a + 2 * (ranks - 1) / ranks * b / beta)
     ag = coll.allgather(b, ranks, LINK)
-    assert ag.total_s == pytest.approx((ranks - 1) * a + (ranks - 1) * b / beta)
+    duplex = 2 if ranks == 2 else 1   # two ranks: one TCP pair, the directions take turns
+    assert ag.total_s == pytest.approx((ranks - 1) * a + duplex * (ranks - 1) * b / beta)
     assert (ar.wire_bytes, ag.wire_bytes) == (wire_bytes("allreduce", b, ranks), wire_bytes("allgather", b, ranks))
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_allreduce_adds_the_sums_of_the_reduce_scatter(ranks):
+    b, gamma = 4e6, 2e-9                     # bytes, seconds per byte summed
+    plain, summed = coll.allreduce(b, ranks, LINK), coll.allreduce(b, ranks, LINK, reduce_s=gamma * b)
+    assert summed.transfer_s - plain.transfer_s == pytest.approx((ranks - 1) / ranks * b * gamma)
+    assert summed.latency_s == plain.latency_s and summed.wire_bytes == plain.wire_bytes
+
+
+def test_gamma_per_dtype_reaches_the_exchange():
+    calibration = cal.Calibration("box", "cpu", {}, {"float32": 1e-10, "float16": 2e-9})
+    parts = (("float16", 1000), ("float32", 400), ("int8", 100))   # int8: float32's gamma
+    assert calibration.reduce_s(parts) == pytest.approx(1000 * 2e-9 + 500 * 1e-10)
+    assert cal.Calibration("box", "cpu", {}).reduce_s(parts) == 0.0
+    cluster = Cluster(1, 4, intra=LINK, inter=LINK)
+    bare = exchange(FP16, (1000, 100), "allgather", "flat", cluster, FP16)
+    summed = exchange(FP16, (1000, 100), "allgather", "flat", cluster, FP16, calibration)
+    assert measure(FP16, (1000, 100)).dtypes == ((("float16", 2 * 100_000),),)
+    extra = summed.rounds[0][1].transfer_s - bare.rounds[0][1].transfer_s
+    assert extra == pytest.approx(3 / 4 * 2 * 100_000 * 2e-9)
+
+
+def test_measure_reduction_numpy_reference():
+    gamma = cal.measure_reduction(("float32", "float16"), numel=1 << 16, repeats=1)
+    assert set(gamma) == {"float32", "float16"} and all(0 < g < 1e-6 for g in gamma.values())
+
+
+def test_cpu_share_stretches_compute_codec_and_sums():
+    assert cal_share(4, 2) == 2.0 and cal_share(1, 8) == 1.0 and cal_share(3, 2) == 1.5
+    with pytest.raises(ValueError, match="cpu_share"):
+        Cluster(1, 4, intra=LINK, inter=LINK, cpu_share=0.5)
+    fast = Link(0.0, 1e18)
+    profile = from_sizes([1000], compute_s=0.3, optimizer_s=0.1)
+    times = cal.CodecTimes(cal.Fit(0.01, 0.0), cal.Fit(0.02, 0.0), cal.Fit(0.02, 0.0))
+    calibration = cal.Calibration("box", "cpu", {cal.spec_key(FP16): times}, {"float16": 1e-6})
+    rows = {}
+    for share in (1.0, 2.0):
+        cluster = Cluster(1, 4, intra=fast, inter=fast, cpu_share=share)
+        plan = exchange(FP16, (1000,), "allgather", "flat", cluster, FP16, calibration)
+        assert (plan.hook_s, plan.sync_s) == pytest.approx((0.01 * share, 0.02 * share))
+        assert plan.rounds[0][1].transfer_s == pytest.approx(share * 3 / 4 * 2000 * 1e-6, rel=1e-6)
+        rows[share] = predict(profile, cluster, {"fp16": FP16}, ("allgather",), ("flat",),
+                              calibration=calibration, fusion=Fusion(0, 0.0))[0].step_time_s
+    # one tensor, ready at the backward's end: compute + compress + sums + decode, all CPU work
+    assert rows[2.0] == pytest.approx(2 * rows[1.0], rel=1e-6)
+
+
+def test_calibrations_run_together_are_averaged(tmp_path):
+    one = cal.Calibration("box", "cpu", {"k": cal.CodecTimes(cal.Fit(1, 2), cal.Fit(3, 4), cal.Fit(5, 6))},
+                          {"float32": 1.0})
+    two = cal.Calibration("box", "cpu", {"k": cal.CodecTimes(cal.Fit(3, 4), cal.Fit(5, 6), cal.Fit(7, 8))},
+                          {"float32": 3.0})
+    mean = cal._average([one, two])
+    assert mean.codecs["k"] == cal.CodecTimes(cal.Fit(2, 3), cal.Fit(4, 5), cal.Fit(6, 7))
+    assert (mean.reduce, mean.processes) == ({"float32": 2.0}, 2)
+    together = cal.calibrate([FP16], sizes=(256, 1024), repeats=1, device="cpu", processes=2)
+    assert together.processes == 2 and together.times(FP16) is not None and together.reduce
+    path = cal.save(together, cal.cache_path("cpu", tmp_path, host="box", processes=2))
+    assert path.name == "calibration-box-cpu-x2.json" and cal.load(path) == together
 
 
 def test_compressed_allreduce_is_two_rounds_with_the_engines_bytes():

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Any, Iterable, Mapping, Optional
 
 import numpy as np
@@ -93,7 +94,7 @@ def machine_calibration(specs: Iterable[Mapping[str, Any]], device: Device) -> c
     if not missing:
         return cached
     fresh = cal.calibrate(missing, device=device)
-    merged = cal.Calibration(fresh.host, fresh.device, {**(cached.codecs if cached else {}), **fresh.codecs})
+    merged = replace(fresh, codecs={**(cached.codecs if cached else {}), **fresh.codecs})
     cal.save(merged, path)
     return merged
 

@@ -15,7 +15,7 @@ fusion and the overlap with the backward pass (:mod:`.pipeline`) from traced rea
 from .calibration import Calibration, CodecTimes, Fit, calibrate
 from .collectives import Cost
 from .exchanges import COLLECTIVES, LEVELS, Exchange, exchange
-from .links import Cluster, Link, parse_bandwidth, parse_latency
+from .links import Cluster, Link, cpu_share, parse_bandwidth, parse_latency
 from .model import Prediction, predict, recommend
 from .payloads import DEFAULT_COMPRESSORS, Payload, measure
 from .pipeline import Fusion, Job, Timeline, simulate
@@ -23,7 +23,7 @@ from .profile import ModelProfile, TensorProfile, from_sizes, trace_keras, trace
 
 __all__ = [
     "Calibration", "CodecTimes", "Fit", "calibrate", "Cost", "COLLECTIVES", "LEVELS", "Exchange",
-    "exchange", "Cluster", "Link", "parse_bandwidth", "parse_latency", "Prediction", "predict",
+    "exchange", "Cluster", "Link", "cpu_share", "parse_bandwidth", "parse_latency", "Prediction", "predict",
     "recommend", "DEFAULT_COMPRESSORS", "Payload", "measure", "Fusion", "Job", "Timeline",
     "simulate", "ModelProfile", "TensorProfile", "from_sizes", "trace_keras", "trace_torch",
 ]

@@ -11,13 +11,14 @@ import argparse
 import importlib
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 from ..registry import from_params, parse_params
 from . import calibration as cal
 from .exchanges import COLLECTIVES, LEVELS
-from .links import Cluster, Link, parse_bandwidth, parse_latency
+from .links import Cluster, Link, cpu_share, parse_bandwidth, parse_latency
 from .device import torch_device
 from .model import predict, recommend
 from .payloads import DEFAULT_COMPRESSORS, FP16
@@ -45,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     net.add_argument("--intra", default="300gbyte", help="bandwidth within a node, per rank")
     net.add_argument("--latency", default="10us", help="latency of a message between nodes")
     net.add_argument("--intra-latency", default="2us", help="latency of a message within a node")
+    net.add_argument("--cpu-cores", type=int, default=0,
+                     help="CPU ranks: cores per node; more ranks than cores time-share them "
+                          "(compute, codec and sums stretch by gpus-per-node / cores). 0: GPU ranks")
     what = ap.add_argument_group("what to compare")
     what.add_argument("--compressors", nargs="+", metavar="C", default=list(DEFAULT_COMPRESSORS),
                       help=f"labels ({', '.join(DEFAULT_COMPRESSORS)}) or from_params specs "
@@ -60,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     codec.add_argument("--calibrate", action="store_true",
                        help="measure this machine's codec times, cache them and exit")
     codec.add_argument("--device", default="", help="cpu or cuda (default: cuda when available)")
+    codec.add_argument("--processes", type=int, default=1,
+                       help="calibrate in this many processes at once (CPU ranks per node, at most "
+                            "its cores: they share memory bandwidth); reads that calibration")
     codec.add_argument("--cache-dir", type=Path, help="default ~/.cache/hvdcompress")
     codec.add_argument("--no-codec", action="store_true", help="leave codec time out")
     out = ap.add_argument_group("output")
@@ -121,9 +128,9 @@ def _calibration(args: argparse.Namespace, specs: list) -> tuple:
     if args.no_codec:
         return None, "codec time left out (--no-codec)"
     device = torch_device(args.device).name
-    path = cal.cache_path(device, args.cache_dir)
+    path = cal.cache_path(device, args.cache_dir, processes=args.processes)
     if args.calibrate:
-        calibration = cal.calibrate(specs, device=device)
+        calibration = cal.calibrate(specs, device=device, processes=args.processes)
         print(f"calibrated {len(calibration.codecs)} compressors on {device}: {cal.save(calibration, path)}")
         return calibration, ""
     calibration = cal.load(path)
@@ -144,14 +151,15 @@ def main(argv: Optional[list] = None) -> int:
         profile = _profile(args)
         inter = Link(parse_latency("--latency", args.latency), parse_bandwidth("--inter", args.inter))
         intra_link = Link(parse_latency("--intra-latency", args.intra_latency), parse_bandwidth("--intra", args.intra))
-        cluster = Cluster(args.nodes, args.gpus_per_node, intra_link, inter)
+        share = cpu_share(args.gpus_per_node, args.cpu_cores) if args.cpu_cores > 0 else 1.0
+        cluster = Cluster(args.nodes, args.gpus_per_node, intra_link, inter, share)
         fusion = Fusion(args.fusion_threshold, args.cycle_ms / 1e3)
         plot_nodes = [int(n) for n in args.plot_nodes.split(",")] if args.plot else []
     except ValueError as error:
         ap.error(str(error))
 
     def run(nodes: int) -> list:
-        at = Cluster(nodes, cluster.gpus_per_node, cluster.intra, cluster.inter)
+        at = replace(cluster, nodes=nodes)
         return predict(profile, at, specs, args.collectives, args.levels, intra, calibration, fusion)
 
     rows = run(cluster.nodes)

@@ -12,6 +12,21 @@ each fitted as ``t(n) = a + b·n`` by least squares (a and b clipped at 0). Deco
 payloads is taken as linear in P between one payload and four: ``d(n) + (P-1)/3·(d4(n) - d(n))``
 (a dense-format decoder pays ~d per payload, a scatter-add of sparse payloads much less).
 
+**The reduction** (gamma, CPU devices only): seconds per byte of the local sum ``a += b`` that
+a ring allreduce runs on (P-1)/P of its payload, per dtype (:func:`measure_reduction`). Gloo's
+sum (``gloo::sum<T>``, in Horovod and in torch.distributed) is a plain loop; for float16 it
+converts every element in software (Horovod's build has no F16C instructions in it), as
+numpy's float16 add does, so numpy's add is the probe: here 0.47 ns per float32 element and
+3.7 ns per float16 element, 8x the float32 cost per element for half the bytes. On a GPU the
+reduction is fused in NCCL's kernels and not measured (gamma 0).
+
+**Sharing the host** (``processes``): ranks that share a host share its memory bandwidth and
+last-level cache, and a memory-bound codec runs slower beside its neighbours than alone (two
+processes on a 2-core machine: DGC's and fp16's codecs 1.8-2x). ``calibrate(...,
+processes=K)`` runs K calibrations at once, each measurement started together (a barrier), and
+averages their fits; K = the ranks per host, at most its cores (more ranks than cores is
+time-slicing, :attr:`hvdcompress.plan.Cluster.cpu_share`, not contention).
+
 The fit is cached per machine and device in
 ``~/.cache/hvdcompress/calibration-<host>-<device>.json`` (keyed by the compressor's spec, see
 :func:`hvdcompress.plan.payloads.spec_key`). Trade-off: a few sizes and best-of-3 keep the run
@@ -23,9 +38,9 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Union
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -34,6 +49,8 @@ from ..registry import from_params
 from .device import Device, torch_device
 from .payloads import spec_key
 
+REDUCED = ("float32", "float16")   # the dtypes whose sum is timed (others: float32's gamma)
+REDUCE_ELEMENTS = 16 * 1024 * 1024  # a fusion buffer's worth: past the last-level cache
 SIZES = (64 * 64, 256 * 256, 1024 * 1024, 16 * 1024 * 1024)  # up to 64 MB: past the last-level cache, as big tensors are (16 MB was not: its fit read DGC 2.5x faster than a 25M tensor runs)
 GATHERED = 4   # the world of the decode4 measurement
 
@@ -74,17 +91,28 @@ class CodecTimes:
 
 @dataclass(frozen=True)
 class Calibration:
-    """Codec times of this ``host`` and ``device``, by compressor spec key."""
+    """Codec times of this ``host`` and ``device``, by compressor spec key; ``reduce``: seconds
+    per byte of the local sum by dtype (empty: not measured, gamma 0); ``processes``: how many
+    calibrated at once (see the module doc)."""
 
     host: str
     device: str
     codecs: dict
+    reduce: dict = field(default_factory=dict)
+    processes: int = 1
 
     def times(self, spec: Mapping[str, str]) -> Optional[CodecTimes]:
         return self.codecs.get(spec_key(spec))
 
+    def reduce_s(self, parts: Iterable[tuple]) -> float:
+        """Seconds of summing one payload of ``parts`` ((dtype, bytes), ...) into another:
+        ``sum(bytes · gamma[dtype])``, float32's gamma for a dtype not measured."""
+        fallback = self.reduce.get("float32", 0.0)
+        return sum(nbytes * self.reduce.get(dtype, fallback) for dtype, nbytes in parts)
+
     def to_json(self) -> str:
-        return json.dumps({"host": self.host, "device": self.device,
+        return json.dumps({"host": self.host, "device": self.device, "processes": self.processes,
+                           "reduce": self.reduce,
                            "codecs": {k: asdict(v) for k, v in self.codecs.items()}}, indent=1)
 
     @classmethod
@@ -92,13 +120,15 @@ class Calibration:
         data = json.loads(text)
         codecs = {k: CodecTimes(*(Fit(*v[part]) for part in ("compress", "decode", "decode4")))
                   for k, v in data["codecs"].items()}
-        return cls(data["host"], data["device"], codecs)
+        return cls(data["host"], data["device"], codecs, data.get("reduce", {}), data.get("processes", 1))
 
 
-def cache_path(device: str, cache_dir: Optional[Path] = None, host: Optional[str] = None) -> Path:
-    """Where this machine's calibration for ``device`` lives."""
+def cache_path(device: str, cache_dir: Optional[Path] = None, host: Optional[str] = None,
+               processes: int = 1) -> Path:
+    """Where this machine's calibration for ``device`` (by ``processes`` at once) lives."""
     folder = Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "hvdcompress"
-    return folder / f"calibration-{host or socket.gethostname()}-{device}.json"
+    together = f"-x{processes}" if processes > 1 else ""
+    return folder / f"calibration-{host or socket.gethostname()}-{device}{together}.json"
 
 
 def load(path: Path) -> Optional[Calibration]:
@@ -161,14 +191,77 @@ def _codec_seconds(device: Device, spec: Mapping[str, str], numel: int, repeats:
             seconds_decode if packet.summable else _best(device, decode4, repeats))
 
 
+_HOST = Device("host", None, None, lambda: None)   # numpy's timings need no device sync
+
+
+def measure_reduction(dtypes: Iterable[str] = REDUCED, numel: int = REDUCE_ELEMENTS,
+                      repeats: int = 3) -> dict:
+    """Seconds per byte of numpy's ``c = a + b`` on ``numel`` elements of each dtype (Gloo's
+    ``sum(c, a, b, n)``; the best of :func:`_best`'s runs): the gamma of a CPU reduction (see
+    the module doc). Bytes are one operand's: what the ring sends and sums."""
+    rng = np.random.default_rng(0)
+    gamma = {}
+    for dtype in dtypes:
+        a, b, c = (rng.standard_normal(numel).astype(dtype) for _ in range(3))
+        seconds = _best(_HOST, lambda: np.add(a, b, out=c), repeats)
+        gamma[dtype] = seconds / (numel * a.itemsize)
+    return gamma
+
+
 def calibrate(specs: Iterable[Mapping[str, str]], sizes: Iterable[int] = SIZES, repeats: int = 3,
-              device: Union[str, Device] = "") -> Calibration:
+              device: Union[str, Device] = "", processes: int = 1) -> Calibration:
     """Measure and fit the codec times of ``specs`` on ``device``: a torch device name ('' :
-    CUDA when available) or a :class:`Device` (e.g. a TensorFlow front end's ops)."""
+    CUDA when available) or a :class:`Device` (e.g. a TensorFlow front end's ops); on a CPU
+    also the reduction's gamma. ``processes`` > 1 (torch device names only): that many
+    processes calibrate at once and their fits are averaged (see the module doc)."""
+    specs, sizes = sorted(specs, key=spec_key), list(sizes)
+    if processes <= 1:
+        return _calibrate(specs, sizes, repeats, device, lambda: None)
+    if isinstance(device, Device):
+        raise ValueError(f"calibrate: processes={processes} needs a torch device name, not {device.name!r}")
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    barrier, queue = context.Barrier(processes), context.Queue()
+    workers = [context.Process(target=_worker, args=(specs, sizes, repeats, device, barrier, queue))
+               for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    results = [Calibration.from_json(queue.get()) for _ in workers]
+    for worker in workers:
+        worker.join()
+    return _average(results)
+
+
+def _calibrate(specs: list, sizes: list, repeats: int, device: Union[str, Device],
+               wait: Callable[[], object]) -> Calibration:
+    """One process's calibration; ``wait()`` before each measurement (a barrier, or nothing)."""
     dev = device if isinstance(device, Device) else torch_device(device)
-    sizes = list(sizes)
     codecs = {}
-    for spec in sorted(specs, key=spec_key):
-        points = [_codec_seconds(dev, spec, n, repeats) for n in sizes]
+    for spec in specs:
+        points = []
+        for n in sizes:
+            wait()
+            points.append(_codec_seconds(dev, spec, n, repeats))
         codecs[spec_key(spec)] = CodecTimes(*(fit_line(sizes, [p[i] for p in points]) for i in range(3)))
-    return Calibration(socket.gethostname(), dev.name, codecs)
+    wait()
+    reduce = measure_reduction(repeats=repeats) if dev.name.endswith("cpu") else {}
+    return Calibration(socket.gethostname(), dev.name, codecs, reduce)
+
+
+def _worker(specs: list, sizes: list, repeats: int, device: str, barrier: Any, queue: Any) -> None:
+    queue.put(_calibrate(specs, sizes, repeats, device, barrier.wait).to_json())
+
+
+def _average(results: list) -> Calibration:
+    """The mean of the processes' fits (coefficient by coefficient) and gammas."""
+    first = results[0]
+
+    def mean_fit(fits: list) -> Fit:
+        return Fit(float(np.mean([f.a for f in fits])), float(np.mean([f.b for f in fits])))
+
+    codecs = {key: CodecTimes(*(mean_fit([getattr(r.codecs[key], part) for r in results])
+                                for part in ("compress", "decode", "decode4")))
+              for key in first.codecs}
+    reduce = {dtype: float(np.mean([r.reduce[dtype] for r in results])) for dtype in first.reduce}
+    return Calibration(first.host, first.device, codecs, reduce, len(results))

@@ -17,13 +17,33 @@ all-to-all over N nodes of L ranks sends L·(P-L)/P · B out of each NIC against
 rank (flows = L(P-L)/(P-1), :func:`alltoall_flows`); the L cross-node exchanges of the
 two-level scheme share the NIC (flows = L). The transfer term is multiplied by ``flows``.
 
+``reduce_s``: the allreduce's sums. The ring's reduce-scatter adds (P-1) received segments of
+B/P bytes into the rank's own, (P-1)/P · B bytes summed at gamma seconds per byte (a dtype's
+cost, :meth:`hvdcompress.plan.calibration.Calibration.reduce_s`); the caller passes
+``reduce_s`` = gamma·B for the whole payload and the formula takes its (P-1)/P. The sums do not
+overlap the transfer (on a CPU the same thread copies from the socket and sums: pessimistic
+where the link is slower than the sum), so they add to the transfer term::
+
+    ring allreduce     2(P-1) alpha + 2(P-1)/P · B / beta + (P-1)/P · gamma·B
+
+**Two ranks: per-rank payloads go half duplex.** At P = 2 the ring's left and right neighbour,
+and the all-to-all's one peer, are the same rank: Gloo sends and receives over one TCP pair,
+and its allgather and all-to-all post each payload as one message, so the two directions take
+turns instead of overlapping (the allreduce, which also runs over one pair at P = 2, streams
+both ways). On this machine's loopback a 16 MB ``all_gather`` of two processes took 56-70 ms
+against 9 ms for the same bytes swapped with ``isend``/``irecv``; pytorch/gloo#471 reports the
+same (2 ranks 58% slower than 3 to 8 at the same bytes per rank, from 8-16 MB up). So at P = 2
+the allgather's and the all-to-all's transfers count both directions (x :data:`HALF_DUPLEX`).
+Trade-off: small payloads (well inside the socket buffers) do overlap; the factor over-prices
+them, where the latency term dominates anyway.
+
 Each function returns a :class:`Cost` whose latency and transfer parts stay apart: Horovod's
 tensor fusion (:mod:`hvdcompress.plan.pipeline`) pays the latency of a fused collective once and
 the transfers of all its tensors.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..exchange import wire_bytes
 from .links import Link
@@ -32,8 +52,8 @@ from .links import Link
 @dataclass(frozen=True)
 class Cost:
     """One collective of one tensor: ``latency_s`` (steps × alpha, paid once per fused
-    collective), ``transfer_s`` (bytes / beta, paid per tensor) and ``wire_bytes`` (what one
-    rank sends)."""
+    collective), ``transfer_s`` (bytes / beta and the allreduce's sums, paid per tensor) and
+    ``wire_bytes`` (what one rank sends)."""
 
     latency_s: float
     transfer_s: float
@@ -45,31 +65,41 @@ class Cost:
 
 
 FREE = Cost(0.0, 0.0, 0.0)
+HALF_DUPLEX = 2.0   # per-rank payloads at two ranks: both directions, one after the other
 
 
-def _cost(steps: int, nbytes: float, link: Link, flows: float) -> Cost:
-    return Cost(steps * link.alpha_s, flows * nbytes / link.beta_bytes_per_s, nbytes)
+def _cost(steps: int, nbytes: float, link: Link, flows: float, compute_s: float = 0.0) -> Cost:
+    return Cost(steps * link.alpha_s, flows * nbytes / link.beta_bytes_per_s + compute_s, nbytes)
 
 
-def allreduce(payload: float, ranks: int, link: Link, flows: float = 1.0) -> Cost:
-    """Ring allreduce: 2(P-1) alpha + 2(P-1)/P · B / beta."""
+def _one_pair(cost: Cost, ranks: int) -> Cost:
+    """A per-rank-payload collective's cost, its transfer doubled at two ranks (one TCP pair)."""
+    return replace(cost, transfer_s=HALF_DUPLEX * cost.transfer_s) if ranks == 2 else cost
+
+
+def allreduce(payload: float, ranks: int, link: Link, flows: float = 1.0, reduce_s: float = 0.0) -> Cost:
+    """Ring allreduce: 2(P-1) alpha + 2(P-1)/P · B / beta + (P-1)/P · ``reduce_s`` (the sums,
+    ``reduce_s`` = gamma·B for the whole payload)."""
     if ranks <= 1:
         return FREE
-    return _cost(2 * (ranks - 1), wire_bytes("allreduce", payload, ranks), link, flows)
+    return _cost(2 * (ranks - 1), wire_bytes("allreduce", payload, ranks), link, flows,
+                 (ranks - 1) / ranks * reduce_s)
 
 
 def allgather(payload: float, ranks: int, link: Link, flows: float = 1.0) -> Cost:
-    """Ring allgather of one B-byte payload per rank: (P-1) alpha + (P-1) · B / beta."""
+    """Ring allgather of one B-byte payload per rank: (P-1) alpha + (P-1) · B / beta; at P = 2
+    half duplex, 2·B / beta (see the module doc)."""
     if ranks <= 1:
         return FREE
-    return _cost(ranks - 1, wire_bytes("allgather", payload, ranks), link, flows)
+    return _one_pair(_cost(ranks - 1, wire_bytes("allgather", payload, ranks), link, flows), ranks)
 
 
 def alltoall(payload: float, ranks: int, link: Link, flows: float = 1.0) -> Cost:
-    """All-to-all of B bytes cut in P parts, part j to rank j: (P-1) alpha + (P-1)/P · B / beta."""
+    """All-to-all of B bytes cut in P parts, part j to rank j: (P-1) alpha + (P-1)/P · B / beta;
+    at P = 2 half duplex, B / beta (see the module doc)."""
     if ranks <= 1:
         return FREE
-    return _cost(ranks - 1, wire_bytes("alltoall", payload, ranks) / 2, link, flows)
+    return _one_pair(_cost(ranks - 1, wire_bytes("alltoall", payload, ranks) / 2, link, flows), ranks)
 
 
 def compressed_allreduce(payload: float, ranks: int, link: Link, scatter_flows: float = 1.0,

@@ -18,7 +18,9 @@ for a tensor of n elements, L ranks per node, C₁ the intra-node compressor::
 
 Codec time (when calibrated): compression in the gradient hook (the P or L segments of the
 compressed allreduce), the rest (decoding the gathered payloads, the server's re-compression
-of the summed segment, the second level) in ``synchronize``.
+of the summed segment, the second level) in ``synchronize``. The allreduce's sums cost the
+calibration's gamma per byte of each dtype (:mod:`hvdcompress.plan.collectives`). Codec time
+and sums are CPU work on a CPU device: both stretch by the cluster's ``cpu_share``.
 """
 from __future__ import annotations
 
@@ -59,20 +61,26 @@ class Exchange(NamedTuple):
 
 
 class Codec(NamedTuple):
-    """Codec seconds of one compressor from a calibration (zero when not calibrated), and the
-    device its payloads are measured on (None: torch's)."""
+    """Codec and reduction seconds of one compressor from a calibration (zero when not
+    calibrated), stretched by ``share`` (the cluster's ``cpu_share``), and the device its
+    payloads are measured on (None: torch's)."""
 
     spec: Mapping[str, str]
     calibration: Optional[Calibration]
     device: Optional[Device] = None
+    share: float = 1.0
 
     def compress(self, numel: float, times: int = 1) -> float:
         fit = self.calibration.times(self.spec) if self.calibration else None
-        return times * fit.compress_s(numel) if fit else 0.0
+        return self.share * times * fit.compress_s(numel) if fit else 0.0
 
     def decode(self, numel: float, payloads: int = 1, times: int = 1) -> float:
         fit = self.calibration.times(self.spec) if self.calibration else None
-        return times * fit.decode_s(numel, payloads) if fit else 0.0
+        return self.share * times * fit.decode_s(numel, payloads) if fit else 0.0
+
+    def reduce(self, parts: tuple) -> float:
+        """gamma·B of one summed payload of ``parts`` ((dtype, bytes), ...)."""
+        return self.share * self.calibration.reduce_s(parts) if self.calibration else 0.0
 
 
 def _one_level(codec: Codec, shape: tuple, numel: int, collective: str, ranks: int, link: Link,
@@ -80,8 +88,9 @@ def _one_level(codec: Codec, shape: tuple, numel: int, collective: str, ranks: i
     """The exchange of one tensor by one compressor over ``ranks`` ranks on ``link``."""
     payload = measure(codec.spec, shape, codec.device)
     if payload.summable:
-        rounds = tuple((f"{label}/allreduce/{i}", coll.allreduce(b, ranks, link, ring_flows))
-                       for i, b in enumerate(payload.rounds))
+        rounds = tuple((f"{label}/allreduce/{i}",
+                        coll.allreduce(b, ranks, link, ring_flows, codec.reduce(parts)))
+                       for i, (b, parts) in enumerate(zip(payload.rounds, payload.dtypes)))
         return Exchange(rounds, "allreduce", payload.rounds[0], codec.compress(numel), codec.decode(numel))
     if collective == "allgather":
         cost = coll.allgather(payload.total, ranks, link, ring_flows)
@@ -107,7 +116,7 @@ def exchange(spec: Mapping[str, str], shape: tuple, collective: str, level: str,
     numel = 1
     for size in shape:
         numel *= size
-    codec = Codec(spec, calibration, device)
+    codec = Codec(spec, calibration, device, cluster.cpu_share)
     nodes, local = cluster.nodes, cluster.gpus_per_node
     if level == "flat":
         link = cluster.inter if nodes > 1 else cluster.intra
@@ -119,7 +128,7 @@ def exchange(spec: Mapping[str, str], shape: tuple, collective: str, level: str,
                        nodes, cluster.inter, local, local, "cross")
     if cross is None:
         return None
-    mild, length = Codec(intra_node, calibration, device), -(-numel // local)
+    mild, length = Codec(intra_node, calibration, device, cluster.cpu_share), -(-numel // local)
     segment = measure(intra_node, (length,), device).total
     rounds = ((NODE + "alltoall", coll.alltoall(local * segment, local, cluster.intra)), *cross.rounds,
               (NODE + "allgather", coll.allgather(segment, local, cluster.intra)))

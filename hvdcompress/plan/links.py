@@ -7,14 +7,20 @@ levels: ``intra`` between the ranks of one node (NVLink, PCIe, shared memory: ea
 own path) and ``inter`` between nodes (the node's NIC, shared by its ranks when several of them
 send across it at once, see :mod:`hvdcompress.plan.collectives`).
 
+**CPU share.** Ranks that train on CPUs and outnumber their host's cores time-slice them: every
+rank's CPU work (compute, codec, the reduction's sums) stretches by ``cpu_share = ranks per
+host / cores`` (:func:`cpu_share`, at least 1). GPU ranks: 1 (their work is on the GPU).
+
 Trade-off: one (alpha, beta) per level ignores congestion in the switch fabric, multiple NICs
 per node and NCCL's multiple channels; fit ``alpha`` and ``beta`` from probes of the real
 network rather than trusting data-sheet numbers.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 from ..validation import check_int
 
@@ -64,17 +70,28 @@ class Link:
 @dataclass(frozen=True)
 class Cluster:
     """``nodes`` nodes of ``gpus_per_node`` ranks (rank r on node r // gpus_per_node, as
-    horovodrun places them), ``intra`` within a node, ``inter`` between nodes."""
+    horovodrun places them), ``intra`` within a node, ``inter`` between nodes; ``cpu_share``:
+    how many times over the ranks' CPU work is time-sliced (see the module doc)."""
 
     nodes: int
     gpus_per_node: int
     intra: Link
     inter: Link
+    cpu_share: float = 1.0
 
     def __post_init__(self) -> None:
         check_int("Cluster", "nodes", self.nodes, 1)
         check_int("Cluster", "gpus_per_node", self.gpus_per_node, 1)
+        if not self.cpu_share >= 1.0:
+            raise ValueError(f"Cluster: cpu_share={self.cpu_share!r}; allowed: a number >= 1 "
+                             "(ranks per host / cores, 1 when every rank has a core)")
 
     @property
     def ranks(self) -> int:
         return self.nodes * self.gpus_per_node
+
+
+def cpu_share(ranks_per_host: int, cores: Optional[int] = None) -> float:
+    """``max(1, ranks_per_host / cores)``: the stretch of each rank's CPU work when CPU ranks
+    outnumber the host's ``cores`` (default ``os.cpu_count()``)."""
+    return max(1.0, ranks_per_host / (cores or os.cpu_count() or 1))

@@ -6,6 +6,11 @@ calibrated codec time) and :func:`~hvdcompress.plan.pipeline.simulate` runs the 
 speed-ups are against Horovod as it is: a flat ring allreduce of the dense gradients
 (``none``) and of fp16 gradients (Horovod's ``Compression.fp16``).
 
+The profile's times are one rank's with a core of its own; on a cluster whose CPU ranks
+outnumber the cores (``Cluster.cpu_share`` > 1) the ready times, the backward's end and the
+optimizer's step stretch by the share, as the codec and reduction times do
+(:mod:`hvdcompress.plan.exchanges`).
+
 Determinism: the prediction depends only on its inputs (payload sizes depend on shapes and
 configuration, not on values; the calibration is an input), combinations are visited in a
 fixed order and :func:`recommend` breaks ties by bytes, then by name, so every rank given the
@@ -47,15 +52,16 @@ def _step(profile: ModelProfile, cluster: Cluster, spec: Mapping[str, str], coll
           level: str, intra_node: Mapping[str, str], calibration: Optional[Calibration],
           fusion: Fusion) -> Optional[tuple]:
     """(step seconds, wire bytes, collective label, codec seconds, node bytes) of one combination."""
-    jobs, used, wire, node = [], set(), 0.0, 0.0
+    jobs, used, wire, node, share = [], set(), 0.0, 0.0, cluster.cpu_share
     for tensor in profile.tensors:
         plan = exchange(spec, tensor.shape, collective, level, cluster, intra_node, calibration)
         if plan is None:
             return None
         used.add(plan.collective)
         wire, node = wire + plan.wire_bytes, node + plan.node_bytes
-        jobs.append(Job(tensor.name, tensor.ready_s, plan.rounds, plan.fusion_bytes, plan.hook_s, plan.sync_s))
-    timeline = simulate(jobs, profile.backward_s, profile.optimizer_s, fusion)
+        jobs.append(Job(tensor.name, share * tensor.ready_s, plan.rounds, plan.fusion_bytes,
+                        plan.hook_s, plan.sync_s))
+    timeline = simulate(jobs, share * profile.backward_s, share * profile.optimizer_s, fusion)
     label = collective if collective in used else "allreduce"
     return timeline.step_s, wire, label, sum(j.hook_s + j.sync_s for j in jobs), node
 

@@ -38,10 +38,13 @@ DENSE, FP16 = "none", "fp16"   # the references of the speed-ups (Horovod withou
 
 
 class Payload(NamedTuple):
-    """One rank's payload bytes of each round for one tensor, and whether they are summed."""
+    """One rank's payload bytes of each round for one tensor, whether they are summed, and each
+    round's bytes by dtype (``((dtype, bytes), ...)`` per round: the reduction's cost per byte
+    depends on the dtype, see :meth:`hvdcompress.plan.calibration.Calibration.reduce_s`)."""
 
     rounds: tuple
     summable: bool
+    dtypes: tuple = ()
 
     @property
     def total(self) -> int:
@@ -83,11 +86,19 @@ def _measure(key: str, shape: tuple, device: Optional[Device]) -> Payload:
     state: dict = {}
     compressor.init_state(device.ops, x, state, info)
     packet = compressor.compress(device.ops, x, state, info)
-    rounds, summable = [payload_bytes(device.ops, packet.tensors)], packet.summable
+    summable, rounds = packet.summable, [_by_dtype(device.ops, packet.tensors)]
     while packet.resume is not None:
         packet = packet.resume(packet.tensors)
-        rounds.append(payload_bytes(device.ops, packet.tensors))
-    return Payload(tuple(rounds), summable)
+        rounds.append(_by_dtype(device.ops, packet.tensors))
+    return Payload(tuple(sum(b for _, b in r) for r in rounds), summable, tuple(rounds))
+
+
+def _by_dtype(ops, tensors: list) -> tuple:
+    """A round's payload bytes by dtype, ``((dtype, bytes), ...)`` in order of first use."""
+    out: dict = {}
+    for t in tensors:
+        out[ops.dtype(t)] = out.get(ops.dtype(t), 0) + payload_bytes(ops, [t])
+    return tuple(out.items())
 
 
 def supports_alltoall(spec: Mapping[str, str]) -> bool:

@@ -17,6 +17,9 @@ backward's share of it spread over the tensors as :func:`hvdcompress.plan.profil
 does) measured at the probe (below), where every rank has a core; this machine's calibration
 at one thread per process, run by min(ranks, cores) processes at once as the ranks share the
 memory (cached apart from the plan's own): codec times and the reduction's gamma per dtype;
+for the Horovod front end, gamma of Horovod's own Gloo sums (:func:`horovod_gamma`: its
+``gloo::sum<float16>`` converts in software, about 7x numpy's float16 add; torch's Gloo, the
+DDP hook's, sums at about numpy's speed);
 ``cpu_share = ranks / cores`` (every emulated host is a namespace of this machine), which
 stretches compute, codec and sums when the ranks outnumber the cores; Horovod's fusion
 defaults. The links are *fitted*, not assumed: per rate, alpha is :data:`ALPHA_S` and beta the
@@ -31,12 +34,16 @@ Writes ``benchmarks/results/plan_validation.json``.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
+import subprocess
+import time
 import json
 import math
 import os
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 os.environ["OMP_NUM_THREADS"] = "1"   # calibrate as the ranks run (e2e: one thread each), before
@@ -81,6 +88,46 @@ def calibration_for(ranks: int) -> cal.Calibration:
     return base
 
 
+#: Gloo's reduction kernels in Horovod's torch library (local symbols, found with nm)
+GLOO_SUMS = {"float16": "void gloo::sum<gloo::float16>(void*, void const*, void const*, unsigned long)",
+             "float32": "void gloo::sum<float>(void*, void const*, void const*, unsigned long)"}
+
+
+@functools.lru_cache(maxsize=None)
+def horovod_gamma(ranks: int) -> cal.Calibration:
+    """:func:`calibration_for` with gamma of the sums Horovod's Gloo runs: each ``gloo::sum<T>``
+    of horovod.torch's library called directly (ctypes, at its nm address) on 16M elements,
+    against numpy's add in the same process; the ratio scales the calibrated numpy gamma (the
+    ratio holds under the machine's load, the absolute times do not)."""
+    import numpy as np
+    import horovod.torch.mpi_lib_v2 as lib
+
+    base = calibration_for(ranks)
+    path = lib.__file__
+    symbols = {line[17:]: int(line[:16], 16) for line in subprocess.run(   # "<address> <type> <name>"
+        ["nm", "-C", path], capture_output=True, text=True, check=True).stdout.splitlines() if line[:16].strip()}
+    handle = ctypes.CDLL(path)
+    origin = ctypes.cast(handle.PyInit_mpi_lib_v2, ctypes.c_void_p).value - symbols["T PyInit_mpi_lib_v2"]
+    kernel = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+    rng, numel, gamma = np.random.default_rng(0), cal.REDUCE_ELEMENTS, dict(base.reduce)
+    for dtype, name in GLOO_SUMS.items():
+        gloo_sum = kernel(origin + symbols[f"t {name}"])
+        a, b, c = (rng.standard_normal(numel).astype(dtype) for _ in range(3))
+
+        def best(run) -> float:
+            times = []
+            for _ in range(3):
+                begin = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - begin)
+            return min(times)
+
+        ratio = best(lambda: gloo_sum(c.ctypes.data, a.ctypes.data, b.ctypes.data, numel)) / \
+            best(lambda: np.add(a, b, out=c))
+        gamma[dtype] = ratio * base.reduce[dtype]
+    return replace(base, reduce=gamma)
+
+
 def cluster(entry: dict, link: Link) -> Cluster:
     """Each flat rank in its own namespace (a node of one); hosts x slots: loopback inside.
     Every namespace runs on this machine's cores: cpu_share = ranks / cores."""
@@ -99,14 +146,15 @@ def profile_of(floor_entry: dict):
     return from_sizes(shapes(floor_entry["model"]), floor["fwd_bwd_s"], floor["sync_update_s"])
 
 
-def predict_setting(entry: dict, link: Link, floor_entry: dict, methods: dict) -> list:
+def predict_setting(entry: dict, link: Link, floor_entry: dict, methods: dict, front_end: str) -> list:
     """The model's rows for ``methods`` (e2e name -> plan label) in the setting of ``entry``."""
+    calibration = (horovod_gamma if front_end == "horovod" else calibration_for)(entry["np"])
     return predict(profile_of(floor_entry), cluster(entry, link),
                    {methods[m]: DEFAULT_COMPRESSORS[methods[m]] for m in methods},
-                   levels=("flat",), calibration=calibration_for(entry["np"]))
+                   levels=("flat",), calibration=calibration)
 
 
-def fit_link(entry: dict, probe: str, label: str) -> Link:
+def fit_link(entry: dict, probe: str, label: str, front_end: str) -> Link:
     """The beta (alpha fixed at :data:`ALPHA_S`) with which the model predicts the measured
     dense step ``probe`` of ``entry`` exactly: bisection in log(beta), the predicted step falling
     as beta grows (10 kB/s to 1 TB/s)."""
@@ -114,7 +162,7 @@ def fit_link(entry: dict, probe: str, label: str) -> Link:
     low, high = math.log(1e4), math.log(1e12)
     for _ in range(50):
         mid = (low + high) / 2
-        step = predict_setting(entry, Link(ALPHA_S, math.exp(mid)), entry, {probe: label})[0].step_time_s
+        step = predict_setting(entry, Link(ALPHA_S, math.exp(mid)), entry, {probe: label}, front_end)[0].step_time_s
         low, high = (mid, high) if step > measured else (low, mid)
     return Link(ALPHA_S, math.exp((low + high) / 2))
 
@@ -128,11 +176,11 @@ def validate(e2e: dict, front_end: str) -> dict:
     report, errors, fastest = {"settings": {}}, [], []
     for rate, entries in sorted(by_rate.items()):
         probe_key, probe = min(entries, key=lambda ke: (ke[1].get("slots", 1), ke[1]["np"]))
-        link = fit_link(probe, probe_method, methods_of[probe_method])
+        link = fit_link(probe, probe_method, methods_of[probe_method], front_end)
         for key, entry in sorted(entries):
             rows = rows_of(entry)
             methods = [m for m in methods_of if m in rows]
-            predicted = predict_setting(entry, link, probe, {m: methods_of[m] for m in methods})
+            predicted = predict_setting(entry, link, probe, {m: methods_of[m] for m in methods}, front_end)
             best = {}
             for row in predicted:   # the engine's own collective choice: the fewer bytes
                 old = best.get(row.compressor)

@@ -21,7 +21,8 @@ for the Horovod front end, gamma of Horovod's own Gloo sums (:func:`horovod_gamm
 ``gloo::sum<float16>`` converts in software, about 7x numpy's float16 add; torch's Gloo, the
 DDP hook's, sums at about numpy's speed);
 ``cpu_share = ranks / cores`` (every emulated host is a namespace of this machine), which
-stretches compute, codec and sums when the ranks outnumber the cores; Horovod's fusion
+stretches compute, codec, sums and the CPU's part of a byte's transfer (the fitted 1/beta less
+the wire's seconds per byte at the emulated rate) when the ranks outnumber the cores; Horovod's fusion
 defaults. The links are *fitted*, not assumed: per rate, alpha is :data:`ALPHA_S` and beta the
 one with which the model predicts the dense step at the fewest ranks measured at that rate (the
 probe) exactly; those probe rows are left out of the error statistics.
@@ -154,17 +155,26 @@ def predict_setting(entry: dict, link: Link, floor_entry: dict, methods: dict, f
                    levels=("flat",), calibration=calibration)
 
 
+#: wire bytes per payload byte of TCP over the emulated Ethernet (tbf counts whole frames):
+#: 1514-byte frames carry 1448 payload bytes, and each direction also carries the other's ACKs
+#: (66 bytes per two frames, in both directions when both send)
+WIRE_PER_PAYLOAD = (1514 + 33) / 1448
+
+
 def fit_link(entry: dict, probe: str, label: str, front_end: str) -> Link:
     """The beta (alpha fixed at :data:`ALPHA_S`) with which the model predicts the measured
     dense step ``probe`` of ``entry`` exactly: bisection in log(beta), the predicted step falling
-    as beta grows (10 kB/s to 1 TB/s)."""
+    as beta grows (10 kB/s to 1 TB/s). Its CPU part: the excess of 1/beta over the wire's
+    seconds per byte at the emulated rate (TCP over Ethernet, :data:`WIRE_PER_PAYLOAD`)."""
     measured = rows_of(entry)[probe]["step_s"]
     low, high = math.log(1e4), math.log(1e12)
     for _ in range(50):
         mid = (low + high) / 2
         step = predict_setting(entry, Link(ALPHA_S, math.exp(mid)), entry, {probe: label}, front_end)[0].step_time_s
         low, high = (mid, high) if step > measured else (low, mid)
-    return Link(ALPHA_S, math.exp((low + high) / 2))
+    beta = math.exp((low + high) / 2)
+    wire_s_per_byte = WIRE_PER_PAYLOAD * 8 / entry["rate_bps"]
+    return Link(ALPHA_S, beta, max(1 / beta - wire_s_per_byte, 0.0))
 
 
 def validate(e2e: dict, front_end: str) -> dict:
@@ -199,7 +209,8 @@ def validate(e2e: dict, front_end: str) -> dict:
             right = min(lines, key=lambda r: r["measured_s"])["method"] == \
                 min(lines, key=lambda r: r["predicted_s"])["method"]
             fastest.append(right)
-            report["settings"][key] = {"link": {"alpha_s": link.alpha_s, "beta_bytes_per_s": link.beta_bytes_per_s},
+            report["settings"][key] = {"link": {"alpha_s": link.alpha_s, "beta_bytes_per_s": link.beta_bytes_per_s,
+                                                "cpu_s_per_byte": link.cpu_s_per_byte},
                                        "fastest_right": right, "methods": lines}
     report["median_abs_error"] = statistics.median(errors) if errors else math.nan
     report["worst_abs_error"] = max(errors) if errors else math.nan
@@ -210,7 +221,8 @@ def validate(e2e: dict, front_end: str) -> dict:
 def print_report(report: dict) -> None:
     for key, setting in report["settings"].items():
         beta = setting["link"]["beta_bytes_per_s"] * 8 / 1e6
-        print(f"\n== {key} (fitted beta {beta:.0f} Mbit/s; fastest predicted "
+        cpu = setting["link"]["cpu_s_per_byte"] * 1e9
+        print(f"\n== {key} (fitted beta {beta:.0f} Mbit/s, {cpu:.2f} ns/byte of it CPU; fastest predicted "
               f"{'right' if setting['fastest_right'] else 'WRONG'})")
         print(f"{'method':<11} {'collective':<10} {'measured s':>10} {'predicted s':>11} {'error':>7}")
         for r in setting["methods"]:

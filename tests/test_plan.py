@@ -98,9 +98,19 @@ def test_calibrations_run_together_are_averaged(tmp_path):
 def test_compressed_allreduce_is_two_rounds_with_the_engines_bytes():
     ranks, b = 8, 8e6
     scatter, gather = coll.compressed_allreduce(b, ranks, LINK)
-    assert scatter.total_s == pytest.approx(7 * 1e-5 + 7 / 8 * b / 1e9)   # all-to-all of B/P parts
+    assert scatter.total_s == pytest.approx(7 * 1e-5 + 2 * 7 / 8 * b / 1e9)   # B/P parts, half duplex
     assert gather.total_s == pytest.approx(7 * 1e-5 + 7 * (b / 8) / 1e9)  # allgather of B/P
     assert scatter.wire_bytes + gather.wire_bytes == pytest.approx(wire_bytes("alltoall", b, ranks))
+
+
+def test_the_cpu_part_of_a_link_stretches_with_the_share():
+    link = Link(1e-5, 1e9, cpu_s_per_byte=4e-10)
+    assert link.shared(1.0) == link and Link(1e-5, 1e9).shared(3.0) == Link(1e-5, 1e9)
+    shared = link.shared(3.0)   # 1 ns per byte, 0.4 of it CPU: 1 + 2 · 0.4 = 1.8 ns
+    assert 1 / shared.beta_bytes_per_s == pytest.approx(1.8e-9) and shared.alpha_s == link.alpha_s
+    cluster = Cluster(4, 1, intra=link, inter=link, cpu_share=3.0)
+    dense = exchange({"compressor": "none"}, (1000,), "allgather", "flat", cluster, FP16)
+    assert dense.rounds[0][1].transfer_s == pytest.approx(2 * 3 / 4 * 4000 * 1.8e-9)
 
 
 def test_one_rank_costs_nothing_and_flows_scale_the_transfer():
@@ -119,7 +129,7 @@ def test_flat_exchange_matches_the_hand_formula():
     onebit = exchange({"compressor": "onebit"}, (1000, 100), "alltoall", "flat", cluster, FP16)
     seg = measure({"compressor": "onebit"}, (12500,)).total   # ⌈100000 / 8⌉ elements
     assert seg == math.ceil(12500 / 8) + 4                    # sign bits + one fp32 scale
-    scatter = 7 * 1e-5 + (4 * 4 / 8) * 8 * seg / 1e9          # NIC bytes L(P-L)/P · B
+    scatter = 7 * 1e-5 + 2 * (4 * 4 / 8) * 8 * seg / 1e9      # NIC bytes L(P-L)/P · B, half duplex
     gather = 7 * 1e-5 + 7 * seg / 1e9
     assert [c.total_s for _, c in onebit.rounds] == pytest.approx([scatter, gather])
 
@@ -130,7 +140,7 @@ def test_two_level_exchange_matches_the_hand_formula():
     plan = exchange({"compressor": "topk", "k": "0.01"}, (4000, 10), "allgather", "two-level", cluster, FP16)
     node_seg = 2 * 10_000                                  # fp16 of a 40000/4 segment
     shard = 8 * 100                                        # top-1% of a (1000, 10) shard: values + indices
-    expected = [3 * 1e-6 + 3 / 4 * 4 * node_seg / 1e11,    # node all-to-all
+    expected = [3 * 1e-6 + 2 * 3 / 4 * 4 * node_seg / 1e11,  # node all-to-all, half duplex
                 2 * 1e-5 + local * 2 * shard / 1e9,        # cross allgather, 4 flows on the NIC
                 3 * 1e-6 + 3 * node_seg / 1e11]            # node allgather
     assert [c.total_s for _, c in plan.rounds] == pytest.approx(expected)

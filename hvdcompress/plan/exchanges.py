@@ -20,7 +20,8 @@ Codec time (when calibrated): compression in the gradient hook (the P or L segme
 compressed allreduce), the rest (decoding the gathered payloads, the server's re-compression
 of the summed segment, the second level) in ``synchronize``. The allreduce's sums cost the
 calibration's gamma per byte of each dtype (:mod:`hvdcompress.plan.collectives`). Codec time
-and sums are CPU work on a CPU device: both stretch by the cluster's ``cpu_share``.
+and sums are CPU work on a CPU device: both stretch by the cluster's ``cpu_share``, and so does
+the CPU's part of each link's seconds per byte (:meth:`hvdcompress.plan.Link.shared`).
 """
 from __future__ import annotations
 
@@ -118,20 +119,21 @@ def exchange(spec: Mapping[str, str], shape: tuple, collective: str, level: str,
         numel *= size
     codec = Codec(spec, calibration, device, cluster.cpu_share)
     nodes, local = cluster.nodes, cluster.gpus_per_node
+    intra, inter = cluster.intra.shared(cluster.cpu_share), cluster.inter.shared(cluster.cpu_share)
     if level == "flat":
-        link = cluster.inter if nodes > 1 else cluster.intra
+        link = inter if nodes > 1 else intra
         a2a = coll.alltoall_flows(cluster.ranks, local) if nodes > 1 else 1.0
         return _one_level(codec, shape, numel, collective, cluster.ranks, link, 1.0, a2a, "flat")
     if nodes == 1 or local == 1:
         return None
     cross = _one_level(codec, shard_shape(shape, numel, local), -(-numel // local), collective,
-                       nodes, cluster.inter, local, local, "cross")
+                       nodes, inter, local, local, "cross")
     if cross is None:
         return None
     mild, length = Codec(intra_node, calibration, device, cluster.cpu_share), -(-numel // local)
     segment = measure(intra_node, (length,), device).total
-    rounds = ((NODE + "alltoall", coll.alltoall(local * segment, local, cluster.intra)), *cross.rounds,
-              (NODE + "allgather", coll.allgather(segment, local, cluster.intra)))
+    rounds = ((NODE + "alltoall", coll.alltoall(local * segment, local, intra)), *cross.rounds,
+              (NODE + "allgather", coll.allgather(segment, local, intra)))
     sync = (mild.decode(length, local) + cross.hook_s + cross.sync_s + mild.compress(length)
             + mild.decode(length, times=local))
     return Exchange(rounds, cross.collective, local * segment, mild.compress(length, local), sync)

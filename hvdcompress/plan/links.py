@@ -9,7 +9,11 @@ send across it at once, see :mod:`hvdcompress.plan.collectives`).
 
 **CPU share.** Ranks that train on CPUs and outnumber their host's cores time-slice them: every
 rank's CPU work (compute, codec, the reduction's sums) stretches by ``cpu_share = ranks per
-host / cores`` (:func:`cpu_share`, at least 1). GPU ranks: 1 (their work is on the GPU).
+host / cores`` (:func:`cpu_share`, at least 1). GPU ranks: 1 (their work is on the GPU). So
+does the CPU's part of a byte's transfer over TCP (the kernel's copies on both ends, which a
+fast link leaves visible in a fitted beta): ``cpu_s_per_byte`` of a :class:`Link`, the excess
+of the fitted ``1/beta`` over the wire's own seconds per byte. Under a share s a byte costs
+``1/beta + (s - 1)·cpu_s_per_byte`` (:meth:`Link.shared`).
 
 Trade-off: one (alpha, beta) per level ignores congestion in the switch fabric, multiple NICs
 per node and NCCL's multiple channels; fit ``alpha`` and ``beta`` from probes of the real
@@ -61,10 +65,20 @@ def parse_latency(param: str, value: str) -> float:
 
 @dataclass(frozen=True)
 class Link:
-    """One level of the network: ``alpha_s`` seconds per message, ``beta_bytes_per_s``."""
+    """One level of the network: ``alpha_s`` seconds per message, ``beta_bytes_per_s``, and
+    ``cpu_s_per_byte``, the CPU's part of ``1/beta`` (see the module doc; 0: none known)."""
 
     alpha_s: float
     beta_bytes_per_s: float
+    cpu_s_per_byte: float = 0.0
+
+    def shared(self, share: float) -> "Link":
+        """The link as ranks that time-share their cores by ``share`` see it: each byte's CPU
+        part stretched, ``1/beta' = 1/beta + (share - 1)·cpu_s_per_byte``."""
+        if share <= 1.0 or not self.cpu_s_per_byte:
+            return self
+        return Link(self.alpha_s, 1 / (1 / self.beta_bytes_per_s + (share - 1) * self.cpu_s_per_byte),
+                    self.cpu_s_per_byte)
 
 
 @dataclass(frozen=True)

@@ -98,35 +98,43 @@ GLOO_SUMS = {"float16": "void gloo::sum<gloo::float16>(void*, void const*, void 
 def horovod_gamma(ranks: int) -> cal.Calibration:
     """:func:`calibration_for` with gamma of the sums Horovod's Gloo runs: each ``gloo::sum<T>``
     of horovod.torch's library called directly (ctypes, at its nm address) on 16M elements,
-    against numpy's add in the same process; the ratio scales the calibrated numpy gamma (the
-    ratio holds under the machine's load, the absolute times do not)."""
+    against numpy's add in the same process; the ratio (cached beside the calibration) scales
+    the calibrated numpy gamma (a ratio holds under the machine's load, absolute times not)."""
+    base, path = calibration_for(ranks), CACHE / "horovod-gloo-sum-ratios.json"
+    if not path.exists():
+        path.write_text(json.dumps(_gloo_sum_ratios()))
+    ratios = json.loads(path.read_text())
+    return replace(base, reduce={dtype: ratios[dtype] * g for dtype, g in base.reduce.items()})
+
+
+def _gloo_sum_ratios(repeats: int = 5) -> dict:
+    """Per dtype, the best time of Horovod's ``gloo::sum<T>(c, a, b, n)`` over numpy's
+    ``np.add(a, b, out=c)`` (best of ``repeats`` each)."""
     import numpy as np
     import horovod.torch.mpi_lib_v2 as lib
 
-    base = calibration_for(ranks)
     path = lib.__file__
     symbols = {line[17:]: int(line[:16], 16) for line in subprocess.run(   # "<address> <type> <name>"
         ["nm", "-C", path], capture_output=True, text=True, check=True).stdout.splitlines() if line[:16].strip()}
     handle = ctypes.CDLL(path)
     origin = ctypes.cast(handle.PyInit_mpi_lib_v2, ctypes.c_void_p).value - symbols["T PyInit_mpi_lib_v2"]
     kernel = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-    rng, numel, gamma = np.random.default_rng(0), cal.REDUCE_ELEMENTS, dict(base.reduce)
+
+    def best(run) -> float:
+        times = []
+        for _ in range(repeats):
+            begin = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - begin)
+        return min(times)
+
+    rng, numel, ratios = np.random.default_rng(0), cal.REDUCE_ELEMENTS, {}
     for dtype, name in GLOO_SUMS.items():
         gloo_sum = kernel(origin + symbols[f"t {name}"])
         a, b, c = (rng.standard_normal(numel).astype(dtype) for _ in range(3))
-
-        def best(run) -> float:
-            times = []
-            for _ in range(3):
-                begin = time.perf_counter()
-                run()
-                times.append(time.perf_counter() - begin)
-            return min(times)
-
-        ratio = best(lambda: gloo_sum(c.ctypes.data, a.ctypes.data, b.ctypes.data, numel)) / \
+        ratios[dtype] = best(lambda: gloo_sum(c.ctypes.data, a.ctypes.data, b.ctypes.data, numel)) / \
             best(lambda: np.add(a, b, out=c))
-        gamma[dtype] = ratio * base.reduce[dtype]
-    return replace(base, reduce=gamma)
+    return ratios
 
 
 def cluster(entry: dict, link: Link) -> Cluster:
@@ -166,15 +174,18 @@ def fit_link(entry: dict, probe: str, label: str, front_end: str) -> Link:
     dense step ``probe`` of ``entry`` exactly: bisection in log(beta), the predicted step falling
     as beta grows (10 kB/s to 1 TB/s). Its CPU part: the excess of 1/beta over the wire's
     seconds per byte at the emulated rate (TCP over Ethernet, :data:`WIRE_PER_PAYLOAD`)."""
+    def link(log_beta: float) -> Link:
+        return Link(ALPHA_S, math.exp(log_beta), half_duplex_pairs=True)   # Gloo over TCP
+
     measured = rows_of(entry)[probe]["step_s"]
     low, high = math.log(1e4), math.log(1e12)
     for _ in range(50):
         mid = (low + high) / 2
-        step = predict_setting(entry, Link(ALPHA_S, math.exp(mid)), entry, {probe: label}, front_end)[0].step_time_s
+        step = predict_setting(entry, link(mid), entry, {probe: label}, front_end)[0].step_time_s
         low, high = (mid, high) if step > measured else (low, mid)
-    beta = math.exp((low + high) / 2)
+    fitted = link((low + high) / 2)
     wire_s_per_byte = WIRE_PER_PAYLOAD * 8 / entry["rate_bps"]
-    return Link(ALPHA_S, beta, max(1 / beta - wire_s_per_byte, 0.0))
+    return replace(fitted, cpu_s_per_byte=max(1 / fitted.beta_bytes_per_s - wire_s_per_byte, 0.0))
 
 
 def validate(e2e: dict, front_end: str) -> dict:

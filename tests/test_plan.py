@@ -30,8 +30,12 @@ def test_ring_formulas(ranks):
     ar = coll.allreduce(b, ranks, LINK)
     assert ar.total_s == pytest.approx(2 * (ranks - 1) * a + 2 * (ranks - 1) / ranks * b / beta)
     ag = coll.allgather(b, ranks, LINK)
+    assert ag.total_s == pytest.approx((ranks - 1) * a + (ranks - 1) * b / beta)
+    gloo = Link(LINK.alpha_s, LINK.beta_bytes_per_s, half_duplex_pairs=True)
     duplex = 2 if ranks == 2 else 1   # two ranks: one TCP pair, the directions take turns
-    assert ag.total_s == pytest.approx((ranks - 1) * a + duplex * (ranks - 1) * b / beta)
+    assert coll.allgather(b, ranks, gloo).total_s == pytest.approx((ranks - 1) * a + duplex * (ranks - 1) * b / beta)
+    assert coll.alltoall(b, ranks, gloo).transfer_s == pytest.approx(2 * coll.alltoall(b, ranks, LINK).transfer_s)
+    assert coll.allreduce(b, ranks, gloo) == ar
     assert (ar.wire_bytes, ag.wire_bytes) == (wire_bytes("allreduce", b, ranks), wire_bytes("allgather", b, ranks))
 
 
@@ -98,7 +102,7 @@ def test_calibrations_run_together_are_averaged(tmp_path):
 def test_compressed_allreduce_is_two_rounds_with_the_engines_bytes():
     ranks, b = 8, 8e6
     scatter, gather = coll.compressed_allreduce(b, ranks, LINK)
-    assert scatter.total_s == pytest.approx(7 * 1e-5 + 2 * 7 / 8 * b / 1e9)   # B/P parts, half duplex
+    assert scatter.total_s == pytest.approx(7 * 1e-5 + 7 / 8 * b / 1e9)   # all-to-all of B/P parts
     assert gather.total_s == pytest.approx(7 * 1e-5 + 7 * (b / 8) / 1e9)  # allgather of B/P
     assert scatter.wire_bytes + gather.wire_bytes == pytest.approx(wire_bytes("alltoall", b, ranks))
 
@@ -129,7 +133,7 @@ def test_flat_exchange_matches_the_hand_formula():
     onebit = exchange({"compressor": "onebit"}, (1000, 100), "alltoall", "flat", cluster, FP16)
     seg = measure({"compressor": "onebit"}, (12500,)).total   # ⌈100000 / 8⌉ elements
     assert seg == math.ceil(12500 / 8) + 4                    # sign bits + one fp32 scale
-    scatter = 7 * 1e-5 + 2 * (4 * 4 / 8) * 8 * seg / 1e9      # NIC bytes L(P-L)/P · B, half duplex
+    scatter = 7 * 1e-5 + (4 * 4 / 8) * 8 * seg / 1e9          # NIC bytes L(P-L)/P · B
     gather = 7 * 1e-5 + 7 * seg / 1e9
     assert [c.total_s for _, c in onebit.rounds] == pytest.approx([scatter, gather])
 
@@ -140,7 +144,7 @@ def test_two_level_exchange_matches_the_hand_formula():
     plan = exchange({"compressor": "topk", "k": "0.01"}, (4000, 10), "allgather", "two-level", cluster, FP16)
     node_seg = 2 * 10_000                                  # fp16 of a 40000/4 segment
     shard = 8 * 100                                        # top-1% of a (1000, 10) shard: values + indices
-    expected = [3 * 1e-6 + 2 * 3 / 4 * 4 * node_seg / 1e11,  # node all-to-all, half duplex
+    expected = [3 * 1e-6 + 3 / 4 * 4 * node_seg / 1e11,    # node all-to-all
                 2 * 1e-5 + local * 2 * shard / 1e9,        # cross allgather, 4 flows on the NIC
                 3 * 1e-6 + 3 * node_seg / 1e11]            # node allgather
     assert [c.total_s for _, c in plan.rounds] == pytest.approx(expected)

@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     net.add_argument("--intra", default="300gbyte", help="bandwidth within a node, per rank")
     net.add_argument("--latency", default="10us", help="latency of a message between nodes")
     net.add_argument("--intra-latency", default="2us", help="latency of a message within a node")
+    net.add_argument("--gloo", action="store_true",
+                     help="Gloo over TCP: a pairwise exchange's two directions take turns (all-to-all; "
+                          "allgather at 2 ranks)")
     net.add_argument("--cpu-cores", type=int, default=0,
                      help="CPU ranks: cores per node; more ranks than cores time-share them "
                           "(compute, codec and sums stretch by gpus-per-node / cores). 0: GPU ranks")
@@ -149,8 +152,10 @@ def main(argv: Optional[list] = None) -> int:
         if args.calibrate:
             return 0
         profile = _profile(args)
-        inter = Link(parse_latency("--latency", args.latency), parse_bandwidth("--inter", args.inter))
-        intra_link = Link(parse_latency("--intra-latency", args.intra_latency), parse_bandwidth("--intra", args.intra))
+        inter = Link(parse_latency("--latency", args.latency), parse_bandwidth("--inter", args.inter),
+                     half_duplex_pairs=args.gloo)
+        intra_link = Link(parse_latency("--intra-latency", args.intra_latency),
+                          parse_bandwidth("--intra", args.intra), half_duplex_pairs=args.gloo)
         share = cpu_share(args.gpus_per_node, args.cpu_cores) if args.cpu_cores > 0 else 1.0
         cluster = Cluster(args.nodes, args.gpus_per_node, intra_link, inter, share)
         fusion = Fusion(args.fusion_threshold, args.cycle_ms / 1e3)

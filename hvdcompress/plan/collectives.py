@@ -5,11 +5,11 @@ are :func:`hvdcompress.exchange.wire_bytes` (the engine's own cost model), so th
 engine's byte accounting cannot drift apart::
 
     ring allreduce     2(P-1) alpha + 2(P-1)/P · B / beta
-    ring allgather      (P-1) alpha +  (P-1)   · B / beta      (P = 2: 2·B / beta, below)
-    all-to-all          (P-1) alpha + 2(P-1)/P · B / beta      (pairwise, half duplex: below)
+    ring allgather      (P-1) alpha +  (P-1)   · B / beta      (Gloo, P = 2: 2·B / beta, below)
+    all-to-all          (P-1) alpha +  (P-1)/P · B / beta      (Gloo: twice the transfer, below)
     compressed allreduce = all-to-all of the P segments (B = the P segments' payloads)
                          + allgather of the re-compressed own segment (B / P):
-                         2(P-1) alpha + 3(P-1)/P · B / beta, in two rounds (P >= 3)
+                         2(P-1) alpha + 2(P-1)/P · B / beta, in two rounds (Gloo, P >= 3: 3(P-1)/P)
 
 ``flows``: how many ranks' traffic of this collective crosses one link at the same time. A ring
 laid over N nodes in rank order crosses each node's NIC once per step (flows = 1); an
@@ -26,15 +26,16 @@ where the link is slower than the sum), so they add to the transfer term::
 
     ring allreduce     2(P-1) alpha + 2(P-1)/P · B / beta + (P-1)/P · gamma·B
 
-**Pairwise exchanges go half duplex.** When a rank sends one message to a peer and receives
-one from the same peer, Gloo carries both over one TCP pair and the two directions take turns
+**Pairwise exchanges go half duplex over Gloo** (``Link.half_duplex_pairs``). When a rank sends
+one message to a peer and receives one from the same peer, Gloo carries both over one TCP pair and the two directions take turns
 instead of overlapping: every step of the all-to-all (Gloo's ``alltoallv`` posts one send and
 one receive per peer), and the ring allgather at P = 2, whose left and right neighbour are the
 same rank (the allreduce, which also runs over one pair at P = 2, streams both ways in
 segments). On this machine's loopback a 16 MB ``all_gather`` of two processes took 56-70 ms
 against 9 ms for the same bytes swapped with ``isend``/``irecv``; pytorch/gloo#471 reports the
 same (2 ranks 58% slower than 3 to 8 at the same bytes per rank, from 8-16 MB up). So those
-transfers count both directions (x :data:`HALF_DUPLEX`). Trade-off: small payloads (well inside the socket buffers) do overlap; the factor over-prices
+transfers count both directions (x :data:`HALF_DUPLEX`). Trade-off: small payloads (well
+inside the socket buffers) do overlap; the factor over-prices
 them, where the latency term dominates anyway.
 
 Each function returns a :class:`Cost` whose latency and transfer parts stay apart: Horovod's
@@ -72,9 +73,10 @@ def _cost(steps: int, nbytes: float, link: Link, flows: float, compute_s: float 
     return Cost(steps * link.alpha_s, flows * nbytes / link.beta_bytes_per_s + compute_s, nbytes)
 
 
-def _one_pair(cost: Cost, ranks: int) -> Cost:
-    """``cost`` with its transfer doubled where each step exchanges with one peer (two ranks)."""
-    return replace(cost, transfer_s=HALF_DUPLEX * cost.transfer_s) if ranks == 2 else cost
+def _one_pair(cost: Cost, ranks: int, link: Link) -> Cost:
+    """``cost`` with its transfer doubled where each step exchanges with one peer (two ranks)
+    over a link whose pairs are half duplex."""
+    return replace(cost, transfer_s=HALF_DUPLEX * cost.transfer_s) if ranks == 2 and link.half_duplex_pairs else cost
 
 
 def allreduce(payload: float, ranks: int, link: Link, flows: float = 1.0, reduce_s: float = 0.0) -> Cost:
@@ -88,18 +90,18 @@ def allreduce(payload: float, ranks: int, link: Link, flows: float = 1.0, reduce
 
 def allgather(payload: float, ranks: int, link: Link, flows: float = 1.0) -> Cost:
     """Ring allgather of one B-byte payload per rank: (P-1) alpha + (P-1) · B / beta; at P = 2
-    half duplex, 2·B / beta (see the module doc)."""
+    over half-duplex pairs 2·B / beta (see the module doc)."""
     if ranks <= 1:
         return FREE
-    return _one_pair(_cost(ranks - 1, wire_bytes("allgather", payload, ranks), link, flows), ranks)
+    return _one_pair(_cost(ranks - 1, wire_bytes("allgather", payload, ranks), link, flows), ranks, link)
 
 
 def alltoall(payload: float, ranks: int, link: Link, flows: float = 1.0) -> Cost:
-    """All-to-all of B bytes cut in P parts, part j to rank j, each exchange half duplex:
-    (P-1) alpha + 2(P-1)/P · B / beta (see the module doc)."""
+    """All-to-all of B bytes cut in P parts, part j to rank j: (P-1) alpha + (P-1)/P · B / beta,
+    twice the transfer over half-duplex pairs (see the module doc)."""
     if ranks <= 1:
         return FREE
-    return _one_pair(_cost(ranks - 1, wire_bytes("alltoall", payload, ranks) / 2, link, flows), 2)
+    return _one_pair(_cost(ranks - 1, wire_bytes("alltoall", payload, ranks) / 2, link, flows), 2, link)
 
 
 def compressed_allreduce(payload: float, ranks: int, link: Link, scatter_flows: float = 1.0,

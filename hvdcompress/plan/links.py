@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..validation import check_int
@@ -65,20 +65,22 @@ def parse_latency(param: str, value: str) -> float:
 
 @dataclass(frozen=True)
 class Link:
-    """One level of the network: ``alpha_s`` seconds per message, ``beta_bytes_per_s``, and
-    ``cpu_s_per_byte``, the CPU's part of ``1/beta`` (see the module doc; 0: none known)."""
+    """One level of the network: ``alpha_s`` seconds per message, ``beta_bytes_per_s``,
+    ``cpu_s_per_byte``, the CPU's part of ``1/beta`` (see the module doc; 0: none known), and
+    ``half_duplex_pairs``: a pairwise exchange's two directions take turns (Gloo over TCP, see
+    :mod:`hvdcompress.plan.collectives`; NCCL and MPI overlap them)."""
 
     alpha_s: float
     beta_bytes_per_s: float
     cpu_s_per_byte: float = 0.0
+    half_duplex_pairs: bool = False
 
     def shared(self, share: float) -> "Link":
         """The link as ranks that time-share their cores by ``share`` see it: each byte's CPU
         part stretched, ``1/beta' = 1/beta + (share - 1)·cpu_s_per_byte``."""
         if share <= 1.0 or not self.cpu_s_per_byte:
             return self
-        return Link(self.alpha_s, 1 / (1 / self.beta_bytes_per_s + (share - 1) * self.cpu_s_per_byte),
-                    self.cpu_s_per_byte)
+        return replace(self, beta_bytes_per_s=1 / (1 / self.beta_bytes_per_s + (share - 1) * self.cpu_s_per_byte))
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
                           "(compute, codec and sums stretch by gpus-per-node / cores). 0: GPU ranks")
     what = ap.add_argument_group("what to compare")
     what.add_argument("--compressors", nargs="+", metavar="C", default=list(DEFAULT_COMPRESSORS),
-                      help=f"labels ({', '.join(DEFAULT_COMPRESSORS)}) or from_params specs "
+                      help=f"labels ({', '.join(DEFAULT_COMPRESSORS).replace('%', '%%')}) or from_params specs "
                            "'compressor=topk,k=0.001'")
     what.add_argument("--collectives", nargs="+", choices=COLLECTIVES, default=list(COLLECTIVES))
     what.add_argument("--levels", nargs="+", choices=LEVELS, default=list(LEVELS))

@@ -17,9 +17,10 @@ backward's share of it spread over the tensors as :func:`hvdcompress.plan.profil
 does) measured at the probe (below), where every rank has a core; this machine's calibration
 at one thread per process, run by min(ranks, cores) processes at once as the ranks share the
 memory (cached apart from the plan's own): codec times and the reduction's gamma per dtype;
-for the Horovod front end, gamma of Horovod's own Gloo sums (:func:`horovod_gamma`: its
-``gloo::sum<float16>`` converts in software, about 7x numpy's float16 add; torch's Gloo, the
-DDP hook's, sums at about numpy's speed);
+for the Horovod front end, its float16 gamma solved from a 2-rank ``hvd.allreduce`` on
+loopback, float32 against float16 (:func:`horovod_gamma`: Horovod's float16 sum converts in
+software, about 11x numpy's float16 add here; torch's Gloo, the DDP hook's, sums at about
+numpy's speed);
 ``cpu_share = ranks / cores`` (every emulated host is a namespace of this machine), which
 stretches compute, codec, sums and the CPU's part of a byte's transfer (the fitted 1/beta less
 the wire's seconds per byte at the emulated rate) when the ranks outnumber the cores; Horovod's fusion
@@ -35,10 +36,7 @@ Writes ``benchmarks/results/plan_validation.json``.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
-import subprocess
-import time
 import json
 import math
 import os
@@ -50,6 +48,7 @@ from pathlib import Path
 os.environ["OMP_NUM_THREADS"] = "1"   # calibrate as the ranks run (e2e: one thread each), before
 HERE = Path(__file__).resolve().parent  # the kernels' OpenMP and torch read it
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "examples"))   # hvdrun
 CACHE = Path.home() / ".cache" / "hvdcompress" / "one-thread"
 
 from hvdcompress.plan import calibration as cal  # noqa: E402
@@ -57,6 +56,7 @@ from hvdcompress.plan.links import Cluster, Link, cpu_share  # noqa: E402
 from hvdcompress.plan.model import predict  # noqa: E402
 from hvdcompress.plan.payloads import DEFAULT_COMPRESSORS  # noqa: E402
 from hvdcompress.plan.profile import from_sizes  # noqa: E402
+from hvdrun import LaunchError, run_script, write_result  # noqa: E402
 
 #: per front end, e2e method -> the plan's compressor label; the first is the probe (dense)
 FRONT_ENDS = {
@@ -66,6 +66,7 @@ FRONT_ENDS = {
             "ddp:dgc": "dgc 0.999", "ddp:powersgd": "powersgd r4"},
 }
 ALPHA_S = 100e-6   # per message on the emulated links (veth + Gloo's TCP); the fit takes beta
+LOOPBACK_ALPHA_S = 10e-6   # per message between ranks of one host (loopback)
 
 
 def shapes(model: str) -> list:
@@ -89,59 +90,99 @@ def calibration_for(ranks: int) -> cal.Calibration:
     return base
 
 
-#: Gloo's reduction kernels in Horovod's torch library (local symbols, found with nm)
-GLOO_SUMS = {"float16": "void gloo::sum<gloo::float16>(void*, void const*, void const*, unsigned long)",
-             "float32": "void gloo::sum<float>(void*, void const*, void const*, unsigned long)"}
+#: the probe's launch: ranks, elements per tensor (a fusion buffer's worth, as the calibration),
+#: timed runs after one warm-up, and its time-out; cached in :data:`PROBE_CACHE`
+PROBE_RANKS, PROBE_REPEATS, PROBE_TIMEOUT_S = 2, 8, 300
+PROBE_CACHE = CACHE / "horovod-allreduce-probe.json"
 
 
 @functools.lru_cache(maxsize=None)
 def horovod_gamma(ranks: int) -> cal.Calibration:
-    """:func:`calibration_for` with gamma of the sums Horovod's Gloo runs: each ``gloo::sum<T>``
-    of horovod.torch's library called directly (ctypes, at its nm address) on 16M elements,
-    against numpy's add in the same process; the ratio (cached beside the calibration) scales
-    the calibrated numpy gamma (a ratio holds under the machine's load, absolute times not)."""
-    base, path = calibration_for(ranks), CACHE / "horovod-gloo-sum-ratios.json"
-    if not path.exists():
-        path.write_text(json.dumps(_gloo_sum_ratios()))
-    ratios = json.loads(path.read_text())
-    return replace(base, reduce={dtype: ratios[dtype] * g for dtype, g in base.reduce.items()})
+    """:func:`calibration_for` with the float16 gamma of Horovod's own allreduce (its float32
+    gamma stays numpy's: the probe's premise).
+
+    The probe (:func:`_probe_allreduce`, cached in :data:`PROBE_CACHE`, so the validation
+    launches it once): ``hvd.allreduce`` with ``op=hvd.Sum`` (gamma is the sum's cost, and the
+    engine's allreduces are sums) of N = 16M elements on P = 2 ranks over loopback
+    (``horovodrun --gloo``), float32 (B32 = 4N bytes) then float16 (B16 = 2N), best of
+    :data:`PROBE_REPEATS` after a warm-up. (``op=hvd.Average``, as ``DistributedOptimizer`` runs
+    it, is timed too and only recorded: Horovod then also scales the result; 2026-11-25 within
+    the noise of the sum's times.) The model's ring allreduce
+    (:func:`hvdcompress.plan.collectives.allreduce`)::
+
+        T(B, gamma) = 2(P-1) alpha + 2(P-1)/P · B/beta + (P-1)/P · gamma·B
+
+    with alpha = :data:`LOOPBACK_ALPHA_S` and gamma32 numpy's float32 gamma of the calibration
+    by P processes at once, the float32 time gives the loopback's beta, and the float16 time
+    then Horovod's float16 gamma::
+
+        1/beta  = (T32 - 2(P-1) alpha - (P-1)/P · gamma32·B32) · P / (2(P-1) · B32)
+        gamma16 = (T16 - 2(P-1) alpha - 2(P-1)/P · B16/beta) · P / ((P-1) · B16)
+                = gamma32 + (2·T16 - T32 - 2 alpha) / B16                   (P = 2)
+
+    (clipped at 0). Its ratio to the same calibration's numpy float16 gamma scales the float16
+    gamma of the calibration for ``ranks`` (a ratio holds under the machine's load, absolute
+    times less so). Delete the cache file to measure again."""
+    base = calibration_for(ranks)
+    if not PROBE_CACHE.exists():
+        PROBE_CACHE.write_text(json.dumps(_probe_allreduce(), indent=1))
+    probe = json.loads(PROBE_CACHE.read_text())
+    return replace(base, reduce={**base.reduce, "float16": probe["float16_ratio"] * base.reduce["float16"]})
 
 
-def _gloo_sum_ratios(repeats: int = 5) -> dict:
-    """Per dtype, the best time of Horovod's ``gloo::sum<T>(c, a, b, n)`` over numpy's
-    ``np.add(a, b, out=c)`` (best of ``repeats`` each)."""
-    import numpy as np
-    import horovod.torch.mpi_lib_v2 as lib
+def _probe_allreduce(numel: int = cal.REDUCE_ELEMENTS, repeats: int = PROBE_REPEATS) -> dict:
+    """Launch :func:`_probe_worker` on :data:`PROBE_RANKS` ranks; solve its times for beta and
+    gamma16 (see :func:`horovod_gamma`). Returns the times, the fit and the ratio."""
+    ranks = PROBE_RANKS
+    try:
+        launch = run_script(Path(__file__).resolve(), np=ranks, timeout=PROBE_TIMEOUT_S,
+                            args=["--probe-worker", "--probe-numel", numel, "--probe-repeats", repeats])
+    except LaunchError as e:
+        raise SystemExit(f"plan_validation: the Horovod allreduce probe failed: {e}") from None
+    times = {key: value for key, value in launch.results[0][-1].items() if key != "rank"}
+    numpy = calibration_for(ranks).reduce
+    alpha, share = LOOPBACK_ALPHA_S, (ranks - 1) / ranks
+    b32, b16 = 4 * numel, 2 * numel
+    t32, t16 = times["sum_float32_s"], times["sum_float16_s"]
+    inverse_beta = (t32 - 2 * (ranks - 1) * alpha - share * numpy["float32"] * b32) / (2 * share * b32)
+    gamma16 = max((t16 - 2 * (ranks - 1) * alpha - 2 * share * b16 * inverse_beta) / (share * b16), 0.0)
+    return {"ranks": ranks, "numel": numel, "repeats": repeats, "seconds": times, "alpha_s": alpha,
+            "beta_bytes_per_s": 1 / inverse_beta if inverse_beta > 0 else math.inf,
+            "numpy_gamma": numpy, "float16_gamma": gamma16, "float16_ratio": gamma16 / numpy["float16"]}
 
-    path = lib.__file__
-    symbols = {line[17:]: int(line[:16], 16) for line in subprocess.run(   # "<address> <type> <name>"
-        ["nm", "-C", path], capture_output=True, text=True, check=True).stdout.splitlines() if line[:16].strip()}
-    handle = ctypes.CDLL(path)
-    origin = ctypes.cast(handle.PyInit_mpi_lib_v2, ctypes.c_void_p).value - symbols["T PyInit_mpi_lib_v2"]
-    kernel = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 
-    def best(run) -> float:
-        times = []
-        for _ in range(repeats):
+def _probe_worker(numel: int, repeats: int) -> None:
+    """One rank of the probe: per op (Sum, Average) and dtype, a warm-up then ``repeats`` timed
+    ``hvd.allreduce`` of ``numel`` elements (the four cases taking turns), each started together
+    (a barrier); rank 0 records the best times, ``<op>_<dtype>_s`` (:func:`hvdrun.write_result`:
+    a file under the launcher)."""
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    torch.set_num_threads(1)
+    hvd.init()
+    tensor, best = torch.randn(numel, generator=torch.Generator().manual_seed(hvd.rank())), {}
+    cases = [(f"{op_name}_{dtype}_s", op, tensor.to(getattr(torch, dtype)))
+             for op_name, op in (("sum", hvd.Sum), ("average", hvd.Average)) for dtype in ("float32", "float16")]
+    for i in range(-1, repeats):   # -1: the warm-up; the cases interleaved, so load drifts hit all alike
+        for key, op, x in cases:
+            hvd.barrier()
             begin = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - begin)
-        return min(times)
-
-    rng, numel, ratios = np.random.default_rng(0), cal.REDUCE_ELEMENTS, {}
-    for dtype, name in GLOO_SUMS.items():
-        gloo_sum = kernel(origin + symbols[f"t {name}"])
-        a, b, c = (rng.standard_normal(numel).astype(dtype) for _ in range(3))
-        ratios[dtype] = best(lambda: gloo_sum(c.ctypes.data, a.ctypes.data, b.ctypes.data, numel)) / \
-            best(lambda: np.add(a, b, out=c))
-    return ratios
+            hvd.allreduce(x, op=op, name=f"probe.{key}.{i}")
+            if i >= 0:
+                best[key] = min(best.get(key, math.inf), time.perf_counter() - begin)
+    if hvd.rank() == 0:
+        write_result(0, best)
+    hvd.shutdown()
 
 
 def cluster(entry: dict, link: Link) -> Cluster:
     """Each flat rank in its own namespace (a node of one); hosts x slots: loopback inside.
     Every namespace runs on this machine's cores: cpu_share = ranks / cores."""
     slots = entry.get("slots", 1)
-    loopback = Link(10e-6, 2e9)
+    loopback = Link(LOOPBACK_ALPHA_S, 2e9)
     return Cluster(entry["np"] // slots, slots, loopback, link, cpu_share(entry["np"]))
 
 
@@ -247,13 +288,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--e2e", default=str(HERE / "results" / "e2e_validation.json"))
     ap.add_argument("--json", default=str(HERE / "results" / "plan_validation.json"))
+    ap.add_argument("--probe-worker", action="store_true", help=argparse.SUPPRESS)   # a rank of the probe
+    ap.add_argument("--probe-numel", type=int, default=cal.REDUCE_ELEMENTS, help=argparse.SUPPRESS)
+    ap.add_argument("--probe-repeats", type=int, default=PROBE_REPEATS, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.probe_worker:
+        return _probe_worker(args.probe_numel, args.probe_repeats)
     e2e = json.loads(Path(args.e2e).read_text())
     report = {}
     for front_end in FRONT_ENDS:
         print(f"\n##### {front_end} front end")
         report[front_end] = validate(e2e, front_end)
         print_report(report[front_end])
+    report["horovod"]["float16_gamma_probe"] = json.loads(PROBE_CACHE.read_text())
     Path(args.json).write_text(json.dumps(report, indent=1))
     print(f"wrote {args.json}")
 

@@ -1108,7 +1108,7 @@ void fill_at(float* x, int64_t n, const int64_t* indices, int64_t m, float value
   check_indices("fill_at", indices, m, n);
   // Sparse indices into a large x miss the cache at every element, and no hardware prefetcher
   // follows them: each target is prefetched kAhead elements early.
-  constexpr int64_t kAhead = 16;
+  constexpr int64_t kAhead = 48;
   parallel_for(m, 1, [&](int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) {
       if (j + kAhead < e) __builtin_prefetch(x + indices[j + kAhead], 1);

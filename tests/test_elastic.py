@@ -8,18 +8,13 @@ holds the share of the last commit's compressor state that hvdcompress.reshard d
 (numpy references of tests/test_reshard.py)."""
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import HVD_SCRIPTS, RANK_ENV
-from hvdrun import RESULTS_ENV, horovodrun_path, read_results
+from conftest import HVD_SCRIPTS, run_elastic
 from test_reshard import delivered, rank_states, whole
 
 pytestmark = pytest.mark.horovod
@@ -28,39 +23,11 @@ SIZES = {"0.weight": 1000, "0.bias": 50, "2.weight": 200, "2.bias": 4}
 PER_RANK = {"residual", "momentum"}
 
 
-def run_elastic(work: Path) -> list:
-    """Every record of one elastic launch (rank files 0..2); the test fails with horovodrun's
-    output on a non-zero exit or after TIMEOUT_S, when the process group is killed.
-    ``--network-interface lo``: without it an elastic horovodrun waits for a second host to
-    find common network interfaces."""
-    hosts, results = work / "hosts", work / "results"
-    results.mkdir()
-    hosts.write_text("localhost:2\n")
-    cmd = [str(horovodrun_path()), "-np", "2", "--min-np", "2", "--max-np", "3",
-           "--network-interface", "lo", "--host-discovery-script", str(HVD_SCRIPTS / "elastic_discovery.sh"),
-           sys.executable, str(HVD_SCRIPTS / "torch_elastic.py"), str(work)]
-    env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           RESULTS_ENV: str(results), "HVDCOMPRESS_ELASTIC_HOSTS": str(hosts)}
-    log = work / "horovodrun.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            proc.wait(TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            pytest.fail(f"elastic launch timed out after {TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"elastic launch failed ({proc.returncode}):\n{log.read_text()[-4000:]}")
-    return [rec for per_rank in read_results(results, 3) for rec in per_rank]
-
-
 @pytest.fixture(scope="module")
 def elastic():
     with tempfile.TemporaryDirectory(prefix="hvdcompress-elastic-") as d:
         work = Path(d)
-        records = run_elastic(work)
+        records = run_elastic(work, HVD_SCRIPTS / "torch_elastic.py", TIMEOUT_S)
         yield work, records
 
 

@@ -17,19 +17,14 @@
 """
 from __future__ import annotations
 
-import os
 import pickle
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import HVD_SCRIPTS, RANK_ENV, run_horovod
-from hvdrun import RESULTS_ENV, horovodrun_path, read_results
+from conftest import run_elastic, run_horovod
 
 import hvdcompress as hc
 import hvdcompress.tensorflow as hvc
@@ -195,31 +190,9 @@ ELASTIC_TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def elastic(tmp_path_factory):
-    """Every record of one elastic launch (rank files 0..2); fails with horovodrun's output on a
-    non-zero exit, or after ELASTIC_TIMEOUT_S, when the process group is killed.
-    ``--network-interface lo``: one host (see tests/test_elastic.py)."""
+    """The TF worker's elastic launch (conftest.run_elastic): its directory and every record."""
     work = tmp_path_factory.mktemp("tf_elastic")
-    hosts, results = work / "hosts", work / "results"
-    results.mkdir()
-    hosts.write_text("localhost:2\n")
-    cmd = [str(horovodrun_path()), "-np", "2", "--min-np", "2", "--max-np", "3",
-           "--network-interface", "lo", "--host-discovery-script", str(HVD_SCRIPTS / "elastic_discovery.sh"),
-           sys.executable, str(WORKERS / "elastic.py"), str(work)]
-    env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           RESULTS_ENV: str(results), "HVDCOMPRESS_ELASTIC_HOSTS": str(hosts)}
-    log = work / "horovodrun.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            proc.wait(ELASTIC_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            pytest.fail(f"elastic launch timed out after {ELASTIC_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"elastic launch failed ({proc.returncode}):\n{log.read_text()[-4000:]}")
-    return work, [rec for per_rank in read_results(results, 3) for rec in per_rank]
+    return work, run_elastic(work, WORKERS / "elastic.py", ELASTIC_TIMEOUT_S)
 
 
 @pytest.mark.horovod

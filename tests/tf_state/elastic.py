@@ -58,8 +58,13 @@ def step(x, y):
     opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
 
 
+def short(name: str) -> str:
+    """``dense/kernel`` for Keras 2's name and Keras 3's path (``sequential/dense/kernel``)."""
+    return "/".join(name.split("/")[-2:])
+
+
 def save(path: str, tensors: dict) -> None:
-    np.savez(path, **{f"{name}/{key}": np.asarray(v) for name, st in tensors.items()
+    np.savez(path, **{f"{short(name)}/{key}": np.asarray(v) for name, st in tensors.items()
                       for key, v in st.items() if not isinstance(v, (int, float))})
 
 
@@ -97,7 +102,7 @@ def train(state):
              tf.constant(data.standard_normal((8, 4)).astype(np.float32)))
         state.batch += 1
         write_result(rank, {"event": "step", "batch": state.batch, "world": world, "digest": digest(),
-                            "collective": opt._hvdc_exchange.engine.plan["dense/kernel"][1]})
+                            "collective": {short(n): p[1] for n, p in opt._hvdc_exchange.engine.plan.items()}["dense/kernel"]})
         state.commit()
         waited = time.monotonic()
 

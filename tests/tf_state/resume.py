@@ -45,8 +45,13 @@ def batch(t: int):
             tf.constant(data.standard_normal((8, 4)).astype(np.float32)))
 
 
+def short(name: str) -> str:
+    """``dense/kernel`` for Keras 2's name and Keras 3's path (``sequential/dense/kernel``)."""
+    return "/".join(name.split("/")[-2:])
+
+
 def save_npz(path: str, state) -> None:
-    np.savez(path, **{f"{name}/{k}": np.asarray(st[k]) for name, st in state.named().items()
+    np.savez(path, **{f"{short(name)}/{k}": np.asarray(st[k]) for name, st in state.named().items()
                       for k in st if not isinstance(st[k], (int, float))})
 
 
@@ -98,11 +103,11 @@ def run(case: str) -> None:
         except ValueError as e:
             refused = str(e)
         write_result(rank, {"case": case, "world": world, "refused": refused,
-                            "plan": {n: p[1] for n, p in exchanges[-1].engine.plan.items()}})
+                            "plan": {short(n): p[1] for n, p in exchanges[-1].engine.plan.items()}})
         return
     save_npz(f"{OUT}/{case}.{MODE}.rank{rank}.npz", state)
     write_result(rank, {"case": case, "world": world,
-                        "plan": {n: p[1] for n, p in exchanges[-1].engine.plan.items()}})
+                        "plan": {short(n): p[1] for n, p in exchanges[-1].engine.plan.items()}})
 
 
 for case in ("keras", "tape"):

@@ -1,5 +1,7 @@
 """Helpers for scripts that run under horovodrun (or the netem launcher)."""
+import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # hvdrun
@@ -9,3 +11,20 @@ from hvdrun import write_result  # noqa: E402
 def result(rank: int, **values) -> None:
     """Report one record to the test that launched this script (see examples/hvdrun.py)."""
     write_result(rank, values)
+
+
+def wait_for_world(state, batch: int, rank: int, world: int, wanted: int, waited: float,
+                   wait_s: float) -> None:
+    """One wait of an elastic worker whose world (``world`` ranks) is not the ``wanted`` one:
+    rank 0 writes the hosts file ($HVDCOMPRESS_ELASTIC_HOSTS, read by
+    tests/hvd/elastic_discovery.sh); every rank fails once ``wait_s`` seconds passed since
+    ``waited`` (time.monotonic()), else sleeps briefly and asks Horovod, which raises
+    HostsUpdatedInterrupt once it noticed the new hosts."""
+    if rank == 0:
+        with open(os.environ["HVDCOMPRESS_ELASTIC_HOSTS"], "w") as f:
+            f.write(f"localhost:{wanted}\n")
+    if time.monotonic() - waited > wait_s:
+        raise RuntimeError(f"batch {batch}: the world stayed at {world} ranks for "
+                           f"{wait_s:.0f} s after asking for {wanted}")
+    time.sleep(0.5)
+    state.check_host_updates()

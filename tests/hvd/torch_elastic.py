@@ -13,7 +13,6 @@ after a reset every rank writes its compressor state (DIR/b<batch>.new.rank<r>.n
 Records: one per rank and batch (world, a digest of the parameters, the large tensor's
 collective), and one per entry after a reset."""
 import hashlib
-import os
 import sys
 import time
 
@@ -23,7 +22,7 @@ import torch
 
 import hvdcompress
 import hvdcompress.torch as hvc
-from common import result
+from common import result, wait_for_world
 from hvdcompress.torch.elastic import TorchState
 
 BATCHES = 16
@@ -70,14 +69,7 @@ def train(state):
     waited = time.monotonic()
     while state.batch < BATCHES:
         if world_wanted(state.batch) != world:
-            if rank == 0:
-                with open(os.environ["HVDCOMPRESS_ELASTIC_HOSTS"], "w") as f:
-                    f.write(f"localhost:{world_wanted(state.batch)}\n")
-            if time.monotonic() - waited > WAIT_S:
-                raise RuntimeError(f"batch {state.batch}: the world stayed at {world} ranks for "
-                                   f"{WAIT_S:.0f} s after asking for {world_wanted(state.batch)}")
-            time.sleep(0.5)
-            state.check_host_updates()  # raises HostsUpdatedInterrupt once Horovod noticed
+            wait_for_world(state, state.batch, rank, world, world_wanted(state.batch), waited, WAIT_S)
             continue
         gen = torch.Generator().manual_seed(1000 * state.batch + rank)
         opt.zero_grad()

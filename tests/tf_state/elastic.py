@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # hvdrun
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hvd"))  # common
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import horovod.tensorflow as hvd  # noqa: E402
@@ -29,6 +30,7 @@ import tensorflow as tf  # noqa: E402
 import hvdcompress as hc  # noqa: E402
 import hvdcompress.tensorflow.keras as hvck  # noqa: E402
 from hvdcompress.tensorflow.elastic import TensorFlowKerasState  # noqa: E402
+from common import wait_for_world  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
 BATCHES = 8
@@ -88,14 +90,7 @@ def train(state):
     waited = time.monotonic()
     while state.batch < BATCHES:
         if world_wanted(state.batch) != world:
-            if rank == 0:
-                with open(os.environ["HVDCOMPRESS_ELASTIC_HOSTS"], "w") as f:
-                    f.write(f"localhost:{world_wanted(state.batch)}\n")
-            if time.monotonic() - waited > WAIT_S:
-                raise RuntimeError(f"batch {state.batch}: the world stayed at {world} ranks for "
-                                   f"{WAIT_S:.0f} s after asking for {world_wanted(state.batch)}")
-            time.sleep(0.5)
-            state.check_host_updates()  # raises HostsUpdatedInterrupt once Horovod noticed
+            wait_for_world(state, state.batch, rank, world, world_wanted(state.batch), waited, WAIT_S)
             continue
         data = np.random.default_rng(1000 * state.batch + rank)
         step(tf.constant(data.standard_normal((8, 20)).astype(np.float32)),

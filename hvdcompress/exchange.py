@@ -84,6 +84,12 @@ class Collectives(ABC):
     def wait(self, handle: Any) -> list:
         """The outputs of a started collective."""
 
+    def pairs_take_turns(self, on_gpu: bool) -> bool:
+        """Whether the two directions of a pairwise exchange take turns on this transport for
+        tensors on a GPU (``on_gpu``) or the CPU: Gloo's TCP pairs do (the cost model's
+        :attr:`hvdcompress.plan.links.Link.half_duplex_pairs`); NCCL and MPI overlap them."""
+        return False
+
 
 def wire_bytes(collective: str, payload: int, world: int) -> float:
     """Bytes one rank puts on its link for one payload of ``payload`` bytes (ring algorithms);

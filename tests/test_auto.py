@@ -2,6 +2,7 @@
 computations, the re-plan rule, the errors of its arguments, and the engine running it on
 simulated ranks (same plan everywhere, state under the compressor's label, the re-plan check)."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import hvdcompress
 from hvdcompress.auto import SAFE, Auto, choose, compressor as auto_compressor, from_arguments
 from hvdcompress.auto.choice import CHOICES, flat_cluster, parse_allowed, parse_link
 from hvdcompress.auto.compressor import replan_link
+from hvdcompress.auto.probe import measure_link
 from hvdcompress.compressor import TensorInfo
 from hvdcompress.exchange import Exchange
 from hvdcompress.options import parse_options
@@ -91,6 +93,19 @@ def test_replan_rule_by_hand():
     assert scaled == Link(pytest.approx(2.75e-4), pytest.approx(1e8 / 2.75))
     # nothing on the network (one rank): never re-plans
     assert replan_link(link, 1.0, 0.9, 0.1, 0.0)[1] is None
+    # a scaled link keeps its transport's half-duplex pairs
+    assert replan_link(replace(link, half_duplex_pairs=True), 1.4, 0.6, 0.25, 0.2)[1].half_duplex_pairs
+
+
+def test_the_measured_link_takes_the_transports_half_duplex_pairs():
+    """measure_link asks the collectives whether pairs take turns for tensors where the
+    gradients live (Gloo's CPU pairs do); the simulated ranks' default does not."""
+    def measure(comm, turns):
+        if turns:
+            comm.pairs_take_turns = lambda on_gpu: not on_gpu
+        return measure_link(comm, TorchOps(), torch.zeros(1))
+    assert all(link.half_duplex_pairs for link in run_ranks(2, lambda comm: measure(comm, True)))
+    assert not any(link.half_duplex_pairs for link in run_ranks(2, lambda comm: measure(comm, False)))
 
 
 # ---- arguments ---------------------------------------------------------------------------------
@@ -268,8 +283,9 @@ def _launch(script: str, home, cases: tuple, keep: tuple) -> dict:
 
 
 def _given_link_plan(shapes: dict) -> dict:
-    """The plan of tests/hvd/*_auto.py's given link (100 Mbit/s, 50 us, no codec time), at 2 ranks."""
-    link = parse_link("100mbit,50us")
+    """The plan of tests/hvd/*_auto.py's given link (100 Mbit/s, 50 us, no codec time), at 2 ranks
+    over Gloo, whose pairs take turns (the transport's, whatever the link given says)."""
+    link = replace(parse_link("100mbit,50us"), half_duplex_pairs=True)
     return {name.split(":")[0]: list(choose(tuple(shape), flat_cluster(2, link), SPECS, None)[:2])
             for name, shape in sorted(shapes.items())}
 
@@ -285,6 +301,8 @@ def test_horovod_ranks_pick_the_same_plan_and_stay_identical(tmp_path):
     assert got["given"]["first"] == _given_link_plan(got["given"]["shapes"])
     assert got["given"]["first"]["0.weight"] == ["int8", "allgather"]   # P = 2: one round, same bytes
     assert got["measured"]["link"][0] > 0 and got["measured"]["link"][1] > 0
+    # Gloo's pairs take turns: measured or given, the link planned with says so
+    assert got["measured"]["link"][2] is True and got["given"]["link"][2] is True
 
 
 @pytest.mark.horovod

@@ -33,6 +33,7 @@ import logging
 import math
 import time
 from collections.abc import MutableMapping
+from dataclasses import replace
 from typing import Any, Mapping, Optional, Union
 
 import numpy as np
@@ -46,7 +47,7 @@ from ..plan.links import Link
 from ..plan.pipeline import Fusion
 from ..registry import from_params
 from .choice import SAFE, choose, flat_cluster, parse_allowed, parse_link, predict_exchange
-from .probe import engine_device, from_rank0, machine_calibration, measure_link
+from .probe import engine_device, from_rank0, machine_calibration, measure_link, on_gpu
 
 log = logging.getLogger("hvdcompress")
 WARMUP_STEPS = 3     # steps before the check (the first one plans and checks the agreement)
@@ -66,7 +67,7 @@ def replan_link(link: Link, step_s: float, exchange_s: float, predicted_s: float
     if error <= TOLERANCE or network_s <= 0:
         return error, None
     factor = max(exchange_s - (predicted_s - network_s), 0.05 * network_s) / network_s
-    return error, Link(link.alpha_s * factor, link.beta_bytes_per_s / factor)
+    return error, replace(link, alpha_s=link.alpha_s * factor, beta_bytes_per_s=link.beta_bytes_per_s / factor)
 
 
 class Dispatch(Compressor):
@@ -207,7 +208,9 @@ class Auto(Dispatch, Planner):
         comm, ops = engine.comm, engine.ops
         self._sample = ops.zeros(1, like=like, dtype="float32")   # for the metadata collectives
         self._device = engine_device(ops, like)
-        link = self.link or measure_link(comm, ops, like)
+        link = measure_link(comm, ops, like) if self.link is None else \
+            replace(self.link, half_duplex_pairs=self.link.half_duplex_pairs
+                    or comm.pairs_take_turns(on_gpu(like)))   # a given link, on this transport
         mine = None
         if comm.rank == 0:
             calibration = machine_calibration(self._specs.values(), self._device) \

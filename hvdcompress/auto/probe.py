@@ -54,8 +54,15 @@ def _allreduce_seconds(comm: Collectives, ops: Ops, like: Tensor, numel: int) ->
     return best
 
 
+def on_gpu(like: Tensor) -> bool:
+    """Whether ``like`` (a torch or TF tensor) lives on a GPU."""
+    where = str(getattr(like, "device", "")).lower()
+    return "gpu" in where or "cuda" in where
+
+
 def measure_link(comm: Collectives, ops: Ops, like: Tensor) -> Link:
-    """Alpha and beta of the ring allreduce over ``comm``'s process set (see the module doc);
+    """Alpha and beta of the ring allreduce over ``comm``'s process set (see the module doc),
+    and whether its pairwise exchanges take turns (Gloo, :meth:`Collectives.pairs_take_turns`);
     a free link on one rank."""
     ranks = comm.world
     if ranks <= 1:
@@ -63,7 +70,8 @@ def measure_link(comm: Collectives, ops: Ops, like: Tensor) -> Link:
     small = _allreduce_seconds(comm, ops, like, SMALL)
     large = _allreduce_seconds(comm, ops, like, LARGE)
     transfer = max(large - small, 1e-9)
-    return Link(small / (2 * (ranks - 1)), wire_bytes("allreduce", 4 * LARGE, ranks) / transfer)
+    return Link(small / (2 * (ranks - 1)), wire_bytes("allreduce", 4 * LARGE, ranks) / transfer,
+                half_duplex_pairs=comm.pairs_take_turns(on_gpu(like)))
 
 
 def engine_device(ops: Ops, like: Tensor) -> Device:
@@ -75,13 +83,12 @@ def engine_device(ops: Ops, like: Tensor) -> Device:
     if framework == "torch":
         return torch_device()
     sample = ops.zeros(1, like=like, dtype="float32")
-    where = str(getattr(sample, "device", "")).lower()
     rng = np.random.default_rng(0)
 
     def randn(numel: int, shape: tuple) -> Tensor:
         return ops.from_numpy(rng.standard_normal(numel).astype(np.float32), sample)
 
-    kind = "cuda" if "gpu" in where or "cuda" in where else "cpu"
+    kind = "cuda" if on_gpu(sample) else "cpu"
     return Device(f"{framework}-{kind}", ops, randn, lambda: None)
 
 

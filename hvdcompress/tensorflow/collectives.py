@@ -48,6 +48,9 @@ class HorovodCollectives(Collectives):
             return [hvd.alltoall(t, process_set=self.process_set, name=self._name(f"{tag}.{i}"))
                     for i, t in enumerate(tensors)]
 
+    def pairs_take_turns(self, on_gpu: bool) -> bool:
+        return not on_gpu and hvd.gloo_enabled()   # CPU tensors go through Gloo when it runs
+
     def wait(self, handle: Any) -> list:
         return handle
 

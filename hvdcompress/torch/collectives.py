@@ -46,6 +46,9 @@ class HorovodCollectives(Collectives):
         return [hvd.alltoall_async(t, name=f"{tag}.{i}", process_set=self.process_set)
                 for i, t in enumerate(tensors)]
 
+    def pairs_take_turns(self, on_gpu: bool) -> bool:
+        return not on_gpu and hvd.gloo_enabled()   # CPU tensors go through Gloo when it runs
+
     def wait(self, handle: Any) -> list:
         if isinstance(handle, list):  # alltoall: (output, received splits) per tensor
             return [hvd.synchronize(h)[0] for h in handle]

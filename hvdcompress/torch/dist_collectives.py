@@ -104,6 +104,9 @@ class DistCollectives(Collectives):
         works = [dist.all_to_all_single(o, d, group=self.group, async_op=True) for o, d in zip(outs, data)]
         return _Fused(works, outs, [(i, [(0, d.numel())], t.dtype, t.shape) for i, (d, t) in enumerate(zip(data, tensors))])
 
+    def pairs_take_turns(self, on_gpu: bool) -> bool:
+        return dist.get_backend(self.group) == "gloo"
+
     def wait(self, handle: _Fused) -> list:
         for work in handle.works:
             if work is not None:

@@ -40,7 +40,7 @@ for case, kwargs in CASES.items():
         first = first or auto.plan
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     result(hvd.rank(), case=case, first=first, plan=auto.plan, checks=auto.checks,
-           link=[auto.network.alpha_s, auto.network.beta_bytes_per_s],
+           link=[auto.network.alpha_s, auto.network.beta_bytes_per_s, auto.network.half_duplex_pairs],
            shapes={n: list(p.shape) for n, p in model.named_parameters()},
            predicted=auto.predicted_exchange_s,
            params=hashlib.sha256(params.numpy().tobytes()).hexdigest())

@@ -258,6 +258,13 @@ class Ops(ABC):
         """The output buffer for an updated state tensor: ``buf`` itself on an in-place backend."""
         return buf if self.in_place else None
 
+    def host_kernel(self, name: str, x: Tensor) -> bool:
+        """Whether ``x``'s kernel implementation has kernel ``name`` and returns host numbers
+        (the C++ kernels), not device tensors: for a kernel whose caller decides on its counts
+        on the host (DGC's fused selection), a path worth taking only where that costs no read."""
+        impl = self._impl(x)
+        return not getattr(impl, "DEVICE_SCALARS", False) and hasattr(impl, name)
+
     def _is_flat_float32(self, x: Tensor) -> bool:
         return self.dtype(x) == "float32" and self.ndim(x) == 1 and self.is_contiguous(x)
 

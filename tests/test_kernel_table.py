@@ -129,7 +129,7 @@ def test_native_generates_the_kernels_declared_with_a_c_call_and_the_rest_is_wri
     generated = native.generate(table.KERNELS["natural_pack"]).__code__
     written = {name for name in table.KERNELS if getattr(native, name).__code__ is not generated}
     assert written == {name for name, k in table.KERNELS.items() if k.c is None} == {
-        "select_ge", "sparse_sum", "fill_at", "lowrank_project", "lowrank_project_back",
+        "select_ge", "dgc_select", "sparse_sum", "fill_at", "lowrank_project", "lowrank_project_back",
         "lowrank_residual"}
 
 

@@ -574,6 +574,179 @@ def test_momentum_correction_into_other_buffers_is_the_in_place_result(nesterov,
     assert (v_buf[:v_shift] == 7.0).all() and (v_buf[v_shift + n:] == 7.0).all()
 
 
+# ---- DGC's fused momentum correction and selection -----------------------------------------------
+def np_dgc_select(g, u, v, mu, nesterov, start, stride, top, cap, low, high, masking):
+    """kernels.h dgc_select: momentum_correction, then the sampled threshold, select_ge and the
+    release of the first min(count, cap) selected, when low <= count <= high."""
+    mu = np.float32(mu)
+    nu = (u + g) * mu if nesterov else u * mu + g
+    nv = (v + nu) + g if nesterov else v + nu
+    keys = (nv.view(np.uint32) & np.uint32(0x7FFFFFFF))[start::stride]
+    kth = np.sort(keys)[::-1][top - 1]
+    t = np.float32(np.inf) if kth > 0x7F800000 else np.array([kth], np.uint32).view(np.float32)[0]
+    with np.errstate(invalid="ignore"):
+        idx = np.nonzero(~(np.abs(nv) < t))[0]
+    count = idx.size
+    if low <= count <= high:
+        idx = idx[:cap]
+        vals = nv[idx].copy()
+        nv, nu = nv.copy(), nu.copy()
+        nv[idx] = 0.0
+        nu[idx if masking else idx[~np.isfinite(nu[idx])]] = 0.0
+    else:
+        idx = idx[:0]
+        vals = nv[idx]
+    return nu, nv, vals, idx, count, float(t)
+
+
+def dgc_inputs(n, seed, specials=True):
+    g, u, v = data(n, seed, specials=specials), data(n, seed + 1), data(n, seed + 2)
+    if specials and n >= 40:
+        g[[11, 29]] = [np.nan, -np.inf]  # a NaN and an infinite momentum, both selected
+        u[31] = np.nan
+    return g, u, v
+
+
+def assert_dgc_equal(got, want):
+    for a, b in zip(got[:4], want[:4]):
+        a = a.numpy() if isinstance(a, torch.Tensor) else a
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))  # bits, NaNs and -0 included
+    assert got[4] == want[4] and (got[5] == want[5] or got[5] != got[5] == want[5] != want[5])
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 33, 1000, 70001, 1_000_003])
+@pytest.mark.parametrize("nesterov,masking", [(False, False), (True, False), (False, True), (True, True)])
+def test_dgc_select_matches_numpy(ops, n, nesterov, masking):
+    """SIMD bodies and tails (16, 8 lanes), several threads (1M), NaN / Inf momenta, the sampled
+    and the full sample, cap below and above the count; in place."""
+    g, u, v = dgc_inputs(n, 70 + n % 7)
+    for start, stride, top, cap in [(0, 1, max(1, n // 100), -(-n // 100)), (n % 3 if n > 3 else 0, 3 if n > 3 else 1, 1, n),
+                                    (0, 7 if n > 7 else 1, 2 if n > 14 else 1, 5)]:
+        cap = min(cap, n)
+        want = np_dgc_select(g, u, v, 0.9, nesterov, start, stride, top, cap, 0, n, masking)
+        tu, tv = t(u), t(v)
+        got = ops.dgc_select(t(g), tu, tv, 0.9, nesterov, start, stride, top, cap, 0, n, masking)
+        assert_dgc_equal((got[0], got[1]) + tuple(got[2:]), want)
+        assert got[0].data_ptr() == tu.data_ptr() and got[1].data_ptr() == tv.data_ptr()
+
+
+@pytest.mark.parametrize("n", [70001, 300_007])
+def test_dgc_select_out_of_range_count_changes_nothing_but_momentum(ops, n):
+    """A count outside [low, high]: no selection returned, nothing cleared (the caller selects
+    again), on one thread and several."""
+    g, u, v = dgc_inputs(n, 80)
+    for low, high in [(n, n), (0, 0), (5, 10)]:
+        want = np_dgc_select(g, u, v, 0.9, False, 1, 9, 30, n // 50, low, high, True)
+        got = ops.dgc_select(t(g), t(u), t(v), 0.9, False, 1, 9, 30, n // 50, low, high, True)
+        assert_dgc_equal(got, want)
+        assert got[2].numel() == 0 and (got[4] < low or got[4] > high)
+
+
+def test_dgc_select_empty_and_full_selections(ops):
+    n = 4099
+    zeros = np.zeros(n, np.float32)
+    # all zeros: threshold 0, every element selected; cap n takes them all, cap 0 none
+    for cap in (n, 0, 17):
+        want = np_dgc_select(zeros, zeros, zeros, 0.9, False, 0, 1, n, cap, 0, n, True)
+        got = ops.dgc_select(t(zeros), t(zeros), t(zeros), 0.9, False, 0, 1, n, cap, 0, n, True)
+        assert_dgc_equal(got, want)
+        assert got[4] == n and got[2].numel() == cap
+    # a NaN in the sample: threshold +inf, only the non-finite elements selected
+    g, u, v = dgc_inputs(n, 90)
+    want = np_dgc_select(g, u, v, 0.5, True, 11, 1, 1, n, 0, n, False)
+    got = ops.dgc_select(t(g), t(u), t(v), 0.5, True, 11, 1, 1, n, 0, n, False)
+    assert_dgc_equal(got, want)
+    assert got[5] == np.inf and got[4] == 5  # g[5], g[6], g[11], g[29], u[31]
+
+
+@pytest.mark.parametrize("shift", [(0, 0, 0), (1, 1, 0), (3, 2, 5), (0, 16, 0)])
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_dgc_select_into_other_buffers_at_any_alignment(shift, nesterov):
+    """TensorFlow's path: outputs other than u and v (streaming stores when equally aligned),
+    inputs and outputs at any offset: the bits of the in-place call."""
+    n = 200_003
+    gb, ub, vb = (np.concatenate([np.zeros(8, np.float32), a]) for a in dgc_inputs(n + 8, 95))
+    g, u, v = gb[shift[2]:shift[2] + n], ub[1:1 + n], vb[3:3 + n]
+    want = np_dgc_select(g, u, v, 0.9, nesterov, 2, 99, 20, 2003, 0, n, False)
+    u_buf, v_buf = np.full(n + 32, 7.0, np.float32), np.full(n + 32, 7.0, np.float32)
+    u_out, v_out = u_buf[shift[0]:shift[0] + n], v_buf[shift[1]:shift[1] + n]
+    u0, v0 = u.copy(), v.copy()
+    got = native.dgc_select(g, u, v, 0.9, nesterov, 2, 99, 20, 2003, 0, n, False, u_out=u_out, v_out=v_out)
+    assert got[0] is u_out and got[1] is v_out
+    assert_dgc_equal(got, want)
+    np.testing.assert_array_equal(u, u0)
+    np.testing.assert_array_equal(v, v0)
+    assert (u_buf[:shift[0]] == 7.0).all() and (u_buf[shift[0] + n:] == 7.0).all()
+    assert (v_buf[:shift[1]] == 7.0).all() and (v_buf[shift[1] + n:] == 7.0).all()
+
+
+DGC_ISA = """
+import hashlib, sys, numpy as np
+sys.path.insert(0, "tests")
+from test_kernels import dgc_inputs
+from hvdcompress.ops import native
+h = hashlib.sha256()
+for n, nesterov, masking, top, cap in [(1000, False, True, 4, 10), (70001, True, False, 4, 700),
+                                      (333, False, False, 4, 333), (300_007, False, True, 3000, 5000)]:
+    g, u, v = dgc_inputs(n, 7)
+    for r in native.dgc_select(g, u, v, 0.9, nesterov, 0, 3, top, cap, 0, n, masking):
+        h.update(np.asarray(r).tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_dgc_select_is_the_same_on_every_instruction_set():
+    """AVX-512, AVX2 and the scalar loop (HVDC_NO_AVX512 / HVDC_NO_AVX2 turn them off), and one
+    thread or two."""
+    digests = set()
+    for env in ({}, {"HVDC_NO_AVX512": "1"}, {"HVDC_NO_AVX512": "1", "HVDC_NO_AVX2": "1"},
+                {"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2"}):
+        out = subprocess.run([sys.executable, "-c", DGC_ISA], capture_output=True, text=True,
+                             env={**os.environ, **env}, cwd=os.path.dirname(os.path.dirname(__file__)))
+        assert out.returncode == 0, out.stderr
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1
+
+
+@pytest.mark.parametrize("params", [
+    {"sparsity": 0.99, "min_numel": 0},
+    {"sparsity": 0.95, "min_numel": 0, "nesterov": True, "momentum": 0.9},
+    {"sparsity": 0.99, "min_numel": 0, "masking": True, "momentum": 0.9},
+    {"sparsity": 0.99, "min_numel": 0, "upper": 1.01, "lower": 0.99, "resample": False,
+     "max_adaptation_iters": 4, "momentum": 0.9},
+    {"sparsity": 0.999, "min_numel": 0, "upper": 1.001, "lower": 0.999, "momentum": 0.9},
+    {"sparsity": 0.9, "min_numel": 0, "sample_ratio": 1.0, "momentum": 0.5},
+])
+@pytest.mark.parametrize("n", [17, 1000, 300_000])
+def test_dgc_fused_selection_is_the_operation_at_a_time_result(monkeypatch, params, n):
+    """DGC with the fused kernel (the C++ path) and without: the same payloads and state, bit
+    for bit, whether the pass's selection is kept or made again (adaptation, resampling)."""
+    import hvdcompress as hc
+    from hvdcompress.compressor import TensorInfo
+    from hvdcompress.compressors import dgc as dgc_module
+
+    ops = TorchOps(kernels=True)
+
+    def run(fused):
+        monkeypatch.setattr(dgc_module, "FUSED", fused)
+        comp, state, info, seen = hc.DGC(**params), {}, TensorInfo(name="w", numel=n, shape=(n,)), []
+        for step in range(3):
+            x = t(data(n, step, specials=True))
+            if n > 10:
+                x[7] = float("nan") if step == 1 else x[7]
+            if step == 0:
+                comp.init_state(ops, x, state, info)
+            packet = comp.compress(ops, x, state, info)
+            seen.append([a.clone() for a in packet.tensors] + [state["momentum"].clone(), state["velocity"].clone()])
+        return seen
+
+    for a, b in zip(run(True), run(False)):
+        for x, y in zip(a, b):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            np.testing.assert_array_equal(x.view(torch.uint8).numpy(), y.view(torch.uint8).numpy())
+
+
 # ---- PowerSGD products ------------------------------------------------------------------------
 @pytest.mark.parametrize("rows,cols,r", [(1, 1, 1), (7, 3000, 2), (600, 50, 4), (3, 5000, 9)])
 def test_lowrank_products_match_numpy(ops, rows, cols, r):

@@ -53,6 +53,11 @@ from ..keys import step_key
 from .density import resolve_k
 
 
+#: Whether DGC takes the fused momentum correction and selection of the C++ kernels
+#: (``Ops.dgc_select``) where it applies; False: the same results, one operation at a time.
+FUSED = True
+
+
 class MomentumCorrection(SparsityWarmup, SparseCompressor):
     """DGC's machinery around the selection, shared by DGC and CSC: weight-decay correction,
     local clipping, momentum correction with the velocity as residual, factor masking, sparsity
@@ -87,6 +92,15 @@ class MomentumCorrection(SparsityWarmup, SparseCompressor):
         (small tensor or sparsity 0; the velocity is flushed), else ``(u, v)``, the new momentum
         and velocity, which :meth:`release` stores in ``state`` (on an in-place backend they are
         its buffers already; else fresh tensors that only the caller holds)."""
+        prepared = self.prepare(ops, x, state, info)
+        if isinstance(prepared, Packet):
+            return prepared
+        g, mu, nesterov = prepared
+        return ops.momentum_correction(state["momentum"], state["velocity"], g, mu, nesterov)
+
+    def prepare(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Union[Packet, tuple]:
+        """:meth:`correct` up to the momentum correction: the dense packet, or ``(g, mu,
+        nesterov)``, the gradient after weight decay and clipping and the momentum to apply."""
         check_float_tensor(ops, x, info)
         g = x
         wd = info.weight_decay if self.weight_decay is None else self.weight_decay
@@ -108,7 +122,7 @@ class MomentumCorrection(SparsityWarmup, SparseCompressor):
             ops.write(state, "velocity", ops.zeros(info.numel, like=x))
             ops.write(state, "momentum", ops.zero_non_finite(u))
             return Packet([v], None, summable=True)
-        return ops.momentum_correction(state["momentum"], state["velocity"], g, mu, nesterov)
+        return g, mu, nesterov
 
     def release(self, ops: Ops, state: dict, u: Tensor, v: Tensor, indices: Tensor) -> None:
         """The elements at ``indices`` were sent: clear them from the velocity and, with
@@ -147,12 +161,16 @@ class DGC(MomentumCorrection):
         return self.sparsity
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
-        corrected = self.correct(ops, x, state, info)
-        if isinstance(corrected, Packet):
-            return corrected
-        u, v = corrected
-        values, indices = self.select(ops, v, 1.0 - self.current_sparsity, info)
-        self.release(ops, state, u, v, indices)
+        prepared = self.prepare(ops, x, state, info)
+        if isinstance(prepared, Packet):
+            return prepared
+        g, mu, nesterov = prepared
+        selection = self.fused_select(ops, g, mu, nesterov, state, info) if FUSED else None
+        if selection is None:
+            u, v = ops.momentum_correction(state["momentum"], state["velocity"], g, mu, nesterov)
+            selection = self.select(ops, v, 1.0 - self.current_sparsity, info)
+            self.release(ops, state, u, v, selection[1])
+        values, indices = selection
         if self.fp16_values:
             values = ops.half_cast(values, "float16")
         packet = self.packet(ops, values, indices, info)
@@ -190,12 +208,10 @@ class DGC(MomentumCorrection):
             count = ops.choose(active, ops.count_ge(v32, threshold), count)
         return threshold
 
-    def select(self, ops: Ops, v: Tensor, density: float, info: TensorInfo) -> tuple:
-        """``(values, indices)`` of about ``⌈n·density⌉`` largest-magnitude elements of ``v``
-        (see the module doc); magnitudes are compared in float32."""
-        n = info.numel
+    def sample(self, n: int, density: float, info: TensorInfo) -> tuple:
+        """``(k, start, stride, sampled, top)``: the count wanted and the sample the threshold is
+        taken from, its ``top``-th largest magnitude (see the module doc)."""
         k = resolve_k(density, n)
-        v32 = v if ops.dtype(v) == "float32" else ops.cast(v, "float32")
         wanted = max(math.ceil(n * self.sample_ratio), math.ceil(2.0 / density))
         start, stride, sampled = 0, 1, not (self.sample_ratio >= 1.0 or n <= wanted)
         if sampled:
@@ -203,7 +219,39 @@ class DGC(MomentumCorrection):
             stride -= 1 if stride > 1 and stride % 2 == 0 else 0
             start = step_key(self.seed, self._step, info.name) % stride
         samples = (n - start + stride - 1) // stride
-        threshold = ops.sampled_threshold(v32, start, stride, resolve_k(density, samples))
+        return k, start, stride, sampled, resolve_k(density, samples)
+
+    def fused_select(self, ops: Ops, g: Tensor, mu: float, nesterov: bool, state: dict,
+                     info: TensorInfo) -> Optional[tuple]:
+        """Momentum correction, :meth:`select` and :meth:`release` in one pass over the data
+        (the C++ kernels' ``dgc_select``), with the same results: ``(values, indices)``, the
+        state stored. The pass keeps its selection when the count needs neither adaptation nor
+        resampling (``low <= count <= high``, as :meth:`select` decides); else the selection is
+        made again from its threshold and count, as :meth:`select` does. None (nothing done)
+        where the kernel does not apply: not float32, or not the C++ kernels."""
+        u, v, n = state["momentum"], state["velocity"], info.numel
+        if n == 0 or not all(ops._is_flat_float32(t) for t in (g, u, v)) or not ops.host_kernel("dgc_select", g):
+            return None
+        k, start, stride, sampled, top = self.sample(n, 1.0 - self.current_sparsity, info)
+        low = math.ceil(k * self.lower) if sampled and self.max_adaptation_iters else 0
+        high = math.floor(k * self.upper) if sampled and (self.resample or self.max_adaptation_iters) else n
+        u, v, values, indices, count, threshold = ops.dgc_select(
+            g, u, v, mu, nesterov, start, stride, top, k, low, high, self.masking)
+        if low <= count <= high:  # selected and released by the pass
+            ops.write(state, "momentum", u)
+            ops.write(state, "velocity", v)
+            return values, indices
+        values, indices = ops.select_ge(v, threshold)
+        values, indices = self.finish_select(ops, v, v, threshold, values, indices, k, sampled)
+        self.release(ops, state, u, v, indices)
+        return values, indices
+
+    def select(self, ops: Ops, v: Tensor, density: float, info: TensorInfo) -> tuple:
+        """``(values, indices)`` of about ``⌈n·density⌉`` largest-magnitude elements of ``v``
+        (see the module doc); magnitudes are compared in float32."""
+        k, start, stride, sampled, top = self.sample(info.numel, density, info)
+        v32 = v if ops.dtype(v) == "float32" else ops.cast(v, "float32")
+        threshold = ops.sampled_threshold(v32, start, stride, top)
         if not isinstance(threshold, float):  # a device tensor: scaled in float64, as a Python float
             threshold = ops.cast(threshold, "float64")  # (rounded to float32 where compared, as in C++)
         # NaNs fill the sample's top: send the non-finite elements
@@ -212,6 +260,12 @@ class DGC(MomentumCorrection):
         # starts from, so no counting pass precedes the selection; a second selection (and host
         # read) only when that count was out of range.
         values, indices = ops.select_ge(v32, threshold)
+        return self.finish_select(ops, v, v32, threshold, values, indices, k, sampled)
+
+    def finish_select(self, ops: Ops, v: Tensor, v32: Tensor, threshold: Any, values: Tensor,
+                      indices: Tensor, k: int, sampled: bool) -> tuple:
+        """:meth:`select` after its first selection ``(values, indices)`` at ``threshold``:
+        adaptation, resampling or truncation to ``k``."""
         if sampled and self.max_adaptation_iters:
             adapted = self.adapt(ops, v32, threshold, ops.numel(values), k)
             if adapted is not threshold:

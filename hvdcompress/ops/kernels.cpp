@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -955,6 +956,274 @@ void momentum_correction(const float* g, const float* u, const float* v, int64_t
       nesterov ? momentum_elements<true>(g, u, v, b, e, mu, u_out, v_out)
                : momentum_elements<false>(g, u, v, b, e, mu, u_out, v_out);
   });
+}
+
+// ---- DGC: momentum correction fused with the selection ------------------------------------------
+namespace {
+
+// Where dgc_select's pass records the selected elements: the first `room` into the caller's
+// values / indices, the later ones (when `keep_later`, a slice after the first) into lists, all
+// of those cleared; with keep_later false, the later ones are only counted (not cleared). The u
+// values it clears are kept, to be put back if the selection is not taken.
+struct DgcSink {
+  float* values = nullptr;
+  int64_t* indices = nullptr;
+  int64_t room = 0;
+  bool keep_later = false;
+  bool masking = false;
+  int64_t count = 0;
+  std::vector<int64_t> later_i;
+  std::vector<float> later_v;
+  std::vector<std::pair<int64_t, float>> cleared_u;
+
+  // Records selected element i (v_new, u_new); returns whether it is cleared, and clears m, vn.
+  HVDC_INLINE void take(int64_t i, float& vn, float& m) {
+    if (count < room) {
+      values[count] = vn;
+      indices[count] = i;
+    } else if (keep_later) {
+      later_i.push_back(i);
+      later_v.push_back(vn);
+    } else {
+      ++count;
+      return;
+    }
+    ++count;
+    vn = 0.0f;
+    if (masking || !(m - m == 0.0f)) {
+      cleared_u.emplace_back(i, m);
+      m = 0.0f;
+    }
+  }
+};
+
+template <bool kNesterov>
+HVDC_INLINE void dgc_values(float g, float u, float v, float mu, float& m, float& vn) {
+  m = kNesterov ? (u + g) * mu : u * mu + g;
+  vn = kNesterov ? (v + m) + g : v + m;
+}
+
+template <bool kNesterov>
+HVDC_INLINE void dgc_elements(const float* g, const float* u, const float* v, int64_t b, int64_t e, float mu,
+                              float t, float* u_out, float* v_out, DgcSink& sink) {
+  for (int64_t i = b; i < e; ++i) {
+    float m, vn;
+    dgc_values<kNesterov>(g[i], u[i], v[i], mu, m, vn);
+    if (selected(vn, t)) sink.take(i, vn, m);
+    u_out[i] = m;
+    v_out[i] = vn;
+  }
+}
+
+// The pass over [b, e): scalar.
+template <bool kNesterov, bool kStream>
+void dgc_pass_scalar(const float* g, const float* u, const float* v, int64_t b, int64_t e, float mu, float t,
+                     float* u_out, float* v_out, DgcSink& sink) {
+  dgc_elements<kNesterov>(g, u, v, b, e, mu, t, u_out, v_out, sink);
+}
+
+#ifdef HVDC_F16C
+// Eight lanes (AVX2), the same operations per element; blocks holding a selected element go
+// through a small buffer. kStream: u_out and v_out are separate from u and v and equally aligned
+// (streaming stores from the first 32-byte boundary of u_out).
+template <bool kNesterov, bool kStream>
+__attribute__((target("avx2"))) void dgc_pass_avx2(const float* g, const float* u, const float* v, int64_t b,
+                                                  int64_t e, float mu, float t, float* u_out, float* v_out,
+                                                  DgcSink& sink) {
+  int64_t i = b;
+  if (kStream) {
+    const int64_t head = std::min(e, b + static_cast<int64_t>(((32 - reinterpret_cast<uintptr_t>(u_out + b) % 32) % 32) / 4));
+    dgc_elements<kNesterov>(g, u, v, b, head, mu, t, u_out, v_out, sink);
+    i = head;
+  }
+  const __m256 mu8 = _mm256_set1_ps(mu), t8 = _mm256_set1_ps(t);
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (; i + 8 <= e; i += 8) {
+    const __m256 gi = _mm256_loadu_ps(g + i), ui = _mm256_loadu_ps(u + i), vi = _mm256_loadu_ps(v + i);
+    __m256 m = kNesterov ? _mm256_mul_ps(_mm256_add_ps(ui, gi), mu8) : _mm256_add_ps(_mm256_mul_ps(ui, mu8), gi);
+    __m256 vn = kNesterov ? _mm256_add_ps(_mm256_add_ps(vi, m), gi) : _mm256_add_ps(vi, m);
+    int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(vn, magnitude), t8, _CMP_NLT_UQ));
+    if (mask) {
+      alignas(32) float mb[8], vb[8];
+      _mm256_store_ps(mb, m);
+      _mm256_store_ps(vb, vn);
+      for (; mask; mask &= mask - 1) {
+        const int j = __builtin_ctz(static_cast<unsigned>(mask));
+        sink.take(i + j, vb[j], mb[j]);
+      }
+      m = _mm256_load_ps(mb);
+      vn = _mm256_load_ps(vb);
+    }
+    if (kStream) {
+      _mm256_stream_ps(u_out + i, m);
+      _mm256_stream_ps(v_out + i, vn);
+    } else {
+      _mm256_storeu_ps(u_out + i, m);
+      _mm256_storeu_ps(v_out + i, vn);
+    }
+  }
+  dgc_elements<kNesterov>(g, u, v, i, e, mu, t, u_out, v_out, sink);
+  if (kStream) _mm_sfence();
+}
+
+// Sixteen lanes (AVX-512F), as dgc_pass_avx2.
+template <bool kNesterov, bool kStream>
+__attribute__((target("avx512f"))) void dgc_pass_avx512(const float* g, const float* u, const float* v, int64_t b,
+                                                        int64_t e, float mu, float t, float* u_out, float* v_out,
+                                                        DgcSink& sink) {
+  int64_t i = b;
+  if (kStream) {
+    const int64_t head = std::min(e, b + static_cast<int64_t>(((64 - reinterpret_cast<uintptr_t>(u_out + b) % 64) % 64) / 4));
+    dgc_elements<kNesterov>(g, u, v, b, head, mu, t, u_out, v_out, sink);
+    i = head;
+  }
+  const __m512 mu16 = _mm512_set1_ps(mu), t16 = _mm512_set1_ps(t);
+  for (; i + 16 <= e; i += 16) {
+    const __m512 gi = _mm512_loadu_ps(g + i), ui = _mm512_loadu_ps(u + i), vi = _mm512_loadu_ps(v + i);
+    __m512 m = kNesterov ? _mm512_mul_ps(_mm512_add_ps(ui, gi), mu16) : _mm512_add_ps(_mm512_mul_ps(ui, mu16), gi);
+    __m512 vn = kNesterov ? _mm512_add_ps(_mm512_add_ps(vi, m), gi) : _mm512_add_ps(vi, m);
+    unsigned mask = _mm512_cmp_ps_mask(_mm512_abs_ps(vn), t16, _CMP_NLT_UQ);
+    if (mask) {
+      alignas(64) float mb[16], vb[16];
+      _mm512_store_ps(mb, m);
+      _mm512_store_ps(vb, vn);
+      for (; mask; mask &= mask - 1) {
+        const int j = __builtin_ctz(mask);
+        sink.take(i + j, vb[j], mb[j]);
+      }
+      m = _mm512_load_ps(mb);
+      vn = _mm512_load_ps(vb);
+    }
+    if (kStream) {
+      _mm512_stream_ps(u_out + i, m);
+      _mm512_stream_ps(v_out + i, vn);
+    } else {
+      _mm512_storeu_ps(u_out + i, m);
+      _mm512_storeu_ps(v_out + i, vn);
+    }
+  }
+  dgc_elements<kNesterov>(g, u, v, i, e, mu, t, u_out, v_out, sink);
+  if (kStream) _mm_sfence();
+}
+#endif
+
+using DgcPass = void (*)(const float*, const float*, const float*, int64_t, int64_t, float, float, float*, float*,
+                         DgcSink&);
+
+// The pass for this CPU: [isa][nesterov][stream]; isa 0 scalar, 1 AVX2, 2 AVX-512F.
+DgcPass dgc_pass(bool nesterov, bool stream) {
+  static const int isa = [] {
+#ifdef HVDC_F16C
+    __builtin_cpu_init();
+    if (std::getenv("HVDC_NO_AVX512") == nullptr && __builtin_cpu_supports("avx512f")) return 2;
+    if (std::getenv("HVDC_NO_AVX2") == nullptr && __builtin_cpu_supports("avx2")) return 1;
+#endif
+    return 0;
+  }();
+  static const DgcPass table[3][2][2] = {
+      {{dgc_pass_scalar<false, false>, dgc_pass_scalar<false, true>},
+       {dgc_pass_scalar<true, false>, dgc_pass_scalar<true, true>}},
+#ifdef HVDC_F16C
+      {{dgc_pass_avx2<false, false>, dgc_pass_avx2<false, true>},
+       {dgc_pass_avx2<true, false>, dgc_pass_avx2<true, true>}},
+      {{dgc_pass_avx512<false, false>, dgc_pass_avx512<false, true>},
+       {dgc_pass_avx512<true, false>, dgc_pass_avx512<true, true>}},
+#else
+      {{nullptr, nullptr}, {nullptr, nullptr}},
+      {{nullptr, nullptr}, {nullptr, nullptr}},
+#endif
+  };
+  return table[isa][nesterov][stream];
+}
+
+// Step 1 of dgc_select: the threshold from v_new at the sample positions.
+float dgc_threshold(const float* g, const float* u, const float* v, float mu, bool nesterov, int64_t start,
+                    int64_t stride, int64_t count, int64_t top) {
+  std::vector<uint32_t> keys(static_cast<size_t>(count));
+  constexpr int64_t kAhead = 16;
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t i = start + j * stride;
+    if (j + kAhead < count) {
+      const int64_t a = i + kAhead * stride;
+      __builtin_prefetch(g + a);
+      __builtin_prefetch(u + a);
+      __builtin_prefetch(v + a);
+    }
+    float m, vn;
+    if (nesterov)
+      dgc_values<true>(g[i], u[i], v[i], mu, m, vn);
+    else
+      dgc_values<false>(g[i], u[i], v[i], mu, m, vn);
+    keys[j] = bits_of(vn) & 0x7FFFFFFFu;
+  }
+  std::nth_element(keys.begin(), keys.begin() + (top - 1), keys.end(), std::greater<uint32_t>());
+  const uint32_t key = keys[top - 1];
+  return key > 0x7F800000u ? INFINITY : float_of(key);
+}
+
+}  // namespace
+
+int64_t dgc_select(const float* g, const float* u, const float* v, int64_t n, float mu, bool nesterov,
+                   int64_t start, int64_t stride, int64_t top, int64_t cap, int64_t low, int64_t high,
+                   bool masking, float* u_out, float* v_out, float* values, int64_t* indices, float* threshold) {
+  if (stride < 1 || start < 0) throw std::invalid_argument("dgc_select: need start >= 0, stride >= 1");
+  const int64_t samples = start < n ? (n - start + stride - 1) / stride : 0;
+  if (top < 1 || top > samples)
+    throw std::invalid_argument("dgc_select: top=" + std::to_string(top) + " is outside [1, " +
+                                std::to_string(samples) + "]");
+  if (cap < 0 || cap > n)
+    throw std::invalid_argument("dgc_select: cap=" + std::to_string(cap) + " is outside [0, " + std::to_string(n) + "]");
+  const float t = dgc_threshold(g, u, v, mu, nesterov, start, stride, samples, top);
+  *threshold = t;
+  // streamed when the outputs are separate and equally aligned (as momentum_correction)
+  const bool stream = u_out != u && v_out != v && n >= kGrain &&
+                      (reinterpret_cast<uintptr_t>(u_out) - reinterpret_cast<uintptr_t>(v_out)) % 64 == 0;
+  const DgcPass pass = dgc_pass(nesterov, stream);
+  const int slices = threads_for(n);
+  std::vector<DgcSink> sinks(static_cast<size_t>(slices));
+  for (int s = 0; s < slices; ++s) {
+    sinks[s].masking = masking;
+    sinks[s].keep_later = s > 0;
+  }
+  sinks[0].values = values;
+  sinks[0].indices = indices;
+  sinks[0].room = cap;
+  run_slices(n, slices, [&](int s, int, int64_t b, int64_t e) { pass(g, u, v, b, e, mu, t, u_out, v_out, sinks[s]); });
+  int64_t total = 0;
+  for (const DgcSink& s : sinks) total += s.count;
+  const bool taken = low <= total && total <= high;
+  // Puts back what slice s cleared from its j-th recorded element on (all of it: from = 0).
+  auto put_back = [&](DgcSink& s, int64_t from) {
+    const int64_t direct = std::min(s.count, s.room);
+    int64_t first = -1;  // the first index put back
+    for (int64_t j = from; j < direct; ++j) {
+      v_out[s.indices[j]] = s.values[j];
+      if (first < 0) first = s.indices[j];
+    }
+    for (size_t j = static_cast<size_t>(std::max(from - direct, int64_t{0})); j < s.later_i.size(); ++j) {
+      v_out[s.later_i[j]] = s.later_v[j];
+      if (first < 0) first = s.later_i[j];
+    }
+    if (first >= 0)
+      for (const auto& c : s.cleared_u)
+        if (c.first >= first) u_out[c.first] = c.second;
+  };
+  if (!taken) {
+    for (DgcSink& s : sinks) put_back(s, 0);
+    return total;
+  }
+  int64_t w = sinks[0].count;  // slice 0 wrote its first min(count, cap) itself
+  for (int s = 1; s < slices; ++s) {
+    DgcSink& k = sinks[s];
+    const int64_t fit = std::max<int64_t>(0, std::min<int64_t>(static_cast<int64_t>(k.later_i.size()), cap - w));
+    for (int64_t j = 0; j < fit; ++j) {
+      values[w + j] = k.later_v[j];
+      indices[w + j] = k.later_i[j];
+    }
+    put_back(k, fit);
+    w += k.count;
+  }
+  return total;
 }
 
 void lowrank_project(const float* e, const float* g, const float* q, int64_t rows, int64_t cols,

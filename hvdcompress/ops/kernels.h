@@ -154,6 +154,24 @@ void topk_abs(const float* x, int64_t n, int64_t k, float* values, int64_t* indi
 void momentum_correction(const float* g, const float* u, const float* v, int64_t n, float mu,
                          bool nesterov, float* u_out, float* v_out);
 
+// DGC's momentum correction fused with its selection (dgc.py), in one pass over g, u, v:
+//  1. t = the `top`-th largest magnitude key among v_new[start], v_new[start + stride], ...
+//     (v_new: momentum_correction's v, computed at those positions only), +inf when that key is
+//     a NaN's: sampled_threshold of momentum_correction's v, NaN mapped to +inf. *threshold = t.
+//  2. u_out, v_out = momentum_correction's u, v; the elements with |v_new[i]| >= t or NaN
+//     ("selected") are counted (the returned count), and the first min(count, cap) of them (in
+//     index order) are written to values (v_new[i]) and indices (i, ascending), and cleared:
+//     v_out[i] = +0, u_out[i] = +0 if masking or u_new[i] is not finite (fill_at's release).
+//  3. Unless low <= count <= high, nothing is cleared (u_out, v_out are momentum_correction's)
+//     and the values / indices written are meaningless: the caller then selects again.
+// values, indices: cap entries. Requires 1 <= top <= sample count, 0 <= cap <= n. Results do not
+// depend on the thread count. Allocates the sample's keys (and per-thread lists of selected
+// elements when threads > 1).
+int64_t dgc_select(const float* g, const float* u, const float* v, int64_t n, float mu,
+                   bool nesterov, int64_t start, int64_t stride, int64_t top, int64_t cap,
+                   int64_t low, int64_t high, bool masking, float* u_out, float* v_out,
+                   float* values, int64_t* indices, float* threshold);
+
 // ---- error feedback -------------------------------------------------------------------------
 // out[i] = a[i] - b[i], non-finite results stored as 0 (the residual e = p - C(p)); out may be
 // a or b.
@@ -195,5 +213,5 @@ void scatter_add_i64(const float* values, const int64_t* indices, int64_t m, int
   X(sign_pack) X(ef_sign_pack) X(twobit_pack) X(levels_pack) X(ternary_pack) X(natural_pack)  \
   X(half_cast) X(unpack_sum) X(bf16_sum) X(sign_vote) X(minmax_pack) X(minmax_unpack_sum)     \
   X(max_abs) X(l2_norm) X(count_ge) X(select_ge) X(sampled_threshold) X(topk_abs)             \
-  X(momentum_correction) X(sub_finite) X(lowrank_project) X(lowrank_project_back)             \
+  X(momentum_correction) X(dgc_select) X(sub_finite) X(lowrank_project) X(lowrank_project_back)             \
   X(lowrank_residual) X(fill_at) X(scatter_add_i32) X(scatter_add_i64)

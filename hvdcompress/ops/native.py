@@ -179,8 +179,8 @@ def _out(out: Optional[Array], n: int, dtype: Any, what: str = "out") -> Array:
 
 
 # ---- the kernels written by hand: what their declaration cannot say -------------------------------
-# select_ge: outputs of a size known only after the call; sparse_sum: a C function per index
-# dtype; fill_at: copies x into a separate out first; the low-rank products: 2-D shapes.
+# select_ge, dgc_select: outputs of a size known only after the call; sparse_sum: a C function per
+# index dtype; fill_at: copies x into a separate out first; the low-rank products: 2-D shapes.
 @implements
 def select_ge(x: Array, threshold: float) -> Tuple[Array, Array]:
     """One compaction into a guessed capacity (n / 64), again with the exact count if it was short."""
@@ -192,6 +192,25 @@ def select_ge(x: Array, threshold: float) -> Tuple[Array, Array]:
         if total.value <= cap:
             return values[:total.value], indices[:total.value]
         cap = total.value
+
+
+@implements
+def dgc_select(g: Array, u: Array, v: Array, mu: float, nesterov: bool, start: int, stride: int, top: int,
+               cap: int, low: int, high: int, masking: bool, u_out: Optional[Array] = None,
+               v_out: Optional[Array] = None) -> Tuple[Array, Array, Array, Array, int, float]:
+    """One pass (kernels.h ``dgc_select``); values and indices in buffers of ``cap`` entries."""
+    n = g.size
+    args = [_buf(g, np.float32, "g"), _buf(u, np.float32, "u", n), _buf(v, np.float32, "v", n)]
+    if not 0 <= cap <= n:
+        raise ValueError(f"dgc_select: cap={cap} is out of range; allowed: 0..{n}")
+    u_out, v_out = _out(u_out, n, np.float32, "u_out"), _out(v_out, n, np.float32, "v_out")
+    values, indices = empty(cap, np.float32), empty(cap, np.int64)
+    count, threshold = ctypes.c_int64(), ctypes.c_float()
+    _call("dgc_select", *args, n, float(mu), bool(nesterov), int(start), int(stride), int(top), int(cap),
+          int(low), int(high), bool(masking), u_out.ctypes.data, v_out.ctypes.data, values.ctypes.data,
+          indices.ctypes.data, ctypes.byref(threshold), ctypes.byref(count))
+    kept = min(count.value, cap) if low <= count.value <= high else 0
+    return u_out, v_out, values[:kept], indices[:kept], count.value, threshold.value
 
 
 @implements

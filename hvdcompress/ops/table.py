@@ -244,6 +244,18 @@ KERNELS: Dict[str, Kernel] = {k.name: k for k in (
                                   "mu: NUMBER, nesterov: FLAG, u_out: Into('u') = None, "
                                   "v_out: Into('v') = None",
            c="g, u, v, n, mu, nesterov, u_out, v_out", returns="u_out, v_out"),
+    Kernel("dgc_select", "g: Vector(), u: Vector(like='g'), v: Vector(like='g'), mu: NUMBER, "
+                         "nesterov: FLAG, start: INT, stride: INT, top: INT, cap: Count(0, 'n'), "
+                         "low: INT, high: INT, masking: FLAG, u_out: Into('u') = None, "
+                         "v_out: Into('v') = None",
+           doc=":meth:`momentum_correction` fused with DGC's selection and release: ``(u, v, "
+               "values, indices, count, threshold)``. The threshold is the ``top``-th largest "
+               "magnitude of the new v at ``start::stride`` (+inf for a NaN); ``count`` elements "
+               "are selected (``|v| >= threshold`` or NaN), and when ``low <= count <= high`` the "
+               "first ``min(count, cap)`` are returned and cleared from v (and from u with "
+               "``masking``, or where u is not finite); else ``values`` and ``indices`` are empty "
+               "and u, v are those of :meth:`momentum_correction`. ``count`` is a Python int, "
+               "``threshold`` a Python float (one host read on a device)"),
     Kernel("lowrank_project", "e, g, q, out=None"),
     Kernel("lowrank_project_back", "m, p"),
     Kernel("lowrank_residual", "m, p, q, out=None"),

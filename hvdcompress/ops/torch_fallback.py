@@ -317,6 +317,30 @@ def momentum_correction(g: Tensor, u: Tensor, v: Tensor, mu: float, nesterov: bo
 
 
 @implements
+def dgc_select(g: Tensor, u: Tensor, v: Tensor, mu: float, nesterov: bool, start: int, stride: int, top: int,
+               cap: int, low: int, high: int, masking: bool, u_out: Optional[Tensor] = None,
+               v_out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor, int, float]:
+    """kernels.h ``dgc_select`` as momentum_correction, sampled_threshold, select_ge and
+    fill_at: the count is read on the host (the outputs' size depends on it)."""
+    if not 0 <= cap <= g.numel():
+        raise ValueError(f"dgc_select: cap={cap} is out of range; allowed: 0..{g.numel()}")
+    new_u, new_v = momentum_correction(g, u, v, mu, nesterov)
+    threshold = float(sampled_threshold(new_v, start, stride, top))
+    threshold = threshold if threshold == threshold else float("inf")
+    selected = _selected(new_v, threshold)
+    count = int(selected.sum())
+    if low <= count <= high:
+        indices = torch.nonzero(selected).view(-1)[:cap]
+        values = new_v[indices]
+        new_v = fill_at(new_v, indices, 0.0, out=new_v)
+        new_u = fill_at(new_u, indices, 0.0, out=new_u, non_finite_only=not masking)
+    else:
+        indices = torch.zeros(0, dtype=torch.int64, device=g.device)
+        values = new_v[indices]
+    return _into(u_out, new_u), _into(v_out, new_v), values, indices, count, threshold
+
+
+@implements
 def lowrank_project(e: Tensor, g: Optional[Tensor], q: Tensor,
                     out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     m = e.clone() if out is None else out if out is e else out.copy_(e)

@@ -681,7 +681,7 @@ def test_dgc_select_into_other_buffers_at_any_alignment(shift, nesterov):
     assert (v_buf[:shift[1]] == 7.0).all() and (v_buf[shift[1] + n:] == 7.0).all()
 
 
-DGC_ISA = """
+ISA_DIGEST = """
 import hashlib, sys, numpy as np
 sys.path.insert(0, "tests")
 from test_kernels import dgc_inputs
@@ -692,17 +692,28 @@ for n, nesterov, masking, top, cap in [(1000, False, True, 4, 10), (70001, True,
     g, u, v = dgc_inputs(n, 7)
     for r in native.dgc_select(g, u, v, 0.9, nesterov, 0, 3, top, cap, 0, n, masking):
         h.update(np.asarray(r).tobytes())
+for n in (1, 15, 17, 1000, 70001):  # the counter-hash and bfloat16 loops (HVDC_WIDE), bodies and tails
+    x = dgc_inputs(n + 64, 8)[0][3:3 + n]
+    x[x.size // 2:] *= 1e-30  # small magnitudes: natural's zero and subnormal codes
+    outs = [native.levels_pack(x, 0.7, 8, True, 5), native.levels_pack(x, 11.0, 64, False, 6),
+            native.ternary_pack(x, 0.6, 7), native.natural_pack(x, 8), native.half_cast(x, True),
+            native.half_cast(x, False), native.unpack_sum(np.arange(2 * n, dtype=np.uint64).astype(np.uint8),
+                                                          n, 8, np.linspace(-3, 3, 512).astype(np.float32)),
+            native.bf16_sum(np.concatenate([native.half_cast(x, True)] * 3), n), native.l2_norm(x)]
+    for r in outs:
+        h.update(np.asarray(r).tobytes())
 print(h.hexdigest())
 """
 
 
-def test_dgc_select_is_the_same_on_every_instruction_set():
-    """AVX-512, AVX2 and the scalar loop (HVDC_NO_AVX512 / HVDC_NO_AVX2 turn them off), and one
-    thread or two."""
+def test_the_kernels_compiled_per_instruction_set_agree():
+    """dgc_select and the HVDC_WIDE loops (counter hash, bfloat16, 8-bit decode, l2 norm) on
+    AVX-512, AVX2 and the baseline (HVDC_NO_AVX512 / HVDC_NO_AVX2 turn them off), and on one
+    thread or two: the same bits."""
     digests = set()
     for env in ({}, {"HVDC_NO_AVX512": "1"}, {"HVDC_NO_AVX512": "1", "HVDC_NO_AVX2": "1"},
                 {"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2"}):
-        out = subprocess.run([sys.executable, "-c", DGC_ISA], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", ISA_DIGEST], capture_output=True, text=True,
                              env={**os.environ, **env}, cwd=os.path.dirname(os.path.dirname(__file__)))
         assert out.returncode == 0, out.stderr
         digests.add(out.stdout.strip())

@@ -43,6 +43,44 @@ constexpr int64_t kGrain = 1 << 16;  // elements below which a loop stays on one
 constexpr int kMaxThreads = 256;
 constexpr int64_t kBlock = 2048;  // elements per block: codes and sums stay in L1
 
+// The instruction set for the loops compiled three times (HVDC_WIDE below, the DGC pass): 2 for
+// AVX-512 (F and BW), 1 for AVX2, 0 for the baseline; HVDC_NO_AVX512 / HVDC_NO_AVX2 in the
+// environment turn one off (tests compare them). Every version computes the same bits.
+int cpu_isa() {
+  static const int isa = [] {
+#ifdef HVDC_F16C
+    __builtin_cpu_init();
+    if (std::getenv("HVDC_NO_AVX512") == nullptr && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw"))
+      return 2;
+    if (std::getenv("HVDC_NO_AVX2") == nullptr && __builtin_cpu_supports("avx2")) return 1;
+#endif
+    return 0;
+  }();
+  return isa;
+}
+
+template <class F>
+F pick_isa(F avx512, F avx2, F base) {
+  const int isa = cpu_isa();
+  return isa == 2 ? avx512 : isa == 1 ? avx2 : base;
+}
+
+// HVDC_WIDE(name, (parameters), call): the function pointer `name`, set at load time to a copy
+// of `call` (an HVDC_INLINE body) compiled for AVX-512 with 16 lanes, for AVX2, or for the
+// baseline: for compute-bound elementwise loops (the counter hash: 32-bit multiplies), whose
+// results are the same at any width.
+#ifdef HVDC_F16C
+#define HVDC_WIDE(name, params, call)                                                           \
+  __attribute__((target("avx512f,avx512bw,prefer-vector-width=512"))) void name##_avx512 params { call; } \
+  __attribute__((target("avx2"))) void name##_avx2 params { call; }                           \
+  void name##_base params { call; }                                                             \
+  const auto name = pick_isa(name##_avx512, name##_avx2, name##_base);
+#else
+#define HVDC_WIDE(name, params, call) \
+  void name params { call; }
+#endif
+
 int threads_for(int64_t work) {
 #ifdef _OPENMP
   if (omp_in_parallel()) return 1;
@@ -174,17 +212,12 @@ HVDC_INLINE void levels_block(const float* x, uint32_t m, float inv, int levels,
   }
 }
 
-HVDC_ISA_CLONES void levels_block_linear(const float* x, uint32_t m, float inv, int levels,
-                                         uint32_t base, uint8_t* out) {
-  levels_block<false>(x, m, inv, levels, base, out);
-}
+HVDC_WIDE(levels_block_linear, (const float* x, uint32_t m, float inv, int levels, uint32_t base, uint8_t* out),
+          levels_block<false>(x, m, inv, levels, base, out))
+HVDC_WIDE(levels_block_natural, (const float* x, uint32_t m, float inv, int levels, uint32_t base, uint8_t* out),
+          levels_block<true>(x, m, inv, levels, base, out))
 
-HVDC_ISA_CLONES void levels_block_natural(const float* x, uint32_t m, float inv, int levels,
-                                          uint32_t base, uint8_t* out) {
-  levels_block<true>(x, m, inv, levels, base, out);
-}
-
-HVDC_ISA_CLONES void ternary_block(const float* x, uint32_t m, float inv, uint32_t base, uint8_t* out) {
+HVDC_INLINE void ternary_body(const float* x, uint32_t m, float inv, uint32_t base, uint8_t* out) {
   const Levels<false> level_of(1);
 #pragma omp simd
   for (uint32_t j = 0; j < m; ++j) {
@@ -193,6 +226,8 @@ HVDC_ISA_CLONES void ternary_block(const float* x, uint32_t m, float inv, uint32
     out[j] = static_cast<uint8_t>(v != v ? 1 : level * (v < 0 ? 2 : 3));
   }
 }
+HVDC_WIDE(ternary_block, (const float* x, uint32_t m, float inv, uint32_t base, uint8_t* out),
+          ternary_body(x, m, inv, base, out))
 
 // sign_pack's block: c[j] = 1 iff the sign bit of x[j] is clear; returns sum |x[j]|, accumulated
 // in double (each |x[j]| is exact in double, so the sum barely depends on the order: the float32
@@ -275,8 +310,8 @@ HVDC_ISA_CLONES void minmax_chunk(const float* v, int64_t m, uint8_t* q, float* 
   }
 }
 
-// o[j] (+)= the float32 value of the bfloat16 bit pattern b[j]; exact, so an ISA clone.
-HVDC_ISA_CLONES void bf16_block(const uint16_t* b, int64_t m, bool first, float* o) {
+// o[j] (+)= the float32 value of the bfloat16 bit pattern b[j]; exact, so at any width.
+HVDC_INLINE void bf16_body(const uint16_t* b, int64_t m, bool first, float* o) {
   if (first) {
 #pragma omp simd
     for (int64_t j = 0; j < m; ++j) o[j] = 0.0f + float_of(static_cast<uint32_t>(b[j]) << 16);
@@ -285,6 +320,7 @@ HVDC_ISA_CLONES void bf16_block(const uint16_t* b, int64_t m, bool first, float*
     for (int64_t j = 0; j < m; ++j) o[j] += float_of(static_cast<uint32_t>(b[j]) << 16);
   }
 }
+HVDC_WIDE(bf16_block, (const uint16_t* b, int64_t m, bool first, float* o), bf16_body(b, m, first, o))
 
 // One block of twobit_pack: codes of x[0..m) (+ residual, the new residual into res_out, which
 // may be residual, when given).
@@ -305,7 +341,7 @@ HVDC_ISA_CLONES void twobit_block(const float* x, const float* residual, uint32_
 }
 
 // Compares are on int32 (every operand is below 2^31): AVX2 has no unsigned 32-bit compare.
-HVDC_ISA_CLONES void natural_block(const float* x, uint32_t m, uint32_t base, uint8_t* out) {
+HVDC_INLINE void natural_body(const float* x, uint32_t m, uint32_t base, uint8_t* out) {
 #pragma omp simd
   for (uint32_t j = 0; j < m; ++j) {
     const uint32_t u = bits_of(x[j]);
@@ -318,6 +354,7 @@ HVDC_ISA_CLONES void natural_block(const float* x, uint32_t m, uint32_t base, ui
     out[j] = static_cast<uint8_t>(a > 0x7F800000 ? 0x80 : c);
   }
 }
+HVDC_WIDE(natural_block, (const float* x, uint32_t m, uint32_t base, uint8_t* out), natural_body(x, m, base, out))
 
 
 // The binary16 bits of v (kernels.h half_cast), in integer arithmetic: the code for CPUs without
@@ -367,8 +404,8 @@ bool cpu_has_f16c() {
 }
 #endif
 
-// The bfloat16 bits of x[0..m) (kernels.h half_cast); integer arithmetic, so an ISA clone.
-HVDC_ISA_CLONES void bf16_cast_block(const float* x, int64_t m, uint16_t* out) {
+// The bfloat16 bits of x[0..m) (kernels.h half_cast); integer arithmetic, so at any width.
+HVDC_INLINE void bf16_cast_body(const float* x, int64_t m, uint16_t* out) {
 #pragma omp simd
   for (int64_t j = 0; j < m; ++j) {
     const uint32_t u = bits_of(x[j]);
@@ -376,6 +413,7 @@ HVDC_ISA_CLONES void bf16_cast_block(const float* x, int64_t m, uint16_t* out) {
     out[j] = static_cast<uint16_t>(static_cast<int32_t>(u & 0x7FFFFFFFu) > 0x7F800000 ? 0xFFFFu : rounded);
   }
 }
+HVDC_WIDE(bf16_cast_block, (const float* x, int64_t m, uint16_t* out), bf16_cast_body(x, m, out))
 
 // Packs the m codes of c (BITS bits each; c has room for padding up to a whole byte) into
 // ceil(m * BITS / 8) bytes of o, 8 / BITS codes per byte by one multiplication.
@@ -1112,14 +1150,7 @@ using DgcPass = void (*)(const float*, const float*, const float*, int64_t, int6
 
 // The pass for this CPU: [isa][nesterov][stream]; isa 0 scalar, 1 AVX2, 2 AVX-512F.
 DgcPass dgc_pass(bool nesterov, bool stream) {
-  static const int isa = [] {
-#ifdef HVDC_F16C
-    __builtin_cpu_init();
-    if (std::getenv("HVDC_NO_AVX512") == nullptr && __builtin_cpu_supports("avx512f")) return 2;
-    if (std::getenv("HVDC_NO_AVX2") == nullptr && __builtin_cpu_supports("avx2")) return 1;
-#endif
-    return 0;
-  }();
+  const int isa = cpu_isa();
   static const DgcPass table[3][2][2] = {
       {{dgc_pass_scalar<false, false>, dgc_pass_scalar<false, true>},
        {dgc_pass_scalar<true, false>, dgc_pass_scalar<true, true>}},

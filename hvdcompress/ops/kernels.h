@@ -126,8 +126,8 @@ void minmax_unpack_sum(const uint8_t* codes, const float* bounds, int64_t n, int
 // ---- reductions -----------------------------------------------------------------------------
 // max |x[i]| (0 for n = 0), NaN if some element is NaN.
 float max_abs(const float* x, int64_t n);
-// float(sqrt(sum x[i]^2)), the squares (exact in double) summed in double; NaN if some element is
-// NaN, +inf if one is infinite.
+// float(sqrt(sum x[i]^2)), the squares (exact in double) summed in double (16 fixed lanes per
+// block of 2048, whatever the vector width); NaN if some element is NaN, +inf if one is infinite.
 float l2_norm(const float* x, int64_t n);
 
 // ---- sparsification -------------------------------------------------------------------------

@@ -169,3 +169,32 @@ def test_l2_norm_matches_numpy_in_float64():
     x = np.random.default_rng(9).standard_normal(100003).astype(np.float32)
     want = np.float32(np.sqrt((x.astype(np.float64) ** 2).sum()))
     assert TF.norm(tf.constant(x)).numpy() == want
+
+
+@pytest.mark.parametrize("n,masking", [(1000, False), (200_003, True)])
+def test_dgc_select_writes_new_tensors_and_leaves_its_inputs(n, masking):
+    """DGC's fused pass on immutable tensors: new u and v (streaming stores at 200K), the
+    selection of the numpy reference, u, v and g unchanged."""
+    rng = np.random.default_rng(10)
+    g, u, v = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    g[[3, 7]] = [np.nan, np.inf]
+    tg, tu, tv = (tf.constant(a) for a in (g, u, v))
+    top, cap = max(1, n // 300), n // 100
+    new_u, new_v, values, indices, count, threshold = TF.dgc_select(tg, tu, tv, 0.9, False, 1, 3, top, cap,
+                                                                     0, n, masking)
+    mu = np.float32(0.9)
+    want_u, want_v = u * mu + g, v + (u * mu + g)
+    keys = np.sort(want_v.view(np.uint32)[1::3] & np.uint32(0x7FFFFFFF))[::-1]
+    t = np.array([keys[top - 1]], np.uint32).view(np.float32)[0]
+    with np.errstate(invalid="ignore"):
+        selected = np.nonzero(~(np.abs(want_v) < t))[0]
+    assert threshold == t and count == selected.size
+    kept = selected[:cap]
+    np.testing.assert_array_equal(indices.numpy(), kept)
+    np.testing.assert_array_equal(values.numpy(), want_v[kept])
+    want_v[kept] = 0.0
+    want_u[kept if masking else kept[~np.isfinite(want_u[kept])]] = 0.0
+    np.testing.assert_array_equal(new_u.numpy(), want_u)
+    np.testing.assert_array_equal(new_v.numpy(), want_v)
+    for tensor, original in zip((tg, tu, tv), (g, u, v)):
+        np.testing.assert_array_equal(tensor.numpy(), original)

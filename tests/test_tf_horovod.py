@@ -8,10 +8,12 @@ import json
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from conftest import run_horovod
 
 pytestmark = pytest.mark.horovod
+KERAS2 = not getattr(tf.keras, "__version__", "2").startswith("3")  # TF 2.15's tf.keras: no __version__
 IN, OUT, BATCH = 64, 16, 32  # as in tests/hvd/tf_train.py
 
 
@@ -261,21 +263,86 @@ def test_ranks_that_disagree_get_a_clear_error_at_the_first_exchange(front_end):
 def test_local_variables_keep_their_own_gradient(front_end):
     """register_local_source (tape) / register_local_var (Keras): TopK(2) of a constant vector
     sends its first 2 elements, so w's mean gradient is 1.5 there and 0 elsewhere (plus the
-    residual-free TopK), while h steps by its own c_r = rank + 1 on every element; the replica
-    guard (check_replicas=1) ignores h."""
-    for front in ("tape", "keras"):
+    residual-free TopK), while h steps by its own c_r = rank + 1 on every element, divided by
+    the 2 ranks on the Keras optimizer (Horovod's scale_local_gradients=True) unless
+    scale_local_gradients=False; the replica guard (check_replicas=1) ignores h."""
+    for front, scale in (("tape", 1.0), ("keras", 0.5), ("keras_unscaled", 1.0)):
         for r, weights in enumerate(front_end[f"{front}.local"]):
             for step, (w, h) in enumerate(weights, start=1):
                 assert w == [-1.5 * step, -1.5 * step, 0.0, 0.0], (front, r, w)
-                assert h == [-(r + 1.0) * step] * 4, (front, r, h)
+                assert h == [-(r + 1.0) * scale * step] * 4, (front, r, h)
 
 
 def test_gradient_aggregation_counts_iterations_and_applies_every_fourth_call(front_end):
     """Horovod's test_gradient_aggregation: after call i (1-based) with 4 passes per step,
     k = i // 4 steps have run: x = -k·s, y = [1 + k·s, 2] with s = 1 (averaged) or 4 (summed);
-    iterations = i."""
-    for average, s in ((True, 1.0), (False, 4.0)):
-        for weights in front_end[f"aggregate.{average}"]:
-            for i, (x, y0, y1, iterations) in enumerate(weights, start=1):
-                k = i // 4
-                assert (x, y0, y1, iterations) == (-k * s, 1 + k * s, 2.0, i), (average, i)
+    iterations = i. On Keras 2 also through a legacy optimizer's ``_compute_gradients`` (the
+    exchange there), whose ``_agg_helper.counter`` is i % 4, as Horovod's."""
+    paths = ["aggregate"] + (["aggregate_computed"] if KERAS2 else [])
+    for path in paths:
+        for average, s in ((True, 1.0), (False, 4.0)):
+            for weights in front_end[f"{path}.{average}"]:
+                for i, (x, y0, y1, iterations, *counter) in enumerate(weights, start=1):
+                    k = i // 4
+                    assert (x, y0, y1, iterations) == (-k * s, 1 + k * s, 2.0, i), (path, average, i)
+                    assert counter == ([i % 4] if path == "aggregate_computed" else []), (path, i)
+
+
+def topk_ef_means(grads: list, k: int) -> list:
+    """Per step, the mean over ranks of top-k with error feedback (float32); ``grads[s][r]``:
+    rank r's gradient at step s."""
+    residuals = [np.zeros_like(g) for g in grads[0]]
+    means = []
+    for step in grads:
+        sent = []
+        for r, g in enumerate(step):
+            acc = g + residuals[r]
+            sent.append(np_topk(acc, k))
+            residuals[r] = acc - sent[-1]
+        means.append((sent[0] + sent[1]) / np.float32(2))
+    return means
+
+
+@pytest.mark.skipif(not KERAS2, reason="Keras 3's optimizers have no compute_gradients")
+def test_keras2_compute_gradients_exchanges_once_whichever_path(front_end):
+    """Keras 2: top-k(2) + EF on loss = w·c_r + h·c_r (h local), SGD(1.0), 3 steps, through the
+    tape + apply_gradients, a legacy optimizer's _compute_gradients + apply_gradients (eager and
+    in a tf.function), minimize and compute_gradients + apply_gradients (tf.function): every
+    path ends where numpy does, bit for bit equal to the tape's, with 3 exchanges (one per
+    step: a second exchange would compress the average again and move the residuals), and
+    compute_gradients returns the exchanged (averaged) gradient, as Horovod's does."""
+    def c_of(r: int, s: int) -> np.ndarray:   # as tests/hvd/tf_front_end.py
+        return (np.array([1.0, -3.0, 2.5, 0.5]) * (1 + 0.25 * r)
+                + s * np.array([0.1, 0.2, -0.3, 0.45])).astype(np.float32)
+
+    means = topk_ef_means([[c_of(r, s) for r in range(2)] for s in range(3)], 2)
+    tape = front_end["once.tape"]
+    for path in ("tape", "legacy", "legacy_function", "minimize_function", "compute_function"):
+        for r, record in enumerate(front_end[f"once.{path}"]):
+            assert record["exchanges"] == 3, (path, r, record["exchanges"])
+            assert [s[:2] for s in record["steps"]] == [s[:2] for s in tape[r]["steps"]], (path, r)
+            w, h = np.zeros(4, np.float32), np.zeros(4, np.float32)
+            for s, (got_w, got_h, returned) in enumerate(record["steps"]):
+                w, h = w - means[s], h - c_of(r, s) / np.float32(2)
+                np.testing.assert_allclose(got_w, w, rtol=1e-6, err_msg=f"{path} rank {r} step {s}")
+                np.testing.assert_allclose(got_h, h, rtol=1e-6, err_msg=f"{path} rank {r} step {s}")
+                if path in ("legacy", "legacy_function", "compute_function"):
+                    np.testing.assert_allclose(returned, means[s], rtol=1e-6, err_msg=f"{path} step {s}")
+
+
+@pytest.mark.skipif(not KERAS2, reason="Keras 3's fit calls apply_gradients (tested elsewhere)")
+def test_keras2_fit_exchanges_in_compute_gradients_as_the_tape_path(front_end):
+    """Keras 2's fit (minimize, so compute_gradients) with top-k(3) + EF, SGD(0.5), 3 steps of
+    one sample: the kernel equals the tape + apply_gradients run bit for bit and numpy's
+    (gradient x_r^T t_r of sum(x W * t)), with 3 exchanges."""
+    x = [np.array([1.0 + 0.5 * r, -2.0, 0.75 + 0.25 * r], np.float32) for r in range(2)]
+    t = [np.array([1.0, -0.5, 3.0 + r, 0.25], np.float32) for r in range(2)]
+    grads = [np.outer(x[r], t[r]).astype(np.float32).ravel() for r in range(2)]
+    kernel = np.zeros(12, np.float32)
+    for mean in topk_ef_means([grads] * 3, 3):
+        kernel = kernel - np.float32(0.5) * mean
+    for r in range(2):
+        fit, tape = front_end["once.fit_fit"][r], front_end["once.fit_tape"][r]
+        assert fit == tape, (r, fit, tape)
+        assert fit["exchanges"] == 3
+        np.testing.assert_allclose(np.ravel(fit["kernel"]), kernel, rtol=1e-6)

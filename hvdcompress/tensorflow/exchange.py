@@ -165,6 +165,7 @@ class GradientExchange:
         self.state.process_set, self.state.average = options.process_set, core.average
         self._build()
         self.local: dict = {}   # id -> variable whose gradient stays this rank's own
+        self.scale_local = False   # divide the local gradients by the number of ranks (Keras's default)
         self.scaler = core.scaler   # the Keras LossScaleOptimizer of scaler= (hvdcompress.loss_scale)
         self.checks_overflow = overflow_check or self.scaler is not None
 
@@ -246,7 +247,8 @@ class GradientExchange:
 
     def register_local(self, variable: Any) -> None:
         """Keep ``variable``'s gradient local: not exchanged, clipped or checked across ranks
-        (Horovod's ``register_local_var`` / ``register_local_source``: e.g. a per-rank head)."""
+        (Horovod's ``register_local_var`` / ``register_local_source``: e.g. a per-rank head);
+        divided by the number of ranks if :attr:`scale_local` is set."""
         if self.adam_settings is not None:
             raise ValueError("register_local_var with the Adam take-over (FrozenAdam): the exchange "
                              "updates the variables itself, so a local variable would not be "
@@ -273,8 +275,20 @@ class GradientExchange:
             return self._shared(grads, sources, flag)
         out = self._shared([None if i in local else g for i, g in enumerate(grads)], sources, flag)
         for i in local:
-            out[i] = grads[i]
+            out[i] = self._scaled_local(grads[i]) if self.scale_local else grads[i]
         return out
+
+    def _scaled_local(self, grad: Any) -> Any:
+        """A local gradient divided by the process set's size (Horovod's
+        ``scale_local_gradients=True``: a local variable moves as if its gradient had been
+        averaged with zeros). The size is read when the step runs: an elastic world may change."""
+        if grad is None:
+            return None
+        n = hvd.size_op(process_set_id=self.options.process_set.process_set_id)
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.IndexedSlices(grad.values / tf.cast(n, grad.values.dtype), grad.indices,
+                                    grad.dense_shape)
+        return grad / tf.cast(n, grad.dtype)
 
     def _shared(self, grads: Sequence[Any], sources: Sequence[Any], flag: Any = None) -> list:
         """The exchange of ``grads`` with ``clip_grad_norm`` before or after it (None kept)."""

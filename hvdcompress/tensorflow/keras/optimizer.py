@@ -4,11 +4,23 @@
                                     compression=hvdcompress.DGC(0.999))
     model.compile(optimizer=opt, loss=..., jit_compile=False)   # Keras 3: no XLA, see below
 
-``apply_gradients`` compresses, exchanges and averages the gradients over ranks (see
-:mod:`hvdcompress.tensorflow.exchange`), then applies them with the wrapped optimizer; this
-covers ``model.fit`` and custom loops that call ``apply_gradients``. The step runs one
+The gradients are compressed, exchanged and averaged over ranks (see
+:mod:`hvdcompress.tensorflow.exchange`) exactly once per step, then applied by the wrapped
+optimizer. Where: on Keras 2, ``compute_gradients`` (``_compute_gradients`` on the legacy
+optimizers), which ``minimize`` and so ``model.fit`` call, returns the gradients already
+exchanged, as Horovod's optimizer does, and the ``apply_gradients`` that follows in the same
+place (eagerly, or in the same traced function) applies them without a second exchange;
+``apply_gradients`` with gradients from elsewhere (a ``GradientTape`` loop; Keras 3, whose
+optimizers have no ``compute_gradients`` and whose ``fit`` calls ``apply_gradients``) exchanges
+them itself. Either way the exchange sees the same gradients, so the results are the same bit
+for bit (:class:`KerasStep`). Transforming the gradients between ``compute_gradients`` and
+``apply_gradients`` (clipping, say) acts on the exchanged ones. The step runs one
 ``tf.py_function``, which XLA cannot compile: Keras 3 compiles ``fit`` with XLA by default
 (``jit_compile="auto"``), so pass ``jit_compile=False`` to ``model.compile`` there.
+
+``opt.register_local_var(v)``: ``v``'s gradient stays this rank's own (not exchanged, clipped or
+compared by the replica guard); with ``scale_local_gradients=True`` (Horovod's default) it is
+divided by the number of ranks, as Horovod's is.
 
 Momentum taken over: with a compressor that applies momentum itself (``takes_over_momentum``:
 DGC, the Momentum decorator) and a Keras ``SGD``, the wrapper reads the SGD's ``momentum`` and
@@ -29,7 +41,9 @@ live in the compressor state, checkpointed with the optimizer.
 ``average_aggregated_gradients``) and exchanged and applied on every N-th call only, as in
 Horovod; ``iterations`` counts every call, as Horovod's does, and the sums restart from zeros
 after each step (an inf or NaN of one cycle does not reach the next). IndexedSlices are
-densified for that.
+densified for that. On the other calls ``compute_gradients`` returns the local sums so far
+(not applied), as Horovod's. The helper is ``opt._agg_helper`` too (Horovod's name), whose
+``counter`` counts the calls of the current cycle (0 after a step).
 
 Around a Keras ``LossScaleOptimizer`` (``DistributedOptimizer(LossScaleOptimizer(SGD(...)))``), the
 gradients reach ``apply_gradients`` unscaled; the ranks sum their overflow flags before
@@ -43,7 +57,8 @@ so ``tf.train.Checkpoint(optimizer=opt)`` and TF-format ``model.save_weights`` c
 from __future__ import annotations
 
 import warnings
-from typing import Any
+import weakref
+from typing import Any, Callable, Optional
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -94,7 +109,9 @@ def _warn_keras_clipping(compressor: Compressor, intra_node: Any, config: dict) 
 
 
 class GradientAccumulator(tf.Module):
-    """Local sums of gradients over ``passes`` backward passes (Horovod's aggregation helper)."""
+    """Local sums of gradients over ``passes`` backward passes (Horovod's aggregation helper,
+    also reachable as ``opt._agg_helper``). ``counter``: the passes of the current cycle so far,
+    0 after the pass that completes a step, as Horovod's."""
 
     def __init__(self, passes: int, average: bool):
         super().__init__(name=None)
@@ -111,7 +128,15 @@ class GradientAccumulator(tf.Module):
                                          name="grad_sum") for g in grads]
         for s, g in zip(self.sums, grads):
             s.assign_add(g)
-        return tf.equal(self.counter.assign_add(1) % self.passes, 0)
+        return tf.equal(self.counter.assign((self.counter + 1) % self.passes), 0)
+
+    def ready(self) -> tf.Tensor:
+        """True when the last pass completed a step."""
+        return tf.equal(self.counter, 0)
+
+    def running(self) -> list:
+        """The sums so far (what Horovod's compute_gradients returns between steps)."""
+        return [s.read_value() for s in self.sums]
 
     def take(self) -> list:
         """The sums (or means) so far, and reset them."""
@@ -143,45 +168,136 @@ def _adam_settings(optimizer: Any, compressor: Compressor, config: dict):
     return settings
 
 
-class _DistributedOptimizer:
-    """Methods mixed into the wrapped optimizer's class by :func:`DistributedOptimizer`."""
+def _where() -> Any:
+    """Where this code runs: None eagerly, else (weakly) the graph being traced."""
+    return None if tf.executing_eagerly() else weakref.ref(tf.compat.v1.get_default_graph())
 
-    def _hvdc_apply(self, grads: list, variables: list, args: tuple, kwargs: dict):
-        """Exchange ``grads`` and apply them: with the wrapped optimizer's own step, or, with
-        the Adam take-over, by the exchange itself (then only ``iterations`` moves here)."""
-        parent = super(self.__class__, self)
-        if self._hvdc_exchange.adam_settings is None or not self._hvdc_exchange.options.process_set.included():
-            return parent.apply_gradients(zip(self._hvdc_exchange(grads, variables), variables),
-                                          *args, **kwargs)
-        exchanged = [g for g in self._hvdc_exchange(grads, variables) if g is not None]
-        with tf.control_dependencies(exchanged):
-            return self.iterations.assign_add(1)
 
-    def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        """Exchange the gradients over ranks, then apply them (every N-th call with N passes)."""
-        pairs = [(g, v) for g, v in grads_and_vars]
+_UNMARKED = object()
+
+
+class KerasStep:
+    """One Keras step's exchange, run exactly once whichever way Keras goes:
+
+    * ``compute_gradients`` (Keras 2; ``_compute_gradients`` on its legacy optimizers), which
+      Keras 2's ``minimize`` and so ``fit`` call, computes the gradients and hands them to
+      :meth:`computed`: :meth:`reduce` exchanges them and the place is marked (eager, or the
+      graph being traced); the ``apply_gradients`` that follows there finds the mark
+      (:meth:`take_mark`) and applies without exchanging again, as Horovod's optimizer does;
+    * ``apply_gradients`` with gradients from elsewhere (a tape, Keras 3's ``fit``) finds no
+      mark and runs :meth:`reduce` itself.
+
+    Either way the exchange sees the same gradients and variables, so the bits are the same.
+    """
+
+    def __init__(self, exchange: GradientExchange, accumulator: Optional[GradientAccumulator]):
+        self.exchange = exchange
+        self.accumulator = accumulator
+        self._marked = _UNMARKED
+
+    def computed(self, grads_and_vars) -> list:
+        """``compute_gradients``'s pairs with their gradients exchanged (:meth:`reduce`), marked."""
+        pairs = list(grads_and_vars)
         variables = [v for _, v in pairs]
-        if self._hvdc_accumulator is None:
-            return self._hvdc_apply([g for g, _ in pairs], variables, args, kwargs)
-        dense = [tf.convert_to_tensor(g) for g, _ in pairs]
-        ready = self._hvdc_accumulator.add(dense)
-        if not getattr(self, "built", True):
-            self.build(variables)
+        grads = self.reduce([g for g, _ in pairs], variables)
+        self._marked = _where()
+        return list(zip(grads, variables))
+
+    def take_mark(self) -> bool:
+        """Whether the gradients about to be applied here were exchanged by
+        :meth:`computed` here (then forget it: one exchange, one apply)."""
+        marked, self._marked = self._marked, _UNMARKED
+        return marked is not _UNMARKED and marked == _where()
+
+    def reduce(self, grads: list, variables: list) -> list:
+        """One backward pass's gradients, ready to apply: exchanged. With N passes per step: the
+        cycle's sums (or means) exchanged on the N-th pass, the local sums so far on the others
+        (which :meth:`apply` does not apply). None stays None."""
+        acc = self.accumulator
+        if acc is None:
+            return self.exchange(grads, variables)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        ready = acc.add([tf.convert_to_tensor(grads[i]) for i in present])
+
+        def exchanged() -> list:
+            cycle = [None] * len(grads)
+            for i, total in zip(present, acc.take()):
+                cycle[i] = total
+            out = self.exchange(cycle, variables)
+            return [out[i] for i in present]
+
+        if tf.executing_eagerly():
+            chosen = exchanged() if bool(ready) else acc.running()
+        else:
+            chosen = tf.cond(ready, exchanged, acc.running)
+        out = [None] * len(grads)
+        for i, g in zip(present, chosen):
+            out[i] = g
+        return out
+
+    def apply(self, optimizer: Any, grads: list, variables: list, update: Callable) -> Any:
+        """``update(grads)`` (the optimizer's step); with N passes per step, only when the
+        last pass completed a step, else ``iterations`` alone moves (Horovod's count)."""
+        acc = self.accumulator
+        if acc is None:
+            return update(grads)
+        if not getattr(optimizer, "built", True):
+            optimizer.build(variables)
 
         def step():
-            self._hvdc_apply(self._hvdc_accumulator.take(), variables, args, kwargs)
+            update(grads)
             return tf.constant(True)
 
-        def accumulate():  # as Horovod: iterations counts every pass (schedules read it)
-            self.iterations.assign_add(1)
+        def count():
+            optimizer.iterations.assign_add(1)
             return tf.constant(False)
 
         if tf.executing_eagerly():
-            return step() if bool(ready) else accumulate()
-        return tf.cond(ready, step, accumulate)
+            return step() if bool(acc.ready()) else count()
+        return tf.cond(acc.ready(), step, count)
+
+
+class _DistributedOptimizer:
+    """Methods mixed into the wrapped optimizer's class by :func:`DistributedOptimizer`
+    (``compute_gradients`` / ``_compute_gradients`` only where the class has it)."""
+
+    def _hvdc_update(self, grads: list, variables: list, args: tuple, kwargs: dict):
+        """Apply exchanged ``grads``: with the wrapped optimizer's own step, or, with the Adam
+        take-over, whose exchange updated the variables, by moving ``iterations`` only."""
+        exchange = self._hvdc_exchange
+        if exchange.adam_settings is None or not exchange.options.process_set.included():
+            return super(self.__class__, self).apply_gradients(zip(grads, variables), *args, **kwargs)
+        with tf.control_dependencies([g for g in grads if g is not None]):
+            return self.iterations.assign_add(1)
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        """Exchange the gradients over ranks, unless this optimizer's ``compute_gradients``
+        just did, then apply them (every N-th call with N passes)."""
+        pairs = list(grads_and_vars)
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        step = self._hvdc_step
+        if not step.take_mark():
+            grads = step.reduce(grads, variables)
+        return step.apply(self, grads, variables,
+                          lambda exchanged: self._hvdc_update(exchanged, variables, args, kwargs))
+
+    def compute_gradients(self, *args, **kwargs):
+        """The wrapped optimizer's gradients, exchanged over ranks (Keras 2's optimizers)."""
+        return self._hvdc_step.computed(super(self.__class__, self).compute_gradients(*args, **kwargs))
+
+    def _compute_gradients(self, *args, **kwargs):
+        """The wrapped optimizer's gradients, exchanged over ranks (Keras 2's legacy optimizers,
+        whose ``minimize`` calls this, as Horovod's tests do)."""
+        return self._hvdc_step.computed(super(self.__class__, self)._compute_gradients(*args, **kwargs))
+
+    @property
+    def _agg_helper(self):
+        """Horovod's name for the aggregation helper (None with one pass per step)."""
+        return self._hvdc_accumulator
 
     def register_local_var(self, var) -> None:
-        """Keep ``var``'s gradient this rank's own: not averaged over ranks (Horovod's API)."""
+        """Keep ``var``'s gradient this rank's own: not averaged over ranks, divided by their
+        number with ``scale_local_gradients=True`` (Horovod's API and default)."""
         self._hvdc_exchange.register_local(var)
 
     @property
@@ -190,13 +306,22 @@ class _DistributedOptimizer:
         return self._hvdc_exchange.last_step_bytes, self._hvdc_exchange.total_bytes
 
 
+def _mixin_for(base: type) -> type:
+    """:class:`_DistributedOptimizer` without the gradient computations ``base`` lacks (Keras
+    3's optimizers have neither ``compute_gradients`` nor ``_compute_gradients``)."""
+    lacking = {m for m in ("compute_gradients", "_compute_gradients") if not hasattr(base, m)}
+    return type("_DistributedOptimizer", (),
+                {k: v for k, v in vars(_DistributedOptimizer).items()
+                 if k not in lacking | {"__dict__", "__weakref__"}})
+
+
 def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "",
                          device_sparse: str = "", compression: Any = None,
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                          op=hvd.Average, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
                          groups=None, process_set=hvd.global_process_set,
-                         clip_grad_norm: float = None, collective: str = "auto",
+                         scale_local_gradients: bool = True, clip_grad_norm: float = None, collective: str = "auto",
                          intra_node: Any = None, ranks_per_node: int = None,
                          check_replicas: int = None, auto_allowed: Any = None,
                          link: Any = None) -> Any:
@@ -207,6 +332,8 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     :func:`hvdcompress.from_params`. Returns a new optimizer of the same class and config
     (momentum moved into the compressor where it takes it over, see the module doc).
 
+    ``scale_local_gradients``: divide the gradients of the variables registered with
+    ``register_local_var`` by the number of ranks (default True, as Horovod).
     ``clip_grad_norm=c``: the way to clip with compression. With a compressor that carries
     state each rank clips its local gradients together to ``c * sqrt(N)`` (op=Average;
     ``c / sqrt(N)`` for op=Sum) before compression; with a stateless one the exchanged
@@ -242,15 +369,19 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     if name is not None:
         config["name"] = name
     momentum, nesterov = _take_over_momentum(compressor, optimizer, config)
-    cls = subclass_with(optimizer.__class__, _DistributedOptimizer)
+    if not isinstance(scale_local_gradients, bool):
+        raise ValueError(f"scale_local_gradients={scale_local_gradients!r}: allowed: True or False")
+    cls = subclass_with(optimizer.__class__, _mixin_for(optimizer.__class__))
     wrapped = cls.from_config(config)
     # around a LossScaleOptimizer: an overflow on any rank is found before compression, so the
     # compressor state is untouched and every rank's LossScaleOptimizer skips (docs/mixed_precision.md)
     wrapped._hvdc_exchange = GradientExchange(options, momentum, nesterov,
                                               adam_settings=_adam_settings(wrapped, compressor, config),
                                               overflow_check=is_loss_scale_optimizer(optimizer))
+    wrapped._hvdc_exchange.scale_local = scale_local_gradients
     wrapped._hvdc_compression_state = wrapped._hvdc_exchange.state
     wrapped._hvdc_accumulator = (GradientAccumulator(backward_passes_per_step,
                                                      average_aggregated_gradients)
                                  if backward_passes_per_step > 1 else None)
+    wrapped._hvdc_step = KerasStep(wrapped._hvdc_exchange, wrapped._hvdc_accumulator)
     return wrapped

@@ -8,9 +8,8 @@ without a scaler (bit for bit in bfloat16, within float16 rounding in float16) f
 compressor that carries state, where Horovod's AMP pattern without ``scaler=`` ends 15-80% of
 the training distance away and warns once; an overflow on one rank leaves the compressor state
 exactly as it was, the weights unmoved and the scale halved, on both ranks alike, and the run
-then equals the plain run without that step's batches. Keras (tests/hvd/tf_amp.py, one
-launch): ``DistributedOptimizer(LossScaleOptimizer(SGD))`` in ``model.fit`` gives the weights of
-``DistributedOptimizer(SGD)`` bit for bit, the scale growing.
+then equals the plain run without that step's batches. The TensorFlow/Keras cases are in
+tests/test_tf_state_change.py.
 """
 from __future__ import annotations
 
@@ -190,16 +189,3 @@ def test_overflow_on_one_rank_leaves_state_and_skips_everywhere(records, case):
         assert r["scale_after"] == r["scale_before"] / 2, r
         assert r["gap"] == 0.0, r   # as if the step's batches never were
         assert r["warnings"] == []
-
-
-@pytest.mark.horovod
-def test_keras_loss_scale_optimizer_inside_equals_the_unscaled_run():
-    records = run_horovod("tf_amp.py", np=2, timeout=600)
-    cases = {}
-    for r in records:
-        cases.setdefault(r["case"], {})[r["rank"]] = r
-    assert set(cases) == {"keras_lso_topk_ef", "keras_lso_powersgd", "keras_lso_onebit_ef"}
-    for case, ranks in cases.items():
-        assert ranks[0]["checksum"] == ranks[1]["checksum"], case
-        for r in ranks.values():
-            assert r["gap"] == 0.0 and r["scale"] == 2.0 ** 20, r   # 2^10 doubled 10 times in 30 steps

@@ -3,7 +3,9 @@
 1. Loss scaling (tests/tf_state/amp.py, 2 ranks): the tape's ``scaler=`` gives the weights of
    the run without a loss scale; an overflow on one rank leaves every rank's compressor state
    as it was (tape, and the Keras optimizer around a LossScaleOptimizer), the scale is lowered
-   on every rank, and the run continues as if that step's batches had not been there.
+   on every rank, and the run continues as if that step's batches had not been there; the
+   Keras optimizer around a LossScaleOptimizer in ``model.fit`` gives the weights of the run
+   without it bit for bit (tests/tf_state/keras_lso.py).
 2. Resume at another world size (tests/tf_state/resume.py): the compressor state gathered at 2
    ranks (Keras optimizer: onebit + EF, the compressed allreduce at 3; tape: DGC's momentum and
    velocity) is loaded at 3 ranks; the delivered mass Σ_r e_r / P is kept (numpy reference
@@ -109,6 +111,17 @@ def test_overflow_on_one_rank_leaves_the_state_and_skips_everywhere(amp, case):
         assert r["weights_diff"] == 0.0, r        # the step was skipped
         assert r["scale_after"] == r["scale_before"] / 2, r
         assert r["gap_skip"] == 0.0, r            # as if the step's batches had not been there
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("case", ["keras_lso_topk_ef", "keras_lso_powersgd", "keras_lso_onebit_ef"])
+def test_keras_loss_scale_optimizer_inside_equals_the_unscaled_run(amp, case):
+    """tests/tf_state/keras_lso.py: ``DistributedOptimizer(LossScaleOptimizer(SGD))`` in
+    ``model.fit`` gives the weights of ``DistributedOptimizer(SGD)`` bit for bit."""
+    runs = amp[case]
+    assert len(runs) == 2 and runs[0]["checksum"] == runs[1]["checksum"], runs
+    for r in runs:
+        assert r["gap"] == 0.0 and r["scale"] == 2.0 ** 20, r   # 2^10 doubled 10 times in 30 steps
 
 
 # ---- 2. resume at another world size ---------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Keras's LossScaleOptimizer inside hvdcompress.tensorflow.keras.DistributedOptimizer under
-2 ranks (tests/test_amp.py, docs/mixed_precision.md): ``model.fit`` of a 16-32-4 float32 MLP,
+2 ranks (tests/test_tf_state_change.py, docs/mixed_precision.md): ``model.fit`` of a 16-32-4 float32 MLP,
 30 steps on each rank's own batches, the loss scale starting at 2^10 and doubling every 3
 steps. For each compressor that carries state: the weights with the LossScaleOptimizer
 (``DistributedOptimizer(LossScaleOptimizer(SGD))``) and without it (``DistributedOptimizer(SGD)``);
@@ -7,14 +7,18 @@ Keras unscales the gradients before ``apply_gradients``, where they are compress
 must be equal (powers of two scale exactly). Each record: the gap |w_lso - w_plain| /
 |w_plain - w_0|, a checksum of the weights (ranks compared by the test), the final scale."""
 import hashlib
+import sys
+from pathlib import Path
 
-import horovod.tensorflow as hvd
-import numpy as np
-import tensorflow as tf
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # hvdrun
 
-import hvdcompress as hc
-import hvdcompress.tensorflow.keras as hvck
-from common import result
+import horovod.tensorflow as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hvdcompress as hc  # noqa: E402
+import hvdcompress.tensorflow.keras as hvck  # noqa: E402
+from hvdrun import write_result  # noqa: E402
 
 hvd.init()
 rank = hvd.rank()
@@ -44,6 +48,6 @@ for name, make in (("topk_ef", lambda: hc.ErrorFeedback(hc.TopK(0.1))), ("powers
                    ("onebit_ef", lambda: hc.ErrorFeedback(hc.OneBit()))):
     plain, start, _ = fit(make(), False)
     scaled, _, scale = fit(make(), True)
-    result(rank, case=f"keras_lso_{name}",
-           gap=float(np.linalg.norm(scaled - plain) / np.linalg.norm(plain - start)),
-           checksum=hashlib.sha256(scaled.tobytes()).hexdigest()[:16], scale=scale)
+    write_result(rank, {"case": f"keras_lso_{name}",
+                        "gap": float(np.linalg.norm(scaled - plain) / np.linalg.norm(plain - start)),
+                        "checksum": hashlib.sha256(scaled.tobytes()).hexdigest()[:16], "scale": scale})

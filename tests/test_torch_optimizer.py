@@ -30,9 +30,18 @@ def by_rank(results, key):
     return grouped
 
 
-def test_aggregated_gradients_equal_hand_computed_sums():
+@pytest.fixture(scope="module")
+def two_ranks() -> dict:
+    """tests/hvd/torch_two_ranks.py: the records of its scripts, by script, one launch."""
+    out: dict = {}
+    for r in run_horovod("torch_two_ranks.py", np=2, timeout=600):
+        out.setdefault(r.pop("script"), []).append(r)
+    return out
+
+
+def test_aggregated_gradients_equal_hand_computed_sums(two_ranks):
     world = 2
-    cases = by_rank(run_horovod("torch_aggregate.py", np=world), "case")
+    cases = by_rank(two_ranks["torch_aggregate"], "case")
     g = [rank_vector(r) for r in range(world)]
     topk_sum = sum(np_topk_dense(x, 50) for x in g)
     expected = {
@@ -55,8 +64,8 @@ def test_aggregated_gradients_equal_hand_computed_sums():
     np.testing.assert_allclose(rk[nz], (g[0][nz] + g[1][nz]) / 2, rtol=1e-6)
 
 
-def test_dgc_at_zero_sparsity_without_masking_follows_dense_momentum_sgd():
-    results = run_horovod("torch_dgc_equivalence.py", np=2)
+def test_dgc_at_zero_sparsity_without_masking_follows_dense_momentum_sgd(two_ranks):
+    results = two_ranks["torch_dgc_equivalence"]
     assert len(results) == 8  # 2 ranks x nesterov x {dense path, sparse path}
     for r in results:
         assert r["moved"] > 1e-3
@@ -67,8 +76,9 @@ def test_dgc_at_zero_sparsity_without_masking_follows_dense_momentum_sgd():
     assert all(s["summable_sent"] == 2 * d["summable_sent"] for s, d in zip(sparse, dense))
 
 
-def test_error_feedback_loses_nothing():
-    for r in run_horovod("torch_ef_conservation.py", np=2):
+def test_error_feedback_loses_nothing(two_ranks):
+    assert len(two_ranks["torch_ef_conservation"]) == 2
+    for r in two_ranks["torch_ef_conservation"]:
         assert r["residual_norm"] > 1e-3  # something was held back...
         assert r["max_error"] < 1e-5      # ...and nothing was lost
 
@@ -108,8 +118,8 @@ def test_state_dict_round_trip_gives_the_same_next_steps(resumes, case):
         assert r["state_keys"] and set(keys) <= set(r["state_keys"]), r["state_keys"]
 
 
-def test_ranks_that_disagree_get_a_clear_error_and_those_that_agree_none():
-    cases = by_rank(run_horovod("torch_mismatch.py", np=2, timeout=120), "case")
+def test_ranks_that_disagree_get_a_clear_error_and_those_that_agree_none(two_ranks):
+    cases = by_rank(two_ranks["torch_mismatch"], "case")
     for case, message in (("extra_param", "ranks disagree on params"),
                           ("renamed", "ranks disagree on params"),
                           ("compressor", "ranks disagree on compression")):
@@ -120,8 +130,8 @@ def test_ranks_that_disagree_get_a_clear_error_and_those_that_agree_none():
 
 
 @pytest.fixture(scope="module")
-def edge_cases():
-    return by_rank(run_horovod("torch_edge.py", np=2), "case")
+def edge_cases(two_ranks):
+    return by_rank(two_ranks["torch_edge"], "case")
 
 
 def test_unusual_gradients_and_features(edge_cases):

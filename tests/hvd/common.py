@@ -8,9 +8,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # hvd
 from hvdrun import write_result  # noqa: E402
 
 
+#: the script a record comes from, where one launch runs several (torch_two_ranks.py)
+SOURCE = None
+
+
 def result(rank: int, **values) -> None:
-    """Report one record to the test that launched this script (see examples/hvdrun.py)."""
-    write_result(rank, values)
+    """Report one record to the test that launched this script (see examples/hvdrun.py),
+    with ``script=`` :data:`SOURCE` when a runner set it."""
+    write_result(rank, values if SOURCE is None else {"script": SOURCE, **values})
 
 
 def wait_for_world(state, batch: int, rank: int, world: int, wanted: int, waited: float,

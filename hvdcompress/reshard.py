@@ -41,7 +41,7 @@ only; :func:`redistribute` raises otherwise.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -188,3 +188,20 @@ def redistribute(states: Sequence[Mapping[str, Any]], numel: int, new_world: int
         else:
             out[base] = share
     return out
+
+
+def share_of_rank(states: Sequence[Mapping[str, Any]], numel: int, world: int, rank: int,
+                  average: bool, saved_average: Optional[bool], alltoall: Callable[[], bool],
+                  who: str) -> dict:
+    """What a front end loads for one tensor from a gathered state: :func:`redistribute` to
+    ``rank`` of ``world``, laid out as this run cuts the tensor (``alltoall()``: whether it runs
+    the compressed allreduce here, asked only when there is state). ``saved_average``: the op
+    the state was gathered with (None: not recorded); a state of the other op is refused when
+    it holds per-rank entries, whose share depends on the op (a ``ValueError`` naming ``who``)."""
+    if saved_average not in (None, average) and any(has_per_rank(st) for st in states):
+        ops = {True: "hvd.Average", False: "hvd.Sum"}
+        raise ValueError(f"{who}: the state was gathered with op={ops[saved_average]} and this run "
+                         f"has op={ops[average]}; the residuals' share of each rank depends on it: "
+                         "use the same op")
+    layout = world if any(states) and alltoall() else 0
+    return redistribute(states, numel, world, rank, average, layout)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import run_horovod
-from hvdcompress.reshard import pooled, redistribute, segments_of
+from hvdcompress.reshard import pooled, redistribute, segments_of, share_of_rank
 
 N = 11  # not a multiple of 2, 3 or 4: the segments are padded
 
@@ -129,6 +129,24 @@ def test_errors_name_what_is_wrong():
         redistribute([{"cross.residual": vec(1, 6)}] * 2, N, 3, 0, True, 0)
     with pytest.raises(ValueError, match="states is empty"):
         redistribute([], N, 3, 0, True, 0)
+
+
+def test_a_front_ends_share_checks_the_op_and_lays_out_as_the_run_cuts():
+    """share_of_rank, which both front ends load through: the op of a state with residuals must
+    be the run's; replicated state takes either op; the layout is asked only when there is state."""
+    states = [{"residual": np.array([1, 2, 3], np.float32)}, {"residual": np.array([3, 0, -3], np.float32)}]
+    with pytest.raises(ValueError, match=r"load: the state was gathered with op=hvd.Sum and this "
+                                         r"run has op=hvd.Average.*use the same op"):
+        share_of_rank(states, 3, 3, 0, True, False, lambda: False, "load")
+    asked = []
+    new = share_of_rank(states, 3, 3, 2, True, True, lambda: asked.append(1) or True, "load")
+    assert asked == [1] and [float(new[f"seg{j}.residual"][0]) for j in range(3)] == [2, 1, 0]
+    replicated = [{"adam.m": vec(1), "step": 3}] * 2
+    new = share_of_rank(replicated, N, 3, 1, True, False, lambda: False, "load")   # no residual: any op
+    np.testing.assert_array_equal(new["adam.m"], vec(1))
+    assert new["step"] == 3
+    assert share_of_rank([{}, {}], N, 3, 0, True, None, lambda: asked.append(2) or True, "load") == {}
+    assert asked == [1]
 
 
 # ---- under horovodrun -----------------------------------------------------------------------------

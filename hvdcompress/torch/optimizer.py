@@ -29,7 +29,6 @@ Defined behaviour for unusual gradients:
 """
 from __future__ import annotations
 
-import sys
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -38,22 +37,21 @@ from typing import Callable, Iterable, Mapping, Optional, Union
 import horovod.torch as hvd
 import numpy as np
 import torch
-from torch.amp.grad_scaler import OptState
 
 from ..accounting import ByteCount
 from ..adam import adam_settings
 from ..agreement import allgather_object, check_ranks_agree
 from ..clipping import what_it_keeps
 from ..compressor import Compressor, TensorInfo
-from ..loss_scale import OverflowGuard
 from ..exchange import Planner
 from ..options import Options, parse_options
 from ..replicas import ReplicaCheck, counters_checksum
-from ..reshard import has_per_rank, redistribute, split_key
+from ..reshard import has_per_rank, share_of_rank, split_key
 from ..two_level import build_exchange
 from .backend import TorchOps
 from .clipping import GradientWatch, clip_gradients, clip_local_gradients
 from .collectives import HorovodCollectives
+from .grad_scaler import GradScalerLink, inside_grad_scaler
 from .momentum_takeover import check_adam, check_momentum, momentum_fields, suspended, takes_over
 
 _OPS = TorchOps()
@@ -74,101 +72,6 @@ def _weak_hook(optimizer) -> Callable:
         if owner is not None:
             owner._hook(p)
     return hook
-
-
-def _copy_into(value: torch.Tensor, buffer: Optional[torch.Tensor]) -> torch.Tensor:
-    """A copy of ``value`` in ``buffer`` when it fits (no allocation), else a new one."""
-    if buffer is not None and buffer.shape == value.shape and buffer.dtype == value.dtype \
-            and buffer.device == value.device:
-        return buffer.copy_(value)
-    return value.detach().clone()
-
-
-class _GradScalerLink:
-    """``scaler=``: the torch side of :mod:`hvdcompress.loss_scale` for one optimizer.
-
-    At the step's first gradient it reads the GradScaler's scale tensor (``_scale``: no host
-    sync) as 1/s in float32, computed in float64 as ``GradScaler.unscale_`` does, and records in
-    the scaler that this optimizer's gradients are unscaled (stage ``UNSCALED``), so that its
-    ``step`` does not unscale them again. Each gradient is unscaled in place by the scaler's own
-    kernel (``torch._amp_foreach_non_finite_check_and_unscale_``), which raises this rank's
-    overflow flag on an inf/NaN. After the exchange the flag summed over ranks becomes the
-    scaler's ``found_inf`` of this optimizer: ``step`` is skipped and ``update`` lowers the
-    scale identically on every rank.
-    """
-
-    def __init__(self, scaler, optimizer: torch.optim.Optimizer):
-        self.scaler = scaler
-        self.key = id(optimizer)   # the scaler's key (_per_optimizer_states); no reference cycle
-        self.guard = OverflowGuard(_OPS, _copy_into)
-        self._inv: dict = {}       # device -> 1/s of this step
-        self._flags: dict = {}     # device -> this rank's overflow flag of this step
-
-    def _opt_state(self) -> dict:
-        return self.scaler._per_optimizer_states[self.key]
-
-    def _begin(self) -> None:
-        scale = self.scaler._scale
-        if scale is None:
-            raise RuntimeError("scaler=: gradients arrived, but the GradScaler has no scale yet; "
-                               "run the backward pass on scaler.scale(loss)")
-        state = self._opt_state()
-        if state["stage"] is not OptState.READY:
-            raise RuntimeError(f"scaler=: the GradScaler's stage for this optimizer is {state['stage'].name} "
-                               "at its first gradient: scaler.unscale_(optimizer) or scaler.step(optimizer) "
-                               "ran before the backward pass finished. With scaler= the optimizer "
-                               "unscales the gradients itself: drop scaler.unscale_(optimizer) and call "
-                               "scaler.step(optimizer) after the backward pass")
-        self._inv[scale.device] = scale.double().reciprocal().float()
-        self._flags[scale.device] = torch.zeros((), dtype=torch.float32, device=scale.device)
-        state["stage"] = OptState.UNSCALED
-        state["found_inf_per_device"] = self._flags   # this rank's until settle()
-
-    def unscale(self, p: torch.Tensor) -> None:
-        """Divide ``p.grad`` by the scale in place (a sparse one's values), before compression."""
-        if p.grad is None:
-            return
-        if not self._inv:
-            self._begin()
-        grad = p.grad._values() if p.grad.is_sparse else p.grad
-        if grad.device not in self._inv:
-            self._inv[grad.device] = next(iter(self._inv.values())).to(grad.device)
-            self._flags[grad.device] = torch.zeros((), dtype=torch.float32, device=grad.device)
-        with torch.no_grad():
-            torch._amp_foreach_non_finite_check_and_unscale_([grad], self._flags[grad.device],
-                                                             self._inv[grad.device])
-
-    def launch(self, comm: HorovodCollectives):
-        """Start summing the ranks' overflow flags (after the gradients' collectives)."""
-        if not self._inv:   # no gradient on this rank this step
-            self._begin()
-        device = self.scaler._scale.device
-        flag = sum(f.to(device) for f in self._flags.values()).reshape(1)
-        return self.guard.launch(comm, flag)
-
-    def settle(self, comm: HorovodCollectives, handle) -> bool:
-        """Whether any rank overflowed; if so the compressor state is as before the step. The
-        scaler's ``found_inf`` for this optimizer is set to that answer."""
-        overflow = self.guard.settle(comm, handle)
-        device = self.scaler._scale.device
-        found = torch.full((), float(overflow), dtype=torch.float32, device=device)
-        self._opt_state()["found_inf_per_device"] = {device: found}
-        self._inv, self._flags = {}, {}
-        return overflow
-
-
-def _inside_grad_scaler() -> bool:
-    """Whether the running ``step()`` was called by an enabled ``torch.amp.GradScaler``: one of
-    the few frames above it is a GradScaler method (Optimizer's profiling wrapper sits between)."""
-    frame = sys._getframe(1)
-    for _ in range(6):
-        if frame is None:
-            return False
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, torch.amp.GradScaler) and owner.is_enabled():
-            return True
-        frame = frame.f_back
-    return False
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -194,7 +97,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._awaiting_clip = []   # parameters whose gradient is complete, held for the local clip
         self._watch = GradientWatch(compression, options.intra_node)  # the clip-after-synchronize trap
         #: scaler=: unscale before compression, undo overflow steps (hvdcompress.loss_scale)
-        self._scaler = _GradScalerLink(options.scaler, self) if options.scaler is not None else None
+        self._scaler = GradScalerLink(options.scaler, self) if options.scaler is not None else None
         self._overflow = False     # whether the last synchronize() found an overflow (scaler=)
         self._amp_warned = False   # GradScaler.step without scaler= (a stateful compressor) warned
         self._tensor_state = {name: {} for name in self._parameter_names.values()}
@@ -457,7 +360,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Once: ``step()`` runs inside ``GradScaler.step`` without ``scaler=`` while the
         compressor carries state, which then holds scaled gradients (hvdcompress.loss_scale)."""
         carrier = self._watch.carrier
-        if self._scaler is not None or self._amp_warned or carrier is None or not _inside_grad_scaler():
+        if self._scaler is not None or self._amp_warned or carrier is None or not inside_grad_scaler():
             return
         self._amp_warned = True
         self._watch.warned = True   # its warning would be about the scaler's unscale_, this one's subject
@@ -582,12 +485,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _load_gathered(self, own: dict, by_name: dict) -> None:
         """This rank's share of every rank's saved state (:mod:`hvdcompress.reshard`)."""
-        average = self.op == hvd.Average
-        if own["average"] != average:
-            ops = {True: "hvd.Average", False: "hvd.Sum"}
-            raise ValueError(f"load_state_dict: the checkpoint was written with op={ops[own['average']]} "
-                             f"and this optimizer has op={ops[average]}; the residuals' share of "
-                             "each rank depends on it: use the checkpoint's op")
         for name in {n for r in own["ranks"] for n in r}:
             p = by_name[name]
             saved = [r.get(name, {}) for r in own["ranks"]]
@@ -595,12 +492,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             dtypes = {split_key(k)[2]: v.dtype for st in saved for k, v in st.items() if torch.is_tensor(v)}
             states = [{k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() if torch.is_tensor(v) else v
                        for k, v in st.items()} for st in saved]
-            layout = 0
-            if any(states):  # the new layout: the compressed allreduce's segments, or the whole tensor
-                like = p.detach().reshape(-1)
-                if self._exchange.collective_for(self._info(p), like) == "alltoall":
-                    layout = self._exchange.comm.world
-            new = redistribute(states, p.numel(), self._world(), self._rank(), average, layout)
+            new = share_of_rank(states, p.numel(), self._world(), self._rank(), self.op == hvd.Average,
+                                own["average"], lambda: self._exchange.collective_for(
+                                    self._info(p), p.detach().reshape(-1)) == "alltoall", "load_state_dict")
             self._tensor_state[name] = {k: torch.from_numpy(v.copy()).to(p.device, dtypes[split_key(k)[2]])
                                         if isinstance(v, np.ndarray) else v for k, v in new.items()}
 

@@ -933,3 +933,26 @@ def test_kernel_outputs_reuse_a_buffer_only_once_nothing_holds_it():
     del first
     again = native.empty(n, np.uint8)
     assert again.ctypes.data == address
+
+
+@pytest.mark.parametrize("shift", [0, 1, 3])
+def test_large_decodes_stream_into_any_output_alignment(shift):
+    """unpack_sum and bf16_sum take streaming stores into outputs of 2^20 floats or more (from
+    an L1 block): the bits of the numpy sums, into an output at any float offset, nothing
+    written outside it."""
+    n, R = 1_100_003, 2
+    rng = np.random.default_rng(96)
+    codes = rng.integers(0, 256, R * n).astype(np.uint8)
+    tables = rng.standard_normal(256 * R).astype(np.float32)
+    tables[[0, 257]] = -0.0
+    bits = native.half_cast(rng.standard_normal(R * n).astype(np.float32), True)
+    want_codes = np.float32(0.0) + tables[codes[:n]] + tables[256 + codes[n:]]
+    b = bits.view(np.uint16).astype(np.uint32) << 16
+    want_bits = np.float32(0.0) + b[:n].view(np.float32) + b[n:].view(np.float32)
+    for got, want in [(lambda out: native.unpack_sum(codes, n, 8, tables, out=out), want_codes),
+                      (lambda out: native.bf16_sum(bits, n, out=out), want_bits)]:
+        buf = np.full(n + 8, 7.0, np.float32)
+        out = buf[shift:shift + n]
+        assert got(out) is out
+        np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+        assert (buf[:shift] == 7.0).all() and (buf[shift + n:] == 7.0).all()

@@ -451,46 +451,6 @@ void pack_codes(int64_t n, uint8_t* __restrict out, Fill fill) {
   });
 }
 
-// o[i] += table[code[i]] for i < m: 256-entry float lookups. On AVX-512 the table sits in 16
-// registers and 16 codes are looked up at once by two-table permutes (8, one per 32 entries)
-// and blends on the top 3 bits of the codes: no gather. The same float additions either way.
-void lookup_add_scalar(const uint8_t* code, int64_t m, const float* table, float* __restrict o) {
-  for (int64_t i = 0; i < m; ++i) o[i] += table[code[i]];
-}
-
-#ifdef HVDC_F16C
-__attribute__((target("avx512f,avx512bw"))) void lookup_add_avx512(const uint8_t* code, int64_t m, const float* table,
-                                                                  float* __restrict o) {
-  __m512 t[16];
-  for (int k = 0; k < 16; ++k) t[k] = _mm512_loadu_ps(table + 16 * k);
-  const __m512i b5 = _mm512_set1_epi32(32), b6 = _mm512_set1_epi32(64), b7 = _mm512_set1_epi32(128);
-  int64_t i = 0;
-  for (; i + 16 <= m; i += 16) {
-    const __m512i idx = _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(code + i)));
-    const __mmask16 m5 = _mm512_test_epi32_mask(idx, b5), m6 = _mm512_test_epi32_mask(idx, b6),
-                    m7 = _mm512_test_epi32_mask(idx, b7);
-    const __m512 q0 = _mm512_mask_blend_ps(m5, _mm512_permutex2var_ps(t[0], idx, t[1]), _mm512_permutex2var_ps(t[2], idx, t[3]));
-    const __m512 q1 = _mm512_mask_blend_ps(m5, _mm512_permutex2var_ps(t[4], idx, t[5]), _mm512_permutex2var_ps(t[6], idx, t[7]));
-    const __m512 q2 = _mm512_mask_blend_ps(m5, _mm512_permutex2var_ps(t[8], idx, t[9]), _mm512_permutex2var_ps(t[10], idx, t[11]));
-    const __m512 q3 = _mm512_mask_blend_ps(m5, _mm512_permutex2var_ps(t[12], idx, t[13]), _mm512_permutex2var_ps(t[14], idx, t[15]));
-    const __m512 value = _mm512_mask_blend_ps(m7, _mm512_mask_blend_ps(m6, q0, q1), _mm512_mask_blend_ps(m6, q2, q3));
-    _mm512_storeu_ps(o + i, _mm512_add_ps(_mm512_loadu_ps(o + i), value));
-  }
-  lookup_add_scalar(code + i, m - i, table, o + i);
-}
-#endif
-
-using LookupFn = void (*)(const uint8_t*, int64_t, const float*, float*);
-
-LookupFn lookup_add() {
-#ifdef HVDC_F16C
-  static const LookupFn chosen = cpu_isa() == 2 ? lookup_add_avx512 : lookup_add_scalar;
-  return chosen;
-#else
-  return lookup_add_scalar;
-#endif
-}
-
 // *s = sum of x[j]^2 in double over j < m, in 16 fixed lanes (lane l: j = l mod 16, in order)
 // added in lane order, then the tail: the same sum at any vector width.
 HVDC_INLINE void squares_body(const float* x, int64_t m, double* s) {
@@ -504,6 +464,32 @@ HVDC_INLINE void squares_body(const float* x, int64_t m, double* s) {
   *s = total;
 }
 HVDC_WIDE(squares_block, (const float* x, int64_t m, double* s), squares_body(x, m, s))
+
+// Output blocks of the decoders: summed in an L1 buffer, then stored. Outputs of at least
+// kStreamMin floats take streaming stores (16-byte aligned): a large output is not read before
+// it is written (a third less memory traffic), nor kept in cache.
+constexpr int64_t kStreamMin = int64_t{1} << 20;
+
+inline void store_block(float* __restrict dst, const float* __restrict src, int64_t m, bool stream) {
+#if defined(__SSE2__)
+  if (stream) {
+    int64_t j = 0;
+    for (; j < m && reinterpret_cast<uintptr_t>(dst + j) % 16; ++j) dst[j] = src[j];
+    for (; j + 4 <= m; j += 4) _mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
+    for (; j < m; ++j) dst[j] = src[j];
+    return;
+  }
+#endif
+  (void)stream;
+  std::memcpy(dst, src, static_cast<size_t>(m) * sizeof(float));
+}
+
+inline void stream_fence(bool stream) {
+#if defined(__SSE2__)
+  if (stream) _mm_sfence();
+#endif
+  (void)stream;
+}
 
 // Decodes and sums R payloads block by block, then applies finish(block, m) to each summed block
 // while it is in L1. Codes of fewer than 8 bits are looked up a byte at a time when n is large:
@@ -523,13 +509,14 @@ void unpack_sum_impl(const uint8_t* packed, int64_t n, const float* tables, int6
     for (int byte = 0; byte < 256; ++byte)
       for (int j = 0; j < per; ++j)
         wide[(r * 256 + byte) * per + j] = tables[(r << BITS) + ((byte >> (8 - BITS * (j + 1))) & mask)];
-  const LookupFn lookup = lookup_add();
+  const bool stream = n >= kStreamMin;
   parallel_for(blocks, kBlock, [&](int64_t k0, int64_t k1) {
     alignas(64) uint8_t c[kBlock];
+    alignas(64) float o[kBlock];
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t i0 = k * kBlock, m = std::min(kBlock, n - i0);
-      float* __restrict o = out + i0;
-      for (int64_t i = 0; i < m; ++i) o[i] = 0.0f;
+      if (BITS < 8 || R == 0)
+        for (int64_t i = 0; i < m; ++i) o[i] = 0.0f;
       for (int64_t r = 0; r < R; ++r) {
         const uint8_t* p = packed + r * nbytes + i0 / per;
         const float* table = tables + (r << BITS);
@@ -552,10 +539,15 @@ void unpack_sum_impl(const uint8_t* packed, int64_t n, const float* tables, int6
             for (int j = 0; j < per; ++j) c[b * per + j] = (p[b] >> (8 - BITS * (j + 1))) & mask;
           code = c;
         }
-        lookup(code + done, m - done, table, o + done);
+        if (BITS == 8 && r == 0)  // the first rank's values onto +0.0 (no zeroing pass)
+          for (int64_t i = 0; i < m; ++i) o[i] = 0.0f + table[code[i]];
+        else
+          for (int64_t i = done; i < m; ++i) o[i] += table[code[i]];
       }
       finish(o, m);
+      store_block(out + i0, o, m, stream);
     }
+    stream_fence(stream);
   });
 }
 
@@ -895,9 +887,17 @@ void half_cast(const float* x, int64_t n, bool bf16, uint16_t* out) {
 }
 
 void bf16_sum(const uint16_t* bits, int64_t n, int64_t R, float* out) {
-  parallel_blocks(n, [=](int64_t i0, int64_t m) {
-    for (int64_t r = 0; r < R; ++r) bf16_block(bits + r * n + i0, m, r == 0, out + i0);
-    if (R == 0) std::fill(out + i0, out + i0 + m, 0.0f);
+  const bool stream = n >= kStreamMin;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  parallel_for(blocks, kBlock, [&](int64_t k0, int64_t k1) {
+    alignas(64) float o[kBlock];
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t i0 = k * kBlock, m = std::min(kBlock, n - i0);
+      for (int64_t r = 0; r < R; ++r) bf16_block(bits + r * n + i0, m, r == 0, o);
+      if (R == 0) std::fill(o, o + m, 0.0f);
+      store_block(out + i0, o, m, stream);
+    }
+    stream_fence(stream);
   });
 }
 

@@ -37,7 +37,10 @@ Sparsity warm-up: ``warmup`` is an :class:`~hvdcompress.schedule.ExponentialWarm
 steps (:meth:`on_step`).
 
 Everything but the selection lives in :class:`MomentumCorrection`, which CSC
-(:mod:`hvdcompress.compressors.csc`) shares.
+(:mod:`hvdcompress.compressors.csc`) shares. On the C++ kernels (CPU tensors, PyTorch and
+TensorFlow) DGC runs momentum correction, threshold, selection and release as one pass over the
+data (:meth:`DGC.fused_select`, kernels.h ``dgc_select``), with the same results bit for bit;
+other paths (Triton, plain torch) take them one operation at a time.
 """
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ from ..loss_scale import any_overflow
 from ..exchange import Planner
 from ..options import Options, parse_options
 from ..replicas import ReplicaCheck, counters_checksum
-from ..reshard import has_per_rank, redistribute
+from ..reshard import share_of_rank
 from ..two_level import build_exchange
 from .backend import TFOps
 from .collectives import HorovodCollectives
@@ -221,7 +221,7 @@ class GradientExchange:
 
     def _apply_loaded(self, dtypes: list, infos: list) -> None:
         """This rank's share of a loaded gathered state for each tensor of ``infos`` that it
-        holds (:func:`hvdcompress.reshard.redistribute`, laid out as this engine cuts it)."""
+        holds (:func:`hvdcompress.reshard.share_of_rank`)."""
         loaded = self.state.loaded
         if loaded is None:
             return
@@ -231,15 +231,9 @@ class GradientExchange:
             if info.name not in loaded.left:
                 continue
             states = [per_rank.get(info.name, {}) for per_rank in saved["ranks"]]
-            if saved.get("average") not in (None, average) and any(has_per_rank(st) for st in states):
-                ops = {True: "hvd.Average", False: "hvd.Sum"}
-                raise ValueError(f"load_compression_state: the state was gathered with "
-                                 f"op={ops[saved['average']]} and this exchange has op={ops[average]}; "
-                                 "the residuals' share of each rank depends on it: use the same op")
-            layout = 0
-            if any(states) and self.engine.collective_for(info, tf.zeros([info.numel], dtype)) == "alltoall":
-                layout = self.engine.comm.world
-            new = redistribute(states, info.numel, ps.size(), ps.rank(), average, layout)
+            new = share_of_rank(states, info.numel, ps.size(), ps.rank(), average, saved.get("average"),
+                                lambda: self.engine.collective_for(info, tf.zeros([info.numel], dtype)) == "alltoall",
+                                "load_compression_state")
             self.state.tensor(info.name).replace(new)
             loaded.left.discard(info.name)
         if not loaded.left:

@@ -938,8 +938,8 @@ def test_kernel_outputs_reuse_a_buffer_only_once_nothing_holds_it():
 @pytest.mark.parametrize("shift", [0, 1, 3])
 def test_large_decodes_stream_into_any_output_alignment(shift):
     """unpack_sum and bf16_sum take streaming stores into outputs of 2^20 floats or more (from
-    an L1 block): the bits of the numpy sums, into an output at any float offset, nothing
-    written outside it."""
+    an L1 block), sparse_sum's zero fill too: the bits of the numpy sums, into an output at any
+    float offset, nothing written outside it."""
     n, R = 1_100_003, 2
     rng = np.random.default_rng(96)
     codes = rng.integers(0, 256, R * n).astype(np.uint8)
@@ -949,8 +949,14 @@ def test_large_decodes_stream_into_any_output_alignment(shift):
     want_codes = np.float32(0.0) + tables[codes[:n]] + tables[256 + codes[n:]]
     b = bits.view(np.uint16).astype(np.uint32) << 16
     want_bits = np.float32(0.0) + b[:n].view(np.float32) + b[n:].view(np.float32)
+    idx = np.sort(rng.choice(n, n // 100, replace=False)).astype(np.int64)
+    idx[:3] = [0, 0, n - 1]  # repeats sum in order, and both ends
+    vals = rng.standard_normal(idx.size).astype(np.float32)
+    want_sparse = np.zeros(n, np.float32)
+    np.add.at(want_sparse, idx, vals)
     for got, want in [(lambda out: native.unpack_sum(codes, n, 8, tables, out=out), want_codes),
-                      (lambda out: native.bf16_sum(bits, n, out=out), want_bits)]:
+                      (lambda out: native.bf16_sum(bits, n, out=out), want_bits),
+                      (lambda out: native.sparse_sum(n, idx, vals, out=out), want_sparse)]:
         buf = np.full(n + 8, 7.0, np.float32)
         out = buf[shift:shift + n]
         assert got(out) is out

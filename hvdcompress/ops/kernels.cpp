@@ -788,10 +788,27 @@ void check_indices(const char* what, const Index* indices, int64_t m, int64_t n)
   }
 }
 
+// out[0..m) = +0.0; streaming stores for a large output (kStreamMin floats or more), which is
+// then not read before being written.
+inline void zero_fill(float* out, int64_t m) {
+#if defined(__SSE2__)
+  if (m >= kStreamMin) {
+    int64_t j = 0;
+    for (; j < m && reinterpret_cast<uintptr_t>(out + j) % 16; ++j) out[j] = 0.0f;
+    const __m128 zero = _mm_setzero_ps();
+    for (; j + 4 <= m; j += 4) _mm_stream_ps(out + j, zero);
+    for (; j < m; ++j) out[j] = 0.0f;
+    _mm_sfence();
+    return;
+  }
+#endif
+  std::fill(out, out + m, 0.0f);
+}
+
 template <class Index>
 void scatter_add_impl(const float* values, const Index* indices, int64_t m, int64_t n, float* out) {
   check_indices("scatter_add", indices, m, n);
-  parallel_for(n, 1, [&](int64_t b, int64_t e) { std::fill(out + b, out + e, 0.0f); });
+  parallel_for(n, 1, [&](int64_t b, int64_t e) { zero_fill(out + b, e - b); });
   // Each thread owns a range of destinations and applies the entries that fall in it, in order.
   run_slices(n, std::min<int>(threads_for(m * 8), threads_for(n)), [&](int, int, int64_t b, int64_t e) {
     for (int64_t j = 0; j < m; ++j) {

@@ -33,6 +33,7 @@ def tape() -> tf.GradientTape:
     ({"compression": {"compressor": "onebit", "ef": "vanilla", "adam": "frozen"}},
      r"the Adam take-over \(FrozenAdam\) replaces the optimizer's step"),
     ({"check_replicas": -1}, r"check_replicas=-1: allowed"),
+    ({"scale_local_gradients": 1}, r"scale_local_gradients=1: allowed: True or False"),
 ])
 def test_tape_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):

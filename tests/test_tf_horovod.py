@@ -264,9 +264,9 @@ def test_local_variables_keep_their_own_gradient(front_end):
     """register_local_source (tape) / register_local_var (Keras): TopK(2) of a constant vector
     sends its first 2 elements, so w's mean gradient is 1.5 there and 0 elsewhere (plus the
     residual-free TopK), while h steps by its own c_r = rank + 1 on every element, divided by
-    the 2 ranks on the Keras optimizer (Horovod's scale_local_gradients=True) unless
-    scale_local_gradients=False; the replica guard (check_replicas=1) ignores h."""
-    for front, scale in (("tape", 1.0), ("keras", 0.5), ("keras_unscaled", 1.0)):
+    the 2 ranks (Horovod's scale_local_gradients=True, on the tape and the Keras optimizer)
+    unless scale_local_gradients=False; the replica guard (check_replicas=1) ignores h."""
+    for front, scale in (("tape", 0.5), ("tape_unscaled", 1.0), ("keras", 0.5), ("keras_unscaled", 1.0)):
         for r, weights in enumerate(front_end[f"{front}.local"]):
             for step, (w, h) in enumerate(weights, start=1):
                 assert w == [-1.5 * step, -1.5 * step, 0.0, 0.0], (front, r, w)

@@ -76,6 +76,7 @@ class ExchangeOptions:
     device_dense: str = ""
     device_sparse: str = ""
     process_set: Any = hvd.global_process_set
+    scale_local: bool = True   # divide local gradients by the number of ranks (Horovod's default)
 
 
 def loss_scale_optimizers() -> tuple:
@@ -91,7 +92,8 @@ def is_loss_scale_optimizer(optimizer: Any) -> bool:
 
 def exchange_options(compression: Any = None, device_dense: str = "", device_sparse: str = "",
                      process_set: Any = hvd.global_process_set, op: Any = hvd.Average,
-                     scaler: Any = None, **kwargs: Any) -> ExchangeOptions:
+                     scaler: Any = None, scale_local_gradients: bool = True,
+                     **kwargs: Any) -> ExchangeOptions:
     """:class:`ExchangeOptions` from Horovod's keyword arguments and hvdcompress's, each checked
     once (:func:`hvdcompress.options.parse_options`; the deprecated ``num_groups`` folded into
     ``groups``, as Horovod does, with a DeprecationWarning)."""
@@ -104,13 +106,15 @@ def exchange_options(compression: Any = None, device_dense: str = "", device_spa
         if not isinstance(value, str):
             raise ValueError(f"{key}={value!r}: allowed: a device string such as '/cpu:0' or '' "
                              "(Horovod's default)")
+    if not isinstance(scale_local_gradients, bool):
+        raise ValueError(f"scale_local_gradients={scale_local_gradients!r}: allowed: True or False")
     if not isinstance(process_set, hvd.ProcessSet):
         raise ValueError(f"process_set={process_set!r}: allowed: a horovod ProcessSet "
                          "(default hvd.global_process_set)")
     core = parse_options(compression, op=op, average_op=hvd.Average, sum_op=hvd.Sum,
                          process_set=process_set, global_set=hvd.global_process_set,
                          scaler=scaler, scaler_types=loss_scale_optimizers(), **kwargs)
-    return ExchangeOptions(core, device_dense, device_sparse, process_set)
+    return ExchangeOptions(core, device_dense, device_sparse, process_set, scale_local_gradients)
 
 
 def source_names(sources: Sequence[Any]) -> list:
@@ -165,7 +169,6 @@ class GradientExchange:
         self.state.process_set, self.state.average = options.process_set, core.average
         self._build()
         self.local: dict = {}   # id -> variable whose gradient stays this rank's own
-        self.scale_local = False   # divide the local gradients by the number of ranks (Keras's default)
         self.scaler = core.scaler   # the Keras LossScaleOptimizer of scaler= (hvdcompress.loss_scale)
         self.checks_overflow = overflow_check or self.scaler is not None
 
@@ -242,7 +245,7 @@ class GradientExchange:
     def register_local(self, variable: Any) -> None:
         """Keep ``variable``'s gradient local: not exchanged, clipped or checked across ranks
         (Horovod's ``register_local_var`` / ``register_local_source``: e.g. a per-rank head);
-        divided by the number of ranks if :attr:`scale_local` is set."""
+        divided by the number of ranks with ``scale_local_gradients=True`` (the default)."""
         if self.adam_settings is not None:
             raise ValueError("register_local_var with the Adam take-over (FrozenAdam): the exchange "
                              "updates the variables itself, so a local variable would not be "
@@ -269,7 +272,7 @@ class GradientExchange:
             return self._shared(grads, sources, flag)
         out = self._shared([None if i in local else g for i, g in enumerate(grads)], sources, flag)
         for i in local:
-            out[i] = self._scaled_local(grads[i]) if self.scale_local else grads[i]
+            out[i] = self._scaled_local(grads[i]) if self.options.scale_local else grads[i]
         return out
 
     def _scaled_local(self, grad: Any) -> Any:

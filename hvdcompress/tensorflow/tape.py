@@ -36,7 +36,8 @@ class _DistributedGradientTape:
         return tf.nest.pack_sequence_as(grads, flat)
 
     def register_local_source(self, source) -> None:
-        """Keep ``source``'s gradient this rank's own: not averaged over ranks (Horovod's API)."""
+        """Keep ``source``'s gradient this rank's own: not averaged over ranks, divided by their
+        number with ``scale_local_gradients=True`` (Horovod's API and default)."""
         self.exchange.register_local(source)
 
 
@@ -48,7 +49,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             clip_grad_norm: float = None, collective: str = "auto",
                             intra_node: Any = None, ranks_per_node: int = None,
                             check_replicas: int = None, auto_allowed: Any = None,
-                            link: Any = None, scaler: Any = None) -> tf.GradientTape:
+                            link: Any = None, scaler: Any = None,
+                            scale_local_gradients: bool = True) -> tf.GradientTape:
     """Wrap ``gradtape`` so that :meth:`gradient` returns gradients averaged over ranks.
 
     Arguments are those of ``horovod.tensorflow.DistributedGradientTape``; ``compression`` takes
@@ -91,6 +93,10 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
         opt.apply_gradients(zip(grads, model.trainable_variables))
 
     See docs/mixed_precision.md and :mod:`hvdcompress.loss_scale`.
+
+    ``scale_local_gradients``: divide the gradients of the sources registered with
+    :meth:`register_local_source` by the number of ranks (Horovod's default, True), or leave
+    them as they are (False).
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"gradtape={gradtape!r}: allowed: a tf.GradientTape")
@@ -101,7 +107,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                                clip_grad_norm=clip_grad_norm, collective=collective,
                                intra_node=intra_node, ranks_per_node=ranks_per_node,
                                check_replicas=check_replicas, auto_allowed=auto_allowed, link=link,
-                               scaler=scaler)
+                               scaler=scaler, scale_local_gradients=scale_local_gradients)
     cls = subclass_with(gradtape.__class__, _DistributedGradientTape)
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)

@@ -53,21 +53,23 @@ for front in ("tape", "keras"):
 
 
 # local variables: w is shared, h is this rank's own; gradients c_r = rank + 1 for both;
-# the Keras optimizer divides h's by the number of ranks unless scale_local_gradients=False
-for front in ("tape", "keras", "keras_unscaled"):
+# the tape and the Keras optimizer divide h's by the number of ranks unless scale_local_gradients=False
+for front in ("tape", "tape_unscaled", "keras", "keras_unscaled"):
     comp = hc.TopK(2)
+    scale_local = not front.endswith("_unscaled")
     w, h = tf.Variable(tf.zeros([4]), name="w"), tf.Variable(tf.zeros([4]), name="h")
     opt = hvk.DistributedOptimizer(tf.keras.optimizers.SGD(1.0), compression=comp, check_replicas=1,
-                                   scale_local_gradients=front != "keras_unscaled")
-    if front != "tape":
+                                   scale_local_gradients=scale_local)
+    if not front.startswith("tape"):
         opt.register_local_var(h)
     seen = []
     for step in range(3):  # check_replicas=1: h differs across ranks, and must not trip the guard
         c = tf.fill([4], float(rank + 1))
-        if front == "tape":
+        if front.startswith("tape"):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_sum(w * c) + tf.reduce_sum(h * c)
-            tape = hvt.DistributedGradientTape(tape, compression=comp, check_replicas=1)
+            tape = hvt.DistributedGradientTape(tape, compression=comp, check_replicas=1,
+                                               scale_local_gradients=scale_local)
             tape.register_local_source(h)
             gw, gh = tape.gradient(loss, [w, h])
             w.assign_sub(gw)

@@ -362,15 +362,14 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
                                num_groups=num_groups, groups=groups, process_set=process_set,
                                clip_grad_norm=clip_grad_norm, collective=collective,
                                intra_node=intra_node, ranks_per_node=ranks_per_node,
-                               check_replicas=check_replicas, auto_allowed=auto_allowed, link=link)
+                               check_replicas=check_replicas, auto_allowed=auto_allowed, link=link,
+                               scale_local_gradients=scale_local_gradients)
     compressor = options.core.compressor
     config = optimizer.get_config()
     _warn_keras_clipping(compressor, options.core.intra_node, config)
     if name is not None:
         config["name"] = name
     momentum, nesterov = _take_over_momentum(compressor, optimizer, config)
-    if not isinstance(scale_local_gradients, bool):
-        raise ValueError(f"scale_local_gradients={scale_local_gradients!r}: allowed: True or False")
     cls = subclass_with(optimizer.__class__, _mixin_for(optimizer.__class__))
     wrapped = cls.from_config(config)
     # around a LossScaleOptimizer: an overflow on any rank is found before compression, so the
@@ -378,7 +377,6 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     wrapped._hvdc_exchange = GradientExchange(options, momentum, nesterov,
                                               adam_settings=_adam_settings(wrapped, compressor, config),
                                               overflow_check=is_loss_scale_optimizer(optimizer))
-    wrapped._hvdc_exchange.scale_local = scale_local_gradients
     wrapped._hvdc_compression_state = wrapped._hvdc_exchange.state
     wrapped._hvdc_accumulator = (GradientAccumulator(backward_passes_per_step,
                                                      average_aggregated_gradients)

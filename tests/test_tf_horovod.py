@@ -67,9 +67,28 @@ def dense_equivalent_runs() -> list:
     return runs
 
 
-def test_dense_equivalents_match_numpy_momentum_sgd():
-    runs = dense_equivalent_runs()
-    for run, (w0, w1) in zip(runs, train_runs(runs)):
+def sparse_runs() -> list:
+    """Sparse and stateful configurations from a random start (replicas only)."""
+    return [{"api": api, "compression": spec, "steps": 6, "init": "random", "function": True,
+             "momentum": 0.0 if (api == "tape" and spec["compressor"] == "dgc") else 0.9}
+            for api in ("tape", "fit")
+            for spec in ({"compressor": "dgc", "sparsity": "0.99", "min_numel": "0"},
+                         {"compressor": "topk", "k": "0.05", "ef": "vanilla"},
+                         {"compressor": "randomk", "k": "0.1", "seed": "3", "ef": "vanilla"},
+                         {"compressor": "bf16"})]
+
+
+@pytest.fixture(scope="module")
+def trained() -> dict:
+    """Both lists of runs in one launch of tests/hvd/tf_train.py: name -> [(run, weights)]."""
+    runs = {"dense": dense_equivalent_runs(), "sparse": sparse_runs()}
+    weights = train_runs(runs["dense"] + runs["sparse"])
+    return {"dense": list(zip(runs["dense"], weights[:len(runs["dense"])])),
+            "sparse": list(zip(runs["sparse"], weights[len(runs["dense"]):]))}
+
+
+def test_dense_equivalents_match_numpy_momentum_sgd(trained):
+    for run, (w0, w1) in trained["dense"]:
         assert w0 == w1, f"ranks ended with different weights: {run}"
         momentum = 0.9 if "momentum_mu" in run["compression"] else run["momentum"]
         nesterov = run["nesterov"] or run["compression"].get("momentum") == "nesterov"
@@ -78,15 +97,9 @@ def test_dense_equivalents_match_numpy_momentum_sgd():
         np.testing.assert_allclose(w0, expected, rtol=tol, atol=tol, err_msg=str(run))
 
 
-def test_sparse_training_keeps_ranks_identical_from_random_init():
-    runs = [{"api": api, "compression": spec, "steps": 6, "init": "random", "function": True,
-             "momentum": 0.0 if (api == "tape" and spec["compressor"] == "dgc") else 0.9}
-            for api in ("tape", "fit")
-            for spec in ({"compressor": "dgc", "sparsity": "0.99", "min_numel": "0"},
-                         {"compressor": "topk", "k": "0.05", "ef": "vanilla"},
-                         {"compressor": "randomk", "k": "0.1", "seed": "3", "ef": "vanilla"},
-                         {"compressor": "bf16"})]
-    for run, (w0, w1) in zip(runs, train_runs(runs)):
+def test_sparse_training_keeps_ranks_identical_from_random_init(trained):
+    assert len(trained["sparse"]) == 8
+    for run, (w0, w1) in trained["sparse"]:
         assert w0 == w1, f"ranks ended with different weights: {run}"
         assert np.abs(np.asarray(w0)).max() > 0, f"nothing trained: {run}"
 
@@ -107,8 +120,17 @@ def cases_of(records: list) -> dict:
 
 
 @pytest.fixture(scope="module")
-def sparse_sums() -> dict:
-    return cases_of(run_horovod("tf_sparse_sum.py"))
+def two_ranks(tmp_path_factory) -> dict:
+    """tests/hvd/tf_two_ranks.py: the records of its scripts, by script, one launch."""
+    out: dict = {}
+    for r in run_horovod("tf_two_ranks.py", args=[tmp_path_factory.mktemp("ckpt")], timeout=600):
+        out.setdefault(r.pop("script"), []).append(r)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sparse_sums(two_ranks) -> dict:
+    return cases_of(two_ranks["tf_sparse_sum"])
 
 
 @pytest.mark.parametrize("op", ["average", "sum"])
@@ -137,8 +159,8 @@ def test_indexed_slices_pass_through_uncompressed(sparse_sums):
 
 
 @pytest.fixture(scope="module")
-def warmups() -> dict:
-    return cases_of(run_horovod("tf_warmup.py"))
+def warmups(two_ranks) -> dict:
+    return cases_of(two_ranks["tf_warmup"])
 
 
 def test_exponential_warmup_per_epoch_reaches_the_logs(warmups):
@@ -168,8 +190,8 @@ def test_list_warmup_per_step_reaches_the_logs(warmups):
 
 
 @pytest.fixture(scope="module")
-def states(tmp_path_factory) -> dict:
-    return cases_of(run_horovod("tf_state.py", args=["--dir", tmp_path_factory.mktemp("ckpt")]))
+def states(two_ranks) -> dict:
+    return cases_of(two_ranks["tf_state"])
 
 
 def test_checkpoint_round_trip_restores_compressor_state(states):
@@ -240,10 +262,10 @@ def test_tape_clip_grad_norm_and_process_set_exclusion():
 
 
 @pytest.fixture(scope="module")
-def front_end() -> dict:
+def front_end(two_ranks) -> dict:
     """tests/hvd/tf_front_end.py's records: case -> [rank 0's, rank 1's] error or weights."""
     cases: dict = {}
-    for r in sorted(run_horovod("tf_front_end.py", np=2, timeout=300), key=lambda r: r["rank"]):
+    for r in sorted(two_ranks["tf_front_end"], key=lambda r: r["rank"]):
         cases.setdefault(r["case"], []).append(r.get("error", r.get("weights")))
     return cases
 

@@ -171,6 +171,7 @@ def test_collectives_adapter(one_rank, two_ranks, four_ranks, world):
                                        ["torch.float32", [2, 2], [float(sum(ranks))] * 4]]
         assert record["alltoall"] == [["torch.int16", [2 * world],
                                        [2 * r + i + 100 * q for q in ranks for i in range(2)]]]
+        assert record["pairs_take_turns"] is True   # a gloo group: compression="auto" plans for it
 
 
 def test_state_survives_the_bucket_rebuild(two_ranks):

@@ -80,7 +80,7 @@ class Run:
 def collectives() -> dict:
     """The adapter's outputs, as (dtype, shape, values), for payloads that no single compressor
     produces together: sizes that differ per rank, an empty tensor on some ranks or on all,
-    several dtypes and a 2-D tensor in one call."""
+    several dtypes and a 2-D tensor in one call; and whether its pairs take turns (gloo: yes)."""
     comm = DistCollectives()
     r, world = comm.rank, comm.world
     calls = {
@@ -91,8 +91,9 @@ def collectives() -> dict:
                                      torch.full((2, 2), float(r))], "sum"),
         "alltoall": comm.alltoall([torch.arange(2 * world, dtype=torch.int16) + 100 * r], "swap"),
     }
-    return {kind: [(str(t.dtype), list(t.shape), t.reshape(-1).tolist()) for t in comm.wait(handle)]
-            for kind, handle in calls.items()}
+    out = {kind: [(str(t.dtype), list(t.shape), t.reshape(-1).tolist()) for t in comm.wait(handle)]
+           for kind, handle in calls.items()}
+    return {**out, "pairs_take_turns": comm.pairs_take_turns(on_gpu=False)}
 
 
 def run(cases: list, steps: int, resume: list) -> None:

@@ -350,6 +350,11 @@ def test_keras2_compute_gradients_exchanges_once_whichever_path(front_end):
                 np.testing.assert_allclose(got_h, h, rtol=1e-6, err_msg=f"{path} rank {r} step {s}")
                 if path in ("legacy", "legacy_function", "compute_function"):
                     np.testing.assert_allclose(returned, means[s], rtol=1e-6, err_msg=f"{path} step {s}")
+    # a compute_gradients whose result is dropped exchanges (its residuals move); the tape's
+    # gradients applied after it are exchanged too, not taken for its: the replicas stay equal
+    dropped = front_end["once.dropped"]
+    assert [r["exchanges"] for r in dropped] == [6, 6]
+    assert [s[0] for s in dropped[0]["steps"]] == [s[0] for s in dropped[1]["steps"]]
 
 
 @pytest.mark.skipif(not KERAS2, reason="Keras 3's fit calls apply_gradients (tested elsewhere)")

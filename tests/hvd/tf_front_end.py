@@ -127,7 +127,7 @@ if KERAS2:
         return (np.array([1.0, -3.0, 2.5, 0.5]) * (1 + 0.25 * rank)
                 + step * np.array([0.1, 0.2, -0.3, 0.45])).astype(np.float32)
 
-    for path in ("tape", "legacy", "legacy_function", "minimize_function", "compute_function"):
+    for path in ("tape", "legacy", "legacy_function", "minimize_function", "compute_function", "dropped"):
         w, h, c = tf.Variable(tf.zeros([4]), name="w"), tf.Variable(tf.zeros([4]), name="h"), tf.Variable(tf.zeros([4]))
         sgd = legacy.SGD(1.0) if path.startswith("legacy") else tf.keras.optimizers.SGD(1.0)
         opt = hvk.DistributedOptimizer(sgd, compression=hc.ErrorFeedback(hc.TopK(2)))
@@ -137,7 +137,9 @@ if KERAS2:
             return tf.reduce_sum(w * c) + tf.reduce_sum(h * c)
 
         def step():
-            if path == "tape":
+            if path in ("tape", "dropped"):
+                if path == "dropped":   # compute_gradients's result dropped, then a tape's applied
+                    opt.compute_gradients(loss, [w, h])
                 with tf.GradientTape() as tape:
                     value = loss()
                 grads_and_vars = list(zip(tape.gradient(value, [w, h]), [w, h]))

@@ -200,14 +200,17 @@ class KerasStep:
         pairs = list(grads_and_vars)
         variables = [v for _, v in pairs]
         grads = self.reduce([g for g, _ in pairs], variables)
-        self._marked = _where()
+        self._marked = (_where(), grads)
         return list(zip(grads, variables))
 
-    def take_mark(self) -> bool:
-        """Whether the gradients about to be applied here were exchanged by
-        :meth:`computed` here (then forget it: one exchange, one apply)."""
+    def take_mark(self, grads: list) -> bool:
+        """Whether ``grads``, about to be applied here, are the very tensors :meth:`computed`
+        exchanged here (then forget them: one exchange, one apply). Gradients from elsewhere
+        (a tape, after a ``compute_gradients`` whose result was dropped) are exchanged."""
         marked, self._marked = self._marked, _UNMARKED
-        return marked is not _UNMARKED and marked == _where()
+        if marked is _UNMARKED or marked[0] != _where() or len(marked[1]) != len(grads):
+            return False
+        return all(a is b for a, b in zip(marked[1], grads))
 
     def reduce(self, grads: list, variables: list) -> list:
         """One backward pass's gradients, ready to apply: exchanged. With N passes per step: the
@@ -276,7 +279,7 @@ class _DistributedOptimizer:
         pairs = list(grads_and_vars)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
         step = self._hvdc_step
-        if not step.take_mark():
+        if not step.take_mark(grads):
             grads = step.reduce(grads, variables)
         return step.apply(self, grads, variables,
                           lambda exchanged: self._hvdc_update(exchanged, variables, args, kwargs))

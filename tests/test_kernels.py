@@ -699,7 +699,9 @@ for n in (1, 15, 17, 1000, 70001):  # the counter-hash and bfloat16 loops (HVDC_
             native.ternary_pack(x, 0.6, 7), native.natural_pack(x, 8), native.half_cast(x, True),
             native.half_cast(x, False), native.unpack_sum(np.arange(2 * n, dtype=np.uint64).astype(np.uint8),
                                                           n, 8, np.linspace(-3, 3, 512).astype(np.float32)),
-            native.bf16_sum(np.concatenate([native.half_cast(x, True)] * 3), n), native.l2_norm(x)]
+            native.bf16_sum(np.concatenate([native.half_cast(x, True)] * 3), n), native.l2_norm(x),
+            native.fp16_sum((np.arange(n, dtype=np.int64) * 40503 % 65536).astype(np.uint16).view(np.int16), n),
+            native.fp16_sum(np.concatenate([native.half_cast(x, False)] * 3), n)]
     for r in outs:
         h.update(np.asarray(r).tobytes())
 print(h.hexdigest())
@@ -707,7 +709,7 @@ print(h.hexdigest())
 
 
 def test_the_kernels_compiled_per_instruction_set_agree():
-    """dgc_select and the HVDC_WIDE loops (counter hash, bfloat16, 8-bit decode, l2 norm) on
+    """dgc_select, the HVDC_WIDE loops (counter hash, bfloat16, 8-bit decode, l2 norm) and fp16_sum on
     AVX-512, AVX2 and the baseline (HVDC_NO_AVX512 / HVDC_NO_AVX2 turn them off), and on one
     thread or two: the same bits."""
     digests = set()
@@ -910,6 +912,77 @@ def test_half_cast_of_other_dtypes_is_the_framework_cast(ops):
     assert ops.half_cast(h, "float16") is h
 
 
+def np_fp16_values(bits: np.ndarray) -> np.ndarray:
+    """numpy's float16 -> float32 (exact), NaNs made quiet (as F16C and torch's CPU cast)."""
+    v = bits.view(np.float16).astype(np.float32)
+    u = v.view(np.uint32)
+    u[np.isnan(v)] |= np.uint32(0x400000)
+    return v
+
+
+def fp16_patterns(n: int, seed: int) -> np.ndarray:
+    """n int16 binary16 patterns: every one of the 65536 (in a seeded order) as far as n goes,
+    the special ones at the front (so that small n puts them in a vector tail)."""
+    rng = np.random.default_rng(seed)
+    every = rng.permutation(65536).astype(np.uint16)
+    bits = np.resize(every, n)
+    edges = np.array([0x7C01, 0xFC01, 0x7E00, 0xFE00, 0x7D55, 0x7FFF, 0x7C00, 0xFC00, 0x8000, 0x0000,
+                      0x0001, 0x8001, 0x03FF, 0x83FF, 0x0400, 0x7BFF, 0xFBFF, 0x3C00, 0x0200], np.uint16)
+    m = min(n, edges.size)
+    bits[:m] = edges[:m]
+    return bits.view(np.int16)
+
+
+@pytest.mark.parametrize("n,ranks", [(1, 1), (7, 1), (8, 2), (9, 1), (15, 3), (16, 1), (17, 2), (19, 1),
+                                     (2048 + 33, 2), (65536, 1), (70001, 3)])
+def test_fp16_sum_matches_numpy(ops, n, ranks):
+    """The exact float32 of every binary16 pattern (subnormals, infinities, NaN payloads), summed
+    over ranks in rank order from the first payload (-0.0 kept), on vector bodies and tails."""
+    bits = np.concatenate([fp16_patterns(n, 80 + r) for r in range(ranks)])
+    values = np_fp16_values(bits)
+    want = values[:n].copy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        for r in range(1, ranks):
+            want = want + values[r * n:(r + 1) * n]
+    got = ops.fp16_sum(t(bits), n).numpy()
+    np.testing.assert_array_equal(got, want)
+    # the bits, NaN payloads too, but where two payloads hold NaNs (which one the sum keeps
+    # depends on the compiler's operand order)
+    one = np.isnan(values.reshape(ranks, n)).sum(axis=0) < 2
+    np.testing.assert_array_equal(got.view(np.uint32)[one], want.view(np.uint32)[one])
+    if ranks == 1:  # torch's own cast: the same bits but for NaNs (its NaN bits vary with the size)
+        cast = t(bits).view(torch.float16).float().numpy()
+        np.testing.assert_array_equal(cast, got)
+        finite = ~np.isnan(got)
+        np.testing.assert_array_equal(got.view(np.uint32)[finite], cast.view(np.uint32)[finite])
+
+
+@pytest.mark.parametrize("grad_dtype", ["float32", "float16", "float64", "bfloat16"])
+def test_fp16_decodes_to_the_bits_of_the_framework_cast(ops, grad_dtype):
+    """FP16's decompress (through fp16_sum for non-float16 gradients) gives what casting the
+    payload did, into a new tensor or a caller's buffer; decompress_gathered the sum of the
+    payloads decoded one by one. The payloads: finite patterns (NaN bits from a cast vary)."""
+    import hvdcompress as hc
+    from hvdcompress.compressor import Compressor, TensorInfo
+    n, world = 5000, 3
+    comp, info = hc.FP16(), TensorInfo(name="w", numel=n, shape=(n,))
+    finite = [p[(p.view(np.uint16) & 0x7C00) != 0x7C00][:n] for p in (fp16_patterns(4 * n, 90 + r) for r in range(world))]
+    payloads = [t(p).view(torch.float16) for p in finite]
+    want = payloads[0].to(getattr(torch, grad_dtype))
+    got = comp.decompress(ops, [payloads[0]], grad_dtype, info)
+    assert got.dtype == want.dtype and got.shape == (n,)
+    assert torch.equal(got.view(-1).view(torch.uint8), want.view(torch.uint8))
+    for out_dtype in (torch.float32, torch.float64):
+        out = torch.full((n,), 7.0, dtype=out_dtype)
+        assert comp.decompress(ops, [payloads[0]], grad_dtype, info, out=out) is out
+        assert torch.equal(out.view(torch.uint8), payloads[0].to(out_dtype).view(torch.uint8))
+    gathered = torch.cat(payloads)
+    want = Compressor.decompress_gathered(comp, ops, [gathered], grad_dtype, info, world)
+    got = comp.decompress_gathered(ops, [gathered], grad_dtype, info, world)
+    assert got.dtype == want.dtype
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
 def test_bf16_sum_rejects_bad_payloads(ops):
     with pytest.raises(TypeError, match="int16"):
         ops.bf16_sum(torch.zeros(10, dtype=torch.int32), 5)
@@ -937,7 +1010,7 @@ def test_kernel_outputs_reuse_a_buffer_only_once_nothing_holds_it():
 
 @pytest.mark.parametrize("shift", [0, 1, 3])
 def test_large_decodes_stream_into_any_output_alignment(shift):
-    """unpack_sum and bf16_sum take streaming stores into outputs of 2^20 floats or more (from
+    """unpack_sum, bf16_sum and fp16_sum take streaming stores into outputs of 2^20 floats or more (from
     an L1 block), sparse_sum's zero fill too: the bits of the numpy sums, into an output at any
     float offset, nothing written outside it."""
     n, R = 1_100_003, 2
@@ -949,6 +1022,8 @@ def test_large_decodes_stream_into_any_output_alignment(shift):
     want_codes = np.float32(0.0) + tables[codes[:n]] + tables[256 + codes[n:]]
     b = bits.view(np.uint16).astype(np.uint32) << 16
     want_bits = np.float32(0.0) + b[:n].view(np.float32) + b[n:].view(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):  # the bfloat16 patterns read as binary16
+        want_fp16 = np_fp16_values(bits[:n]) + np_fp16_values(bits[n:])
     idx = np.sort(rng.choice(n, n // 100, replace=False)).astype(np.int64)
     idx[:3] = [0, 0, n - 1]  # repeats sum in order, and both ends
     vals = rng.standard_normal(idx.size).astype(np.float32)
@@ -956,6 +1031,7 @@ def test_large_decodes_stream_into_any_output_alignment(shift):
     np.add.at(want_sparse, idx, vals)
     for got, want in [(lambda out: native.unpack_sum(codes, n, 8, tables, out=out), want_codes),
                       (lambda out: native.bf16_sum(bits, n, out=out), want_bits),
+                      (lambda out: native.fp16_sum(bits, n, out=out), want_fp16),
                       (lambda out: native.sparse_sum(n, idx, vals, out=out), want_sparse)]:
         buf = np.full(n + 8, 7.0, np.float32)
         out = buf[shift:shift + n]

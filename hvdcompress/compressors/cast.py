@@ -10,7 +10,8 @@ buffer on the CPU, the same bits on every path and framework, NaNs included).
 Horovod's collectives have no bfloat16 type, so bf16 payloads travel as their int16 bits through
 allgather and are decoded and summed in float32 in one pass (``Ops.bf16_sum``), then cast to the
 gradient's dtype: for 2 ranks the bytes equal an fp16 allreduce's; beyond that they grow with
-the number of ranks.
+the number of ranks. fp16 payloads (allreduced in float16) are decoded the same way, by
+``Ops.fp16_sum``: the exact float32 value of each half.
 """
 from __future__ import annotations
 
@@ -45,6 +46,32 @@ class FP16(Cast):
 
     name = "fp16"
     wire_dtype = "float16"
+
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
+        if ctx == self.wire_dtype:  # a float16 gradient, sent as it was
+            return super().decompress(ops, tensors, ctx, info, out)
+        return self._decode(ops, tensors, ctx, info, 1, out)
+
+    def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                            world: int, out: Optional[Tensor] = None) -> Tensor:
+        if ctx != "float32":  # summed in the gradient's dtype, as before
+            return super().decompress_gathered(ops, tensors, ctx, info, world, out)
+        return self._decode(ops, tensors, ctx, info, world, out)
+
+    def _decode(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo, world: int,
+                out: Optional[Tensor]) -> Tensor:
+        """The float32 values of the halves, summed over ``world`` payloads in rank order (the
+        bits of decoding them one by one and adding), in one pass (``Ops.fp16_sum``)."""
+        if len(tensors) != 1:
+            raise ValueError(f"fp16: expected 1 payload tensor (the values), got {len(tensors)}")
+        check_payload(ops, self.name, "values", tensors[0], self.wire_dtype, world * info.numel)
+        bits = ops.bitcast(tensors[0], "int16")
+        if out is None:
+            return decode_into(ops, None, ctx, lambda buf: ops.fp16_sum(bits, info.numel))
+        if ops.dtype(out) == "float32":  # written directly
+            return ops.fp16_sum(bits, info.numel, out=out)
+        return ops.into(out, ops.fp16_sum(bits, info.numel))  # the float32 values in out's dtype, as before
 
 
 class BF16(Cast):

@@ -96,7 +96,7 @@ void natural_pack(const float* x, int64_t n, uint32_t key, uint8_t* out);
 // binary16, as x86's F16C converts (overflow to +-inf, binary16 subnormals kept); a NaN becomes
 // sign | 0x7E00 | the top 10 bits of its payload (quiet). bf16 = true: bfloat16, the top 16 bits
 // of (bits + 0x7FFF + bit 16 of bits); a NaN becomes 0xFFFF (as torch's CPU cast). Decoding
-// bfloat16 is bf16_sum.
+// bfloat16 is bf16_sum, binary16 fp16_sum.
 void half_cast(const float* x, int64_t n, bool bf16, uint16_t* out);
 
 // ---- decoding of packed codes ---------------------------------------------------------------
@@ -108,6 +108,13 @@ void unpack_sum(const uint8_t* packed, int64_t n, int bits, const float* tables,
 // Sum of R payloads of n bfloat16 values given as their 16-bit patterns (back to back):
 // out[i] = sum_r float(bits_r[i] << 16), in float32, in rank order from +0.0.
 void bf16_sum(const uint16_t* bits, int64_t n, int64_t R, float* out);
+
+// Sum of R payloads of n IEEE binary16 values given as their 16-bit patterns (back to back):
+// out[i] = float(bits_0[i]) + float(bits_1[i]) + ... in float32, in rank order (not from +0.0:
+// for R = 1, the exact float32 value of each half, -0.0 included). A NaN pattern decodes as
+// F16C's vcvtph2ps does: sign and payload kept, quiet bit set (a sum where two payloads hold
+// NaNs is one of them, which one unspecified).
+void fp16_sum(const uint16_t* bits, int64_t n, int64_t R, float* out);
 
 // Majority vote of R 1-bit payloads: out[i] = scale * sign(sum_r (bit_r(i) ? 1 : -1)), 0 on a tie.
 void sign_vote(const uint8_t* packed, int64_t n, int64_t R, float scale, float* out);
@@ -211,7 +218,7 @@ void scatter_add_i64(const float* values, const int64_t* indices, int64_t m, int
 // same ones.
 #define HVDC_KERNELS(X)                                                                        \
   X(sign_pack) X(ef_sign_pack) X(twobit_pack) X(levels_pack) X(ternary_pack) X(natural_pack)  \
-  X(half_cast) X(unpack_sum) X(bf16_sum) X(sign_vote) X(minmax_pack) X(minmax_unpack_sum)     \
+  X(half_cast) X(unpack_sum) X(bf16_sum) X(fp16_sum) X(sign_vote) X(minmax_pack) X(minmax_unpack_sum)     \
   X(max_abs) X(l2_norm) X(count_ge) X(select_ge) X(sampled_threshold) X(topk_abs)             \
   X(momentum_correction) X(dgc_select) X(sub_finite) X(lowrank_project) X(lowrank_project_back)             \
   X(lowrank_residual) X(fill_at) X(scatter_add_i32) X(scatter_add_i64)

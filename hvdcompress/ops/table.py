@@ -206,6 +206,11 @@ KERNELS: Dict[str, Kernel] = {k.name: k for k in (
     Kernel("bf16_sum", "bits: Payloads('int16', 'n'), n: LENGTH, out: Out() = None",
            c="bits, n, ranks, out", returns="out",
            doc="Decode and sum R payloads of ``n`` bfloat16 values given as int16 bit patterns"),
+    Kernel("fp16_sum", "bits: Payloads('int16', 'n'), n: LENGTH, out: Out() = None",
+           c="bits, n, ranks, out", returns="out",
+           doc="Decode and sum R payloads of ``n`` IEEE binary16 values given as int16 bit "
+               "patterns (the first payload's values, then the others added: R = 1 is the exact "
+               "float32 of each half, -0.0 included; NaNs quieted, as F16C)"),
     Kernel("sign_vote", "packed: Payloads('uint8', 'packed_bytes(n, 1)'), n: LENGTH, "
                         "scale: NUMBER, out: Out() = None",
            c="packed, n, ranks, scale, out", returns="out",

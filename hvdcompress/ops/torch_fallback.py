@@ -180,6 +180,25 @@ def bf16_sum(bits: Tensor, n: int, out: Optional[Tensor] = None) -> Tensor:
     return out
 
 
+def _fp16_values(h: Tensor) -> Tensor:
+    """The float32 values of the binary16 patterns ``h`` (int16), NaNs as kernels.h's fp16_sum
+    (sign and payload kept, quiet; a framework's own NaN bits vary)."""
+    h = h.int()
+    nan = (h & 0x7C00 == 0x7C00) & (h & 0x3FF != 0)
+    quiet = torch.where(h < 0, -0x80000000, 0).bitwise_or_((h & 0x3FF) << 13).bitwise_or_(0x7FC00000).int()
+    return torch.where(nan, quiet.view(torch.float32), h.short().view(torch.float16).float())
+
+
+@implements
+def fp16_sum(bits: Tensor, n: int, out: Optional[Tensor] = None) -> Tensor:
+    payloads = bits.split(n)
+    out = torch.empty(n, dtype=torch.float32, device=bits.device) if out is None else out
+    out.copy_(_fp16_values(payloads[0]))  # not from +0.0: a single payload keeps its -0.0
+    for payload in payloads[1:]:
+        out += _fp16_values(payload)
+    return out
+
+
 @implements
 def sign_vote(packed: Tensor, n: int, scale: float, out: Optional[Tensor] = None) -> Tensor:
     ranks = packed.numel() // packed_bytes(n, 1)

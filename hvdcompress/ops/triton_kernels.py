@@ -22,8 +22,8 @@ returns as Python numbers (``count_ge``, ``sampled_threshold``) are 0-d tensors 
 nothing in this module reads the device except where an output's size depends on the data
 (``select_ge``) and the index check of ``sparse_sum``.
 
-Kernels without a Triton version here (``half_cast``, exact top-k, norms, PowerSGD's products,
-``fill_at``) are the plain-torch ones (the module's ``__getattr__``), so that this module
+Kernels without a Triton version here (``half_cast``, ``fp16_sum``, exact top-k, norms, PowerSGD's
+products, ``fill_at``) are the plain-torch ones (the module's ``__getattr__``), so that this module
 implements the whole kernel table (:mod:`hvdcompress.ops.table`).
 """
 from __future__ import annotations

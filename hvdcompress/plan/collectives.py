@@ -73,10 +73,10 @@ def _cost(steps: int, nbytes: float, link: Link, flows: float, compute_s: float 
     return Cost(steps * link.alpha_s, flows * nbytes / link.beta_bytes_per_s + compute_s, nbytes)
 
 
-def _one_pair(cost: Cost, ranks: int, link: Link) -> Cost:
-    """``cost`` with its transfer doubled where each step exchanges with one peer (two ranks)
-    over a link whose pairs are half duplex."""
-    return replace(cost, transfer_s=HALF_DUPLEX * cost.transfer_s) if ranks == 2 and link.half_duplex_pairs else cost
+def _pairwise(cost: Cost, link: Link) -> Cost:
+    """``cost`` of a collective whose every step sends to and receives from one peer: its
+    transfer doubled over a link whose pairs are half duplex."""
+    return replace(cost, transfer_s=HALF_DUPLEX * cost.transfer_s) if link.half_duplex_pairs else cost
 
 
 def allreduce(payload: float, ranks: int, link: Link, flows: float = 1.0, reduce_s: float = 0.0) -> Cost:
@@ -93,7 +93,8 @@ def allgather(payload: float, ranks: int, link: Link, flows: float = 1.0) -> Cos
     over half-duplex pairs 2·B / beta (see the module doc)."""
     if ranks <= 1:
         return FREE
-    return _one_pair(_cost(ranks - 1, wire_bytes("allgather", payload, ranks), link, flows), ranks, link)
+    cost = _cost(ranks - 1, wire_bytes("allgather", payload, ranks), link, flows)
+    return _pairwise(cost, link) if ranks == 2 else cost   # the ring's two neighbours: one peer
 
 
 def alltoall(payload: float, ranks: int, link: Link, flows: float = 1.0) -> Cost:
@@ -101,7 +102,7 @@ def alltoall(payload: float, ranks: int, link: Link, flows: float = 1.0) -> Cost
     twice the transfer over half-duplex pairs (see the module doc)."""
     if ranks <= 1:
         return FREE
-    return _one_pair(_cost(ranks - 1, wire_bytes("alltoall", payload, ranks) / 2, link, flows), 2, link)
+    return _pairwise(_cost(ranks - 1, wire_bytes("alltoall", payload, ranks) / 2, link, flows), link)
 
 
 def compressed_allreduce(payload: float, ranks: int, link: Link, scatter_flows: float = 1.0,

@@ -8,8 +8,8 @@ The gradients are compressed, exchanged and averaged over ranks (see
 :mod:`hvdcompress.tensorflow.exchange`) exactly once per step, then applied by the wrapped
 optimizer. Where: on Keras 2, ``compute_gradients`` (``_compute_gradients`` on the legacy
 optimizers), which ``minimize`` and so ``model.fit`` call, returns the gradients already
-exchanged, as Horovod's optimizer does, and the ``apply_gradients`` that follows in the same
-place (eagerly, or in the same traced function) applies them without a second exchange;
+exchanged, as Horovod's optimizer does, and ``apply_gradients`` given those very tensors
+(eagerly, or in the same traced function) applies them without a second exchange;
 ``apply_gradients`` with gradients from elsewhere (a ``GradientTape`` loop; Keras 3, whose
 optimizers have no ``compute_gradients`` and whose ``fit`` calls ``apply_gradients``) exchanges
 them itself. Either way the exchange sees the same gradients, so the results are the same bit
@@ -57,7 +57,6 @@ so ``tf.train.Checkpoint(optimizer=opt)`` and TF-format ``model.save_weights`` c
 from __future__ import annotations
 
 import warnings
-import weakref
 from typing import Any, Callable, Optional
 
 import horovod.tensorflow as hvd
@@ -168,24 +167,16 @@ def _adam_settings(optimizer: Any, compressor: Compressor, config: dict):
     return settings
 
 
-def _where() -> Any:
-    """Where this code runs: None eagerly, else (weakly) the graph being traced."""
-    return None if tf.executing_eagerly() else weakref.ref(tf.compat.v1.get_default_graph())
-
-
-_UNMARKED = object()
-
-
 class KerasStep:
     """One Keras step's exchange, run exactly once whichever way Keras goes:
 
     * ``compute_gradients`` (Keras 2; ``_compute_gradients`` on its legacy optimizers), which
       Keras 2's ``minimize`` and so ``fit`` call, computes the gradients and hands them to
-      :meth:`computed`: :meth:`reduce` exchanges them and the place is marked (eager, or the
-      graph being traced); the ``apply_gradients`` that follows there finds the mark
-      (:meth:`take_mark`) and applies without exchanging again, as Horovod's optimizer does;
-    * ``apply_gradients`` with gradients from elsewhere (a tape, Keras 3's ``fit``) finds no
-      mark and runs :meth:`reduce` itself.
+      :meth:`computed`: :meth:`reduce` exchanges them and the exchanged tensors are kept; the
+      ``apply_gradients`` that follows receives those very tensors (:meth:`take_mark`) and
+      applies them without exchanging again, as Horovod's optimizer does;
+    * ``apply_gradients`` with other gradients (a tape, Keras 3's ``fit``) runs :meth:`reduce`
+      itself.
 
     Either way the exchange sees the same gradients and variables, so the bits are the same.
     """
@@ -193,24 +184,22 @@ class KerasStep:
     def __init__(self, exchange: GradientExchange, accumulator: Optional[GradientAccumulator]):
         self.exchange = exchange
         self.accumulator = accumulator
-        self._marked = _UNMARKED
+        self._marked: list = []   # the tensors computed() exchanged, until they are applied
 
     def computed(self, grads_and_vars) -> list:
         """``compute_gradients``'s pairs with their gradients exchanged (:meth:`reduce`), marked."""
         pairs = list(grads_and_vars)
         variables = [v for _, v in pairs]
         grads = self.reduce([g for g, _ in pairs], variables)
-        self._marked = (_where(), grads)
+        self._marked = grads
         return list(zip(grads, variables))
 
     def take_mark(self, grads: list) -> bool:
         """Whether ``grads``, about to be applied here, are the very tensors :meth:`computed`
         exchanged here (then forget them: one exchange, one apply). Gradients from elsewhere
         (a tape, after a ``compute_gradients`` whose result was dropped) are exchanged."""
-        marked, self._marked = self._marked, _UNMARKED
-        if marked is _UNMARKED or marked[0] != _where() or len(marked[1]) != len(grads):
-            return False
-        return all(a is b for a, b in zip(marked[1], grads))
+        marked, self._marked = self._marked, []
+        return bool(marked) and len(marked) == len(grads) and all(a is b for a, b in zip(marked, grads))
 
     def reduce(self, grads: list, variables: list) -> list:
         """One backward pass's gradients, ready to apply: exchanged. With N passes per step: the

@@ -1,8 +1,6 @@
 """hvdcompress.torch.DistributedOptimizer under real Horovod processes (horovodrun --gloo)."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 

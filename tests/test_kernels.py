@@ -701,7 +701,8 @@ for n in (1, 15, 17, 1000, 70001):  # the counter-hash and bfloat16 loops (HVDC_
                                                           n, 8, np.linspace(-3, 3, 512).astype(np.float32)),
             native.bf16_sum(np.concatenate([native.half_cast(x, True)] * 3), n), native.l2_norm(x),
             native.fp16_sum((np.arange(n, dtype=np.int64) * 40503 % 65536).astype(np.uint16).view(np.int16), n),
-            native.fp16_sum(np.concatenate([native.half_cast(x, False)] * 3), n)]
+            native.fp16_sum(np.concatenate([native.half_cast(x, False)] * 3), n),
+            *native.sign_pack(x), *native.ef_sign_pack(x, x[::-1].copy())]
     for r in outs:
         h.update(np.asarray(r).tobytes())
 print(h.hexdigest())
@@ -709,7 +710,7 @@ print(h.hexdigest())
 
 
 def test_the_kernels_compiled_per_instruction_set_agree():
-    """dgc_select, the HVDC_WIDE loops (counter hash, bfloat16, 8-bit decode, l2 norm) and fp16_sum on
+    """dgc_select, the HVDC_WIDE loops (counter hash, bfloat16, 8-bit decode, l2 norm, signs) and fp16_sum on
     AVX-512, AVX2 and the baseline (HVDC_NO_AVX512 / HVDC_NO_AVX2 turn them off), and on one
     thread or two: the same bits."""
     digests = set()

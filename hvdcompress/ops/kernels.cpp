@@ -229,39 +229,53 @@ HVDC_INLINE void ternary_body(const float* x, uint32_t m, float inv, uint32_t ba
 HVDC_WIDE(ternary_block, (const float* x, uint32_t m, float inv, uint32_t base, uint8_t* out),
           ternary_body(x, m, inv, base, out))
 
-// sign_pack's block: c[j] = 1 iff the sign bit of x[j] is clear; returns sum |x[j]|, accumulated
-// in double (each |x[j]| is exact in double, so the sum barely depends on the order: the float32
-// result equals any other double-accumulated sum's, e.g. the plain-torch fallback's). Not an ISA
-// clone: the vectorised sum keeps the baseline's order on every machine.
-HVDC_INLINE double sign_block(const float* x, uint32_t m, uint8_t* c) {
-  double s = 0.0;
-#pragma omp simd reduction(+ : s)
-  for (uint32_t j = 0; j < m; ++j) {
-    c[j] = static_cast<uint8_t>((~bits_of(x[j])) >> 31);
-    s += static_cast<double>(std::fabs(x[j]));
-  }
-  return s;
+// sum over j < m of term(x[j]) in double, in 16 fixed lanes (lane l: j = l mod 16, in order) added
+// in lane order, then the tail: the same sum at any vector width, so the loops that use it are
+// compiled for each ISA (HVDC_WIDE).
+template <class Term>
+HVDC_INLINE double lanes16_sum(const float* x, int64_t m, Term term) {
+  double lane[16] = {0.0};
+  int64_t j = 0;
+  for (; j + 16 <= m; j += 16)
+    for (int l = 0; l < 16; ++l) lane[l] += term(x[j + l]);
+  double total = 0.0;
+  for (int l = 0; l < 16; ++l) total += lane[l];
+  for (; j < m; ++j) total += term(x[j]);
+  return total;
 }
 
-// EF-signSGD's first pass over a block: p = residual + x into out; returns sum |p| (in double,
-// as sign_block).
-HVDC_INLINE double ef_add_block(const float* x, const float* residual, uint32_t m, float* out) {
-  double s = 0.0;
-#pragma omp simd reduction(+ : s)
-  for (uint32_t j = 0; j < m; ++j) {
+HVDC_INLINE double abs_term(float v) { return static_cast<double>(std::fabs(v)); }
+
+// c[j] = 1 iff the sign bit of v[j] is clear (+0 -> 1, -0 -> 0).
+HVDC_INLINE void sign_codes(const float* v, int64_t m, uint8_t* c) {
+  for (int64_t j = 0; j < m; ++j) c[j] = static_cast<uint8_t>((~bits_of(v[j])) >> 31);
+}
+
+// sign_pack's block: the codes of x into c, and *s = sum |x[j]| in 16 lanes (each |x[j]| is
+// exact in double, so the sum barely depends on the order: its float32 mean equals any other
+// double-accumulated sum's, e.g. the plain-torch fallback's).
+HVDC_INLINE void sign_body(const float* x, int64_t m, uint8_t* c, double* s) {
+  *s = lanes16_sum(x, m, abs_term);
+  sign_codes(x, m, c);
+}
+
+// EF-signSGD's first pass over a block: *s = sum |residual[j] + x[j]| (as sign_body), writing
+// nothing: the second pass reads x and the residual again rather than a stored sum (one write
+// of n floats less, which costs more than the read).
+HVDC_INLINE void ef_abs_body(const float* x, const float* residual, int64_t m, double* s) {
+  alignas(64) float p[kBlock];
+  for (int64_t j = 0; j < m; ++j) p[j] = residual[j] + x[j];
+  *s = lanes16_sum(p, m, abs_term);
+}
+
+// Its second pass: p = residual + x, the sign bits of p into c, and
+// res_out = p - (bit ? scale : -scale), non-finite results stored as 0.
+HVDC_INLINE void ef_sign_body(const float* x, const float* residual, int64_t m, float scale, float* res_out,
+                              uint8_t* c) {
+  for (int64_t j = 0; j < m; ++j) {
     const float p = residual[j] + x[j];
-    out[j] = p;
-    s += static_cast<double>(std::fabs(p));
-  }
-  return s;
-}
-
-// Its second pass: the sign bits of p = residual, and residual = p - (bit ? scale : -scale).
-HVDC_ISA_CLONES void ef_sign_block(float* residual, uint32_t m, float scale, uint8_t* c) {
-#pragma omp simd
-  for (uint32_t j = 0; j < m; ++j) {
-    const uint32_t bit = (~bits_of(residual[j])) >> 31;
-    residual[j] = finite_or_zero(residual[j] - (bit ? scale : -scale));
+    const uint32_t bit = (~bits_of(p)) >> 31;
+    res_out[j] = finite_or_zero(p - (bit ? scale : -scale));
     c[j] = static_cast<uint8_t>(bit);
   }
 }
@@ -494,18 +508,15 @@ void pack_codes(int64_t n, uint8_t* __restrict out, Fill fill) {
   });
 }
 
-// *s = sum of x[j]^2 in double over j < m, in 16 fixed lanes (lane l: j = l mod 16, in order)
-// added in lane order, then the tail: the same sum at any vector width.
+// *s = sum of x[j]^2 in double, in 16 lanes as lanes16_sum.
 HVDC_INLINE void squares_body(const float* x, int64_t m, double* s) {
-  double lane[16] = {0.0};
-  int64_t j = 0;
-  for (; j + 16 <= m; j += 16)
-    for (int l = 0; l < 16; ++l) lane[l] += static_cast<double>(x[j + l]) * static_cast<double>(x[j + l]);
-  double total = 0.0;
-  for (int l = 0; l < 16; ++l) total += lane[l];
-  for (; j < m; ++j) total += static_cast<double>(x[j]) * static_cast<double>(x[j]);
-  *s = total;
+  *s = lanes16_sum(x, m, [](float v) { return static_cast<double>(v) * static_cast<double>(v); });
 }
+HVDC_WIDE(sign_block, (const float* x, int64_t m, uint8_t* c, double* s), sign_body(x, m, c, s))
+HVDC_WIDE(ef_abs_block, (const float* x, const float* residual, int64_t m, double* s),
+          ef_abs_body(x, residual, m, s))
+HVDC_WIDE(ef_sign_block, (const float* x, const float* residual, int64_t m, float scale, float* res_out, uint8_t* c),
+          ef_sign_body(x, residual, m, scale, res_out, c))
 HVDC_WIDE(squares_block, (const float* x, int64_t m, double* s), squares_body(x, m, s))
 
 // Output blocks of the decoders: summed in an L1 buffer, then stored. Outputs of at least
@@ -873,7 +884,9 @@ float sign_pack(const float* x, int64_t n, uint8_t* out) {
     double sum = 0.0;
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t i0 = k * kBlock, m = std::min(kBlock, n - i0);
-      sum += sign_block(x + i0, static_cast<uint32_t>(m), c);
+      double s;
+      sign_block(x + i0, m, c, &s);
+      sum += s;
       pack_block<1>(c, m, out + i0 / 8);
     }
     return sum;
@@ -882,14 +895,21 @@ float sign_pack(const float* x, int64_t n, uint8_t* out) {
 }
 
 float ef_sign_pack(const float* x, const float* residual, int64_t n, uint8_t* out, float* res_out) {
-  double total = parallel_sum(n, 1, [=](int64_t b, int64_t e) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  const double total = parallel_sum(blocks, kBlock, [&](int64_t k0, int64_t k1) {
     double sum = 0.0;
-    for (int64_t i = b; i < e; i += kBlock)
-      sum += ef_add_block(x + i, residual + i, static_cast<uint32_t>(std::min(e, i + kBlock) - i), res_out + i);
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t i0 = k * kBlock;
+      double s;
+      ef_abs_block(x + i0, residual + i0, std::min(kBlock, n - i0), &s);
+      sum += s;
+    }
     return sum;
   });
   const float scale = n ? static_cast<float>(total / static_cast<double>(n)) : 0.0f;
-  pack_codes<1>(n, out, [=](int64_t i0, uint32_t m, uint8_t* c) { ef_sign_block(res_out + i0, m, scale, c); });
+  pack_codes<1>(n, out, [=](int64_t i0, uint32_t m, uint8_t* c) {
+    ef_sign_block(x + i0, residual + i0, m, scale, res_out + i0, c);
+  });
   return scale;
 }
 

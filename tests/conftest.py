@@ -12,6 +12,7 @@ horovodrun fails or runs past ``timeout``.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -68,6 +69,16 @@ def run_horovod(script: str, np: int = 2, args=(), timeout: int = 300, env=None)
     records = launch.records
     assert records, f"{script} reported no result:\n{launch.log[-4000:]}"
     return records
+
+
+def run_scripts(runs, np: int = 2, timeout: int = 600, env=None) -> dict:
+    """Several tests/hvd scripts in one launch (tests/hvd/torch_two_ranks.py): ``runs`` holds
+    ``(label, script, args, env)``; returns each label's records (``script`` removed)."""
+    out: dict = {label: [] for label, *_ in runs}
+    for r in run_horovod("torch_two_ranks.py", np=np, timeout=timeout, env=env,
+                         args=[json.dumps([list(run) for run in runs])]):
+        out[r.pop("script")].append(r)
+    return out
 
 
 def run_elastic(work: Path, script: Path, timeout: int) -> list:

@@ -6,12 +6,13 @@ compression none and fp16, and process sets (Horovod's test_optimizer_process_se
 two-set variant at 4 ranks). Every expected value is computed here by hand or in numpy."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import pytest
 
-from conftest import run_horovod
+from conftest import run_horovod, run_scripts
 
 pytestmark = pytest.mark.horovod
 
@@ -27,10 +28,15 @@ def cases_by_rank(results) -> dict:
     return out
 
 
-@pytest.fixture(scope="module", params=["none", "fp16"])
-def compat(request):
-    return request.param, cases_by_rank(run_horovod("torch_horovod_compat.py", np=2,
-                                                    args=[request.param]))
+@pytest.fixture(scope="module")
+def compat_runs() -> dict:
+    """Both compressions' records, from one launch."""
+    return run_scripts([(spec, "torch_horovod_compat", [spec], {}) for spec in ("none", "fp16")])
+
+
+@pytest.fixture(params=["none", "fp16"])
+def compat(request, compat_runs):
+    return request.param, cases_by_rank(compat_runs[request.param])
 
 
 def test_parameter_names_match_horovods(compat):
@@ -114,9 +120,19 @@ def set_average(members: list, step: int, spec: str) -> np.ndarray:
     return np.sum(vs, axis=0, dtype=np.float32) / len(members)
 
 
-@pytest.mark.parametrize("np_,spec", [(2, "none"), (2, "dgc"), (4, "fp16"), (4, "dgc")])
+PROCESS_SET_SPECS = {2: ("none", "dgc"), 4: ("fp16", "dgc")}
+
+
+@functools.lru_cache(maxsize=None)
+def process_set_launch(np_: int) -> tuple:
+    """The records of one launch at ``np_`` ranks, for each of its compressions in turn."""
+    return tuple(run_horovod("torch_process_sets.py", np=np_, timeout=240,
+                             args=[",".join(PROCESS_SET_SPECS[np_])]))
+
+
+@pytest.mark.parametrize("np_,spec", [(np_, spec) for np_, specs in PROCESS_SET_SPECS.items() for spec in specs])
 def test_process_sets(np_, spec):
-    cases = cases_by_rank(run_horovod("torch_process_sets.py", np=np_, args=[spec], timeout=240))
+    cases = cases_by_rank([r for r in process_set_launch(np_) if r["spec"] == spec])
     evens = [r for r in range(np_) if r % 2 == 0]
     odds = [r for r in range(np_) if r % 2 == 1]
     for r in range(np_):

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import run_horovod
+from conftest import run_scripts
 
 pytestmark = pytest.mark.horovod
 N = 1000
@@ -32,10 +32,19 @@ def rank_vector(rank: int, n: int = N, seed: int = 100) -> np.ndarray:
     return np.random.default_rng(seed + rank).standard_normal(n).astype(np.float32)
 
 
+@pytest.fixture(scope="module")
+def launch() -> dict:
+    """One launch: training and the aggregation cases, on the C++ kernels then the fallback."""
+    return run_scripts([(f"{script}.{path}", script, args, env) for path, env in KERNEL_ENV.items()
+                        for script, args in (("torch_identical", [json.dumps(SPECS)]),
+                                             ("torch_quant_aggregate", []))])
+
+
 @pytest.mark.parametrize("path", ["kernels", "fallback"])
-def test_every_rank_ends_with_identical_parameters(path):
-    results = run_horovod("torch_identical.py", np=2, args=[json.dumps(SPECS)], env=KERNEL_ENV[path])
+def test_every_rank_ends_with_identical_parameters(launch, path):
+    results = launch[f"torch_identical.{path}"]
     assert len(results) == 2 * len(SPECS)
+    assert all(r["kernels"] == (path == "kernels") for r in results)
     for spec in SPECS:
         runs = [r for r in results if r["spec"] == spec]
         assert len(runs) == 2
@@ -60,10 +69,10 @@ def signs(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("path", ["kernels", "fallback"])
-def test_aggregated_gradients_equal_hand_computed_ones(path):
+def test_aggregated_gradients_equal_hand_computed_ones(launch, path):
     world = 2
-    results = run_horovod("torch_quant_aggregate.py", np=world, env=KERNEL_ENV[path])
-    assert all(r["kernels"] == (path == "kernels") for r in results)
+    results = launch[f"torch_quant_aggregate.{path}"]
+    assert results and all(r["kernels"] == (path == "kernels") for r in results)
     cases = {}
     for r in results:
         cases.setdefault(r["case"], {})[r["rank"]] = np.array(r["grad"], dtype=np.float32)

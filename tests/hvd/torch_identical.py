@@ -22,4 +22,5 @@ for spec in json.loads(sys.argv[1]):
     train(model, opt, hvd.rank(), steps=6)
     params = flat(model)
     result(hvd.rank(), spec=spec, params=hashlib.sha256(params.numpy().tobytes()).hexdigest(), moved=float((params - start).abs().max()),
-           sent=opt.last_step_bytes.sent, dense=opt.last_step_bytes.dense)
+           sent=opt.last_step_bytes.sent, dense=opt.last_step_bytes.dense,
+           kernels=opt._exchange.ops.uses_kernels)

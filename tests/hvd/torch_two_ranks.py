@@ -1,18 +1,27 @@
-"""The 2-rank torch optimizer scripts of tests/test_torch_optimizer.py in one launch (one torch
-and Horovod start-up instead of five): each script runs in turn in this process and its
-records carry ``script=<name>`` (:data:`common.SOURCE`). The agreement errors of
-torch_mismatch.py run last."""
+"""Several torch scripts in one launch (one torch and Horovod start-up instead of one per
+script): each runs in turn in this process and its records carry ``script=<label>``
+(:data:`common.SOURCE`); tests/conftest.py's ``run_scripts`` launches it.
+
+argv[1]: a JSON list of ``[label, script, args, env]`` (script: a file of tests/hvd without
+``.py``). ``env`` is set before the script runs; as HVDCOMPRESS_DISABLE_KERNELS is read where the
+kernels are first loaded, the runner forgets the loaded kernels whenever it changes, so that one
+launch can run the C++ kernels and the plain-torch fallback in turn."""
+import json
+import os
 import runpy
 import sys
 from pathlib import Path
 
 import common
+from hvdcompress.torch import backend
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ("torch_aggregate", "torch_dgc_equivalence", "torch_ef_conservation", "torch_edge",
-           "torch_mismatch")
 
-for name in SCRIPTS:
-    common.SOURCE = name
-    sys.argv = [str(HERE / f"{name}.py")]
+for label, name, args, env in json.loads(sys.argv[1]):
+    switch = "HVDCOMPRESS_DISABLE_KERNELS"
+    if switch in env and env[switch] != os.environ.get(switch, "0"):
+        backend._LOADED.clear()  # the test-only switch of kernel paths (see above)
+    os.environ.update(env)
+    common.SOURCE = label
+    sys.argv = [str(HERE / f"{name}.py"), *args]
     runpy.run_path(str(HERE / f"{name}.py"), run_name="__main__")

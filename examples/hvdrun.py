@@ -25,7 +25,8 @@ shows the tail of each rank's stderr. A launch either returns every rank's recor
 :func:`progress`: a tqdm bar that stays readable under horovodrun (one line per refresh).
 
 No torch or TensorFlow import here: the launcher side runs in drivers that do not load a
-framework.
+framework. horovodrun itself starts from a fork server that imported one Horovod extension
+(:func:`start_horovodrun`: its Gloo check then costs nothing instead of a TensorFlow import).
 """
 from __future__ import annotations
 
@@ -247,6 +248,82 @@ def _stop(proc: subprocess.Popen, results_dir: Path) -> None:
     _kill_strays(results_dir)
 
 
+# ---- starting horovodrun ----------------------------------------------------------------------------
+class _Forked:
+    """The part of :class:`subprocess.Popen` the launchers use, for a forked horovodrun."""
+
+    def __init__(self, process) -> None:
+        self._process = process
+        self.pid = process.pid
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self._process.exitcode
+
+    def poll(self) -> Optional[int]:
+        return self._process.exitcode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired("horovodrun", timeout)
+        return self._process.exitcode
+
+
+def _horovodrun_main(argv: list, env: dict, log_path: Optional[str]) -> None:
+    """The forked horovodrun: a session of its own (the launcher kills the group), the given
+    environment and output, then horovodrun's own entry point with ``argv``."""
+    os.setsid()
+    stdin = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(stdin, 0)
+    if log_path is not None:
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+    sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = argv
+    from horovod.runner.launch import run_commandline
+    sys.exit(run_commandline())
+
+
+_SERVER: dict = {}
+
+
+def start_horovodrun(args: Sequence[str], env: Mapping[str, str], log_path: Optional[Path]):
+    """``horovodrun *args`` started in a session of its own, its output into ``log_path`` (None:
+    this process's); returns a :class:`subprocess.Popen` or its equivalent (pid, wait, poll,
+    returncode).
+
+    Every horovodrun first checks that Horovod was built with Gloo by importing a framework
+    extension, TensorFlow's first, in a forked process: 3-4 s of a launch here. So the check does
+    not repeat that import, horovodrun's own entry point (what the ``horovodrun`` command runs,
+    with the same arguments) is started from a fork server that imported the extension once
+    (:mod:`multiprocessing`'s forkserver, one per launcher process), and the check's fork
+    inherits it. ``HVDRUN_FORK=0`` runs the ``horovodrun`` command instead."""
+    if os.environ.get("HVDRUN_FORK", "1") == "0":
+        streams = {} if log_path is None else {"stdout": open(log_path, "w"), "stderr": subprocess.STDOUT}
+        try:
+            return subprocess.Popen([str(horovodrun_path()), *args], env=dict(env), stdin=subprocess.DEVNULL,
+                                    start_new_session=True, **streams)
+        finally:
+            if streams:
+                streams["stdout"].close()
+    import importlib.util
+    import multiprocessing
+
+    if "context" not in _SERVER:
+        context = multiprocessing.get_context("forkserver")
+        framework = "tensorflow" if importlib.util.find_spec("tensorflow") else "torch"
+        context.set_forkserver_preload(["horovod.runner.launch", f"horovod.{framework}"])
+        _SERVER["context"] = context
+    process = _SERVER["context"].Process(
+        target=_horovodrun_main, args=(["horovodrun", *args], dict(env), None if log_path is None else str(log_path)))
+    process.start()
+    return _Forked(process)
+
+
 def run_script(script: str | os.PathLike, np: int = 2, args: Sequence[Any] = (),
                timeout: float = 300.0, env: Optional[Mapping[str, str]] = None,
                echo: bool = False) -> Launch:
@@ -275,24 +352,22 @@ def run_script(script: str | os.PathLike, np: int = 2, args: Sequence[Any] = (),
     try:
         results_dir, output_dir = work / "results", work / "output"
         results_dir.mkdir()
-        cmd = [str(horovodrun), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
+        cmd = ["-np", str(np), "-H", f"localhost:{np}", "--gloo",
                "--output-filename", str(output_dir), sys.executable, str(script), *map(str, args)]
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                     **(env or {}), RESULTS_ENV: str(results_dir)}
         log_path = work / "horovodrun.log"
+        log_path.touch()
         start = time.monotonic()
-        with open(log_path, "w") as log_file:
-            streams = {} if echo else {"stdout": log_file, "stderr": subprocess.STDOUT}
-            proc = subprocess.Popen(cmd, env=full_env, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, **streams)
-            try:
-                proc.wait(timeout)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:  # also on KeyboardInterrupt: leave no rank behind
-                if proc.poll() is None:
-                    _stop(proc, results_dir)
+        proc = start_horovodrun(cmd, full_env, None if echo else log_path)
+        try:
+            proc.wait(timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:  # also on KeyboardInterrupt: leave no rank behind
+            if proc.poll() is None:
+                _stop(proc, results_dir)
         seconds = time.monotonic() - start
         log = log_path.read_text(errors="replace")
         outputs = _rank_outputs(output_dir, np)

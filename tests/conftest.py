@@ -48,7 +48,7 @@ HVD_SCRIPTS = HERE / "hvd"
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "examples"))  # hvdrun: the launcher
 
-from hvdrun import RESULTS_ENV, LaunchError, horovodrun_path, read_results, run_script  # noqa: E402
+from hvdrun import RESULTS_ENV, LaunchError, read_results, run_script, start_horovodrun  # noqa: E402
 
 # Repository root on the ranks' path; TensorFlow's C++ INFO/WARNING lines out of the stderr tails.
 RANK_ENV = {"PYTHONPATH": str(HERE.parent), "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -90,21 +90,19 @@ def run_elastic(work: Path, script: Path, timeout: int) -> list:
     hosts, results = work / "hosts", work / "results"
     results.mkdir()
     hosts.write_text("localhost:2\n")
-    cmd = [str(horovodrun_path()), "-np", "2", "--min-np", "2", "--max-np", "3",
+    cmd = ["-np", "2", "--min-np", "2", "--max-np", "3",
            "--network-interface", "lo", "--host-discovery-script", str(HVD_SCRIPTS / "elastic_discovery.sh"),
            sys.executable, str(script), str(work)]
     env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            RESULTS_ENV: str(results), "HVDCOMPRESS_ELASTIC_HOSTS": str(hosts)}
     log = work / "horovodrun.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            pytest.fail(f"elastic launch timed out after {timeout} s:\n{log.read_text()[-4000:]}")
+    proc = start_horovodrun(cmd, env, log)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(f"elastic launch timed out after {timeout} s:\n{log.read_text()[-4000:]}")
     if proc.returncode != 0:
         pytest.fail(f"elastic launch failed ({proc.returncode}):\n{log.read_text()[-4000:]}")
     return [rec for per_rank in read_results(results, 3) for rec in per_rank]

@@ -114,6 +114,24 @@ def test_bad_arguments_are_named(kwargs, message):
 
 # ---- under horovodrun ------------------------------------------------------------------------------
 @pytest.mark.horovod
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_the_forked_horovodrun_and_the_command_give_the_same_launch(tmp_path, monkeypatch, fork):
+    """horovodrun's entry point from the fork server (the default) and the horovodrun command
+    (HVDRUN_FORK=0): the same ranks, environment and records, and the exit code of a failure."""
+    monkeypatch.setenv("HVDRUN_FORK", fork)
+    path = script(tmp_path, """
+        result(size=int(os.environ["HOROVOD_SIZE"]), mine=os.environ["HVDRUN_PROBE"], fork=os.environ["HVDRUN_FORK"])
+        sys.exit(int(os.environ["HVDRUN_EXIT"]))
+    """)
+    launch = run_script(path, np=3, env={"HVDRUN_PROBE": "x7", "HVDRUN_EXIT": "0"}, timeout=120)
+    assert [launch.results[r] for r in range(3)] == [[{"rank": r, "size": 3, "mine": "x7", "fork": fork}]
+                                                     for r in range(3)]
+    with pytest.raises(LaunchError) as info:
+        run_script(path, np=2, env={"HVDRUN_PROBE": "x7", "HVDRUN_EXIT": "5"}, timeout=120)
+    assert info.value.returncode != 0 and not info.value.timed_out
+
+
+@pytest.mark.horovod
 def test_large_records_come_back_intact_while_ranks_flood_stdout(tmp_path):
     # Each rank writes 3 records of 50 kB while both flood the shared stdout with long lines:
     # the stream horovodrun multiplexes would cut and interleave them, the files do not.

@@ -25,8 +25,9 @@ shows the tail of each rank's stderr. A launch either returns every rank's recor
 :func:`progress`: a tqdm bar that stays readable under horovodrun (one line per refresh).
 
 No torch or TensorFlow import here: the launcher side runs in drivers that do not load a
-framework. horovodrun itself starts from a fork server that imported one Horovod extension
-(:func:`start_horovodrun`: its Gloo check then costs nothing instead of a TensorFlow import).
+framework. With ``HVDRUN_FORK=1`` horovodrun starts from a fork server that imported one Horovod
+extension (:func:`start_horovodrun`: its Gloo check then costs nothing instead of a TensorFlow
+import).
 """
 from __future__ import annotations
 
@@ -296,13 +297,16 @@ def start_horovodrun(args: Sequence[str], env: Mapping[str, str], log_path: Opti
     this process's); returns a :class:`subprocess.Popen` or its equivalent (pid, wait, poll,
     returncode).
 
-    Every horovodrun first checks that Horovod was built with Gloo by importing a framework
-    extension, TensorFlow's first, in a forked process: 3-4 s of a launch here. So the check does
-    not repeat that import, horovodrun's own entry point (what the ``horovodrun`` command runs,
-    with the same arguments) is started from a fork server that imported the extension once
+    By default this runs the ``horovodrun`` command. Every horovodrun first checks that Horovod
+    was built with Gloo by importing a framework extension, TensorFlow's first, in a forked
+    process: 3-4 s of a launch here. With ``HVDRUN_FORK=1`` (the tests set it: they launch
+    ~35 times), horovodrun's own entry point (what the command runs, with the same arguments)
+    is started instead from a fork server that imported the extension once
     (:mod:`multiprocessing`'s forkserver, one per launcher process), and the check's fork
-    inherits it. ``HVDRUN_FORK=0`` runs the ``horovodrun`` command instead."""
-    if os.environ.get("HVDRUN_FORK", "1") == "0":
+    inherits it. As with any forkserver, each child first imports the launcher's ``__main__``
+    (as ``__mp_main__``): use it where ``__main__`` is a module (``python -m pytest``) or a
+    script whose work sits under ``if __name__ == "__main__":``."""
+    if os.environ.get("HVDRUN_FORK", "0") != "1":
         streams = {} if log_path is None else {"stdout": open(log_path, "w"), "stderr": subprocess.STDOUT}
         try:
             return subprocess.Popen([str(horovodrun_path()), *args], env=dict(env), stdin=subprocess.DEVNULL,
@@ -320,7 +324,14 @@ def start_horovodrun(args: Sequence[str], env: Mapping[str, str], log_path: Opti
         _SERVER["context"] = context
     process = _SERVER["context"].Process(
         target=_horovodrun_main, args=(["horovodrun", *args], dict(env), None if log_path is None else str(log_path)))
-    process.start()
+    quiet = "TF_CPP_MIN_LOG_LEVEL" not in os.environ  # the server's TensorFlow import: no banner
+    if quiet:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    try:
+        process.start()  # the first start also starts the server, with this environment
+    finally:
+        if quiet:
+            del os.environ["TF_CPP_MIN_LOG_LEVEL"]
     return _Forked(process)
 
 

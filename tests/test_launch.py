@@ -116,8 +116,9 @@ def test_bad_arguments_are_named(kwargs, message):
 @pytest.mark.horovod
 @pytest.mark.parametrize("fork", ["1", "0"])
 def test_the_forked_horovodrun_and_the_command_give_the_same_launch(tmp_path, monkeypatch, fork):
-    """horovodrun's entry point from the fork server (the default) and the horovodrun command
-    (HVDRUN_FORK=0): the same ranks, environment and records, and the exit code of a failure."""
+    """horovodrun's entry point from the fork server (HVDRUN_FORK=1, the tests' setting) and the
+    horovodrun command (the default): the same ranks, environment and records, and the exit code
+    of a failure."""
     monkeypatch.setenv("HVDRUN_FORK", fork)
     path = script(tmp_path, """
         result(size=int(os.environ["HOROVOD_SIZE"]), mine=os.environ["HVDRUN_PROBE"], fork=os.environ["HVDRUN_FORK"])

@@ -74,10 +74,10 @@ def run_horovod(script: str, np: int = 2, args=(), timeout: int = 300, env=None)
 
 
 def run_scripts(runs, np: int = 2, timeout: int = 600, env=None) -> dict:
-    """Several tests/hvd scripts in one launch (tests/hvd/torch_two_ranks.py): ``runs`` holds
+    """Several tests/hvd scripts in one launch (tests/hvd/torch_scripts.py): ``runs`` holds
     ``(label, script, args, env)``; returns each label's records (``script`` removed)."""
     out: dict = {label: [] for label, *_ in runs}
-    for r in run_horovod("torch_two_ranks.py", np=np, timeout=timeout, env=env,
+    for r in run_horovod("torch_scripts.py", np=np, timeout=timeout, env=env,
                          args=[json.dumps([list(run) for run in runs])]):
         out[r.pop("script")].append(r)
     return out

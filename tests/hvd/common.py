@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # hvd
 from hvdrun import write_result  # noqa: E402
 
 
-#: the script a record comes from, where one launch runs several (torch_two_ranks.py)
+#: the script a record comes from, where one launch runs several (torch_scripts.py)
 SOURCE = None
 
 

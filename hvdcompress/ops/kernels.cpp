@@ -1216,87 +1216,100 @@ void dgc_pass_scalar(const float* g, const float* u, const float* v, int64_t b, 
 }
 
 #ifdef HVDC_F16C
-// Eight lanes (AVX2), the same operations per element; blocks holding a selected element go
-// through a small buffer. kStream: u_out and v_out are separate from u and v and equally aligned
-// (streaming stores from the first 32-byte boundary of u_out).
-template <bool kNesterov, bool kStream>
-__attribute__((target("avx2"))) void dgc_pass_avx2(const float* g, const float* u, const float* v, int64_t b,
-                                                  int64_t e, float mu, float t, float* u_out, float* v_out,
-                                                  DgcSink& sink) {
+// The vector registers of the SIMD pass: 8 lanes (AVX2) or 16 (AVX-512F). Each function carries
+// its instruction set; the passes below are flattened into functions of the same one.
+struct Lanes8 {
+  using V = __m256;
+  static constexpr int kWidth = 8;
+  __attribute__((target("avx2"))) static V load(const float* p) { return _mm256_loadu_ps(p); }
+  __attribute__((target("avx2"))) static V set1(float x) { return _mm256_set1_ps(x); }
+  __attribute__((target("avx2"))) static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  __attribute__((target("avx2"))) static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  __attribute__((target("avx2"))) static void store(float* p, V a) { _mm256_storeu_ps(p, a); }
+  __attribute__((target("avx2"))) static void stream(float* p, V a) { _mm256_stream_ps(p, a); }
+  // bit j: lane j's |vn| >= t or NaN (selected())
+  __attribute__((target("avx2"))) static unsigned selected(V vn, V t) {
+    const V magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    return static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(vn, magnitude), t, _CMP_NLT_UQ)));
+  }
+};
+
+struct Lanes16 {
+  using V = __m512;
+  static constexpr int kWidth = 16;
+  __attribute__((target("avx512f"))) static V load(const float* p) { return _mm512_loadu_ps(p); }
+  __attribute__((target("avx512f"))) static V set1(float x) { return _mm512_set1_ps(x); }
+  __attribute__((target("avx512f"))) static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  __attribute__((target("avx512f"))) static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  __attribute__((target("avx512f"))) static void store(float* p, V a) { _mm512_storeu_ps(p, a); }
+  __attribute__((target("avx512f"))) static void stream(float* p, V a) { _mm512_stream_ps(p, a); }
+  __attribute__((target("avx512f"))) static unsigned selected(V vn, V t) {
+    return _mm512_cmp_ps_mask(_mm512_abs_ps(vn), t, _CMP_NLT_UQ);
+  }
+};
+
+// The pass over [b, e) in L::kWidth lanes, the same operations per element as dgc_elements;
+// blocks holding a selected element go through a small buffer. kStream: u_out and v_out are
+// separate from u and v and equally aligned (streaming stores from the first vector boundary of
+// u_out).
+// (Only ever flattened into dgc_pass_avx2 / dgc_pass_avx512, so the vector ABI of a separate
+// copy, which GCC warns about, never applies.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+template <class L, bool kNesterov, bool kStream>
+void dgc_pass_simd(const float* g, const float* u, const float* v, int64_t b, int64_t e, float mu, float t,
+                   float* u_out, float* v_out, DgcSink& sink) {
+  using V = typename L::V;
+  constexpr int W = L::kWidth, kBytes = 4 * L::kWidth;
   int64_t i = b;
   if (kStream) {
-    const int64_t head = std::min(e, b + static_cast<int64_t>(((32 - reinterpret_cast<uintptr_t>(u_out + b) % 32) % 32) / 4));
+    const int64_t head =
+        std::min(e, b + static_cast<int64_t>(((kBytes - reinterpret_cast<uintptr_t>(u_out + b) % kBytes) % kBytes) / 4));
     dgc_elements<kNesterov>(g, u, v, b, head, mu, t, u_out, v_out, sink);
     i = head;
   }
-  const __m256 mu8 = _mm256_set1_ps(mu), t8 = _mm256_set1_ps(t);
-  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  for (; i + 8 <= e; i += 8) {
-    const __m256 gi = _mm256_loadu_ps(g + i), ui = _mm256_loadu_ps(u + i), vi = _mm256_loadu_ps(v + i);
-    __m256 m = kNesterov ? _mm256_mul_ps(_mm256_add_ps(ui, gi), mu8) : _mm256_add_ps(_mm256_mul_ps(ui, mu8), gi);
-    __m256 vn = kNesterov ? _mm256_add_ps(_mm256_add_ps(vi, m), gi) : _mm256_add_ps(vi, m);
-    int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(vn, magnitude), t8, _CMP_NLT_UQ));
+  const V muv = L::set1(mu), tv = L::set1(t);
+  for (; i + W <= e; i += W) {
+    const V gi = L::load(g + i), ui = L::load(u + i), vi = L::load(v + i);
+    V m = kNesterov ? L::mul(L::add(ui, gi), muv) : L::add(L::mul(ui, muv), gi);
+    V vn = kNesterov ? L::add(L::add(vi, m), gi) : L::add(vi, m);
+    unsigned mask = L::selected(vn, tv);
     if (mask) {
-      alignas(32) float mb[8], vb[8];
-      _mm256_store_ps(mb, m);
-      _mm256_store_ps(vb, vn);
+      alignas(64) float mb[W], vb[W];
+      L::store(mb, m);
+      L::store(vb, vn);
       for (; mask; mask &= mask - 1) {
-        const int j = __builtin_ctz(static_cast<unsigned>(mask));
+        const int j = __builtin_ctz(mask);
         sink.take(i + j, vb[j], mb[j]);
       }
-      m = _mm256_load_ps(mb);
-      vn = _mm256_load_ps(vb);
+      m = L::load(mb);
+      vn = L::load(vb);
     }
     if (kStream) {
-      _mm256_stream_ps(u_out + i, m);
-      _mm256_stream_ps(v_out + i, vn);
+      L::stream(u_out + i, m);
+      L::stream(v_out + i, vn);
     } else {
-      _mm256_storeu_ps(u_out + i, m);
-      _mm256_storeu_ps(v_out + i, vn);
+      L::store(u_out + i, m);
+      L::store(v_out + i, vn);
     }
   }
   dgc_elements<kNesterov>(g, u, v, i, e, mu, t, u_out, v_out, sink);
   if (kStream) _mm_sfence();
 }
+#pragma GCC diagnostic pop
 
-// Sixteen lanes (AVX-512F), as dgc_pass_avx2.
 template <bool kNesterov, bool kStream>
-__attribute__((target("avx512f"))) void dgc_pass_avx512(const float* g, const float* u, const float* v, int64_t b,
-                                                        int64_t e, float mu, float t, float* u_out, float* v_out,
-                                                        DgcSink& sink) {
-  int64_t i = b;
-  if (kStream) {
-    const int64_t head = std::min(e, b + static_cast<int64_t>(((64 - reinterpret_cast<uintptr_t>(u_out + b) % 64) % 64) / 4));
-    dgc_elements<kNesterov>(g, u, v, b, head, mu, t, u_out, v_out, sink);
-    i = head;
-  }
-  const __m512 mu16 = _mm512_set1_ps(mu), t16 = _mm512_set1_ps(t);
-  for (; i + 16 <= e; i += 16) {
-    const __m512 gi = _mm512_loadu_ps(g + i), ui = _mm512_loadu_ps(u + i), vi = _mm512_loadu_ps(v + i);
-    __m512 m = kNesterov ? _mm512_mul_ps(_mm512_add_ps(ui, gi), mu16) : _mm512_add_ps(_mm512_mul_ps(ui, mu16), gi);
-    __m512 vn = kNesterov ? _mm512_add_ps(_mm512_add_ps(vi, m), gi) : _mm512_add_ps(vi, m);
-    unsigned mask = _mm512_cmp_ps_mask(_mm512_abs_ps(vn), t16, _CMP_NLT_UQ);
-    if (mask) {
-      alignas(64) float mb[16], vb[16];
-      _mm512_store_ps(mb, m);
-      _mm512_store_ps(vb, vn);
-      for (; mask; mask &= mask - 1) {
-        const int j = __builtin_ctz(mask);
-        sink.take(i + j, vb[j], mb[j]);
-      }
-      m = _mm512_load_ps(mb);
-      vn = _mm512_load_ps(vb);
-    }
-    if (kStream) {
-      _mm512_stream_ps(u_out + i, m);
-      _mm512_stream_ps(v_out + i, vn);
-    } else {
-      _mm512_storeu_ps(u_out + i, m);
-      _mm512_storeu_ps(v_out + i, vn);
-    }
-  }
-  dgc_elements<kNesterov>(g, u, v, i, e, mu, t, u_out, v_out, sink);
-  if (kStream) _mm_sfence();
+__attribute__((target("avx2"), flatten)) void dgc_pass_avx2(const float* g, const float* u, const float* v,
+                                                           int64_t b, int64_t e, float mu, float t, float* u_out,
+                                                           float* v_out, DgcSink& sink) {
+  dgc_pass_simd<Lanes8, kNesterov, kStream>(g, u, v, b, e, mu, t, u_out, v_out, sink);
+}
+
+template <bool kNesterov, bool kStream>
+__attribute__((target("avx512f"), flatten)) void dgc_pass_avx512(const float* g, const float* u, const float* v,
+                                                                int64_t b, int64_t e, float mu, float t,
+                                                                float* u_out, float* v_out, DgcSink& sink) {
+  dgc_pass_simd<Lanes16, kNesterov, kStream>(g, u, v, b, e, mu, t, u_out, v_out, sink);
 }
 #endif
 

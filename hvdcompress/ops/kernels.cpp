@@ -966,28 +966,10 @@ void half_cast(const float* x, int64_t n, bool bf16, uint16_t* out) {
   parallel_blocks(n, [=](int64_t i0, int64_t m) { (bf16 ? bf16_cast_block : fp16)(x + i0, m, out + i0); });
 }
 
-void bf16_sum(const uint16_t* bits, int64_t n, int64_t R, float* out) {
-  const bool stream = n >= kStreamMin;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  parallel_for(blocks, kBlock, [&](int64_t k0, int64_t k1) {
-    alignas(64) float o[kBlock];
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t i0 = k * kBlock, m = std::min(kBlock, n - i0);
-      for (int64_t r = 0; r < R; ++r) bf16_block(bits + r * n + i0, m, r == 0, o);
-      if (R == 0) std::fill(o, o + m, 0.0f);
-      store_block(out + i0, o, m, stream);
-    }
-    stream_fence(stream);
-  });
-}
-
-void fp16_sum(const uint16_t* bits, int64_t n, int64_t R, float* out) {
-#ifdef HVDC_F16C  // AVX-512, F16C (on an AVX2 CPU; HVDC_NO_AVX2 selects the scalar code), or scalar
-  static const auto block = cpu_isa() == 2 ? fp16_sum_block_avx512
-                            : cpu_isa() == 1 && cpu_has_f16c() ? fp16_sum_block_f16c : fp16_sum_block;
-#else
-  const auto block = fp16_sum_block;
-#endif
+// The R 16-bit payloads summed block by block: block(bits, m, first, o) adds (or, first, writes)
+// m decoded values into the L1 block o, stored once summed.
+template <class Block>
+void half_sum(const uint16_t* bits, int64_t n, int64_t R, float* out, Block block) {
   const bool stream = n >= kStreamMin;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   parallel_for(blocks, kBlock, [&](int64_t k0, int64_t k1) {
@@ -1000,6 +982,18 @@ void fp16_sum(const uint16_t* bits, int64_t n, int64_t R, float* out) {
     }
     stream_fence(stream);
   });
+}
+
+void bf16_sum(const uint16_t* bits, int64_t n, int64_t R, float* out) { half_sum(bits, n, R, out, bf16_block); }
+
+void fp16_sum(const uint16_t* bits, int64_t n, int64_t R, float* out) {
+#ifdef HVDC_F16C  // AVX-512, F16C (on an AVX2 CPU; HVDC_NO_AVX2 selects the scalar code), or scalar
+  static const auto block = cpu_isa() == 2 ? fp16_sum_block_avx512
+                            : cpu_isa() == 1 && cpu_has_f16c() ? fp16_sum_block_f16c : fp16_sum_block;
+#else
+  const auto block = fp16_sum_block;
+#endif
+  half_sum(bits, n, R, out, block);
 }
 
 void sign_vote(const uint8_t* packed, int64_t n, int64_t R, float scale, float* out) {

@@ -63,7 +63,8 @@ Adam warmed up for 15-25% of BERT's training): q = 1/4 (250 steps for b2 = 0.999
 coordinate's mass after many steps at once through the frozen 1/sqrt(v), so v must be
 estimated better. Measured (benchmarks/README.md section 8, gap to dense AdamW): top-k 1% on
 the transformer +0.066 frozen at 250, +0.048 / +0.049 (two seeds) at 500; on the LSTM +0.027
--> +0.011.
+-> +0.011. At 8 ranks onebit needs a later freeze than its default: on the LSTM +0.011 / +0.080
+(two seeds) at 250, +0.001 / +0.003 at 750; pass ``freeze_steps=750`` there.
 
 The wrapper (torch optimizer) replaces the wrapped optimizer's step with :meth:`after_exchange`;
 the user's param groups, schedulers and checkpoints keep their values; m and v live in the

@@ -127,6 +127,18 @@ double parallel_sum(int64_t units, int64_t per_unit, F f) {
   return total;
 }
 
+// Sum over the kBlock-element blocks of [0, n) of f(i0, m) (a double; block i0 holds m elements):
+// each thread adds its blocks in order, the threads' sums are added in slice order.
+template <class F>
+double block_sum(int64_t n, F f) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  return parallel_sum(blocks, kBlock, [&](int64_t k0, int64_t k1) {
+    double sum = 0.0;
+    for (int64_t k = k0; k < k1; ++k) sum += f(k * kBlock, std::min(kBlock, n - k * kBlock));
+    return sum;
+  });
+}
+
 inline uint32_t bits_of(float v) {
   uint32_t u;
   std::memcpy(&u, &v, 4);
@@ -878,33 +890,21 @@ int64_t packed_bytes(int64_t n, int bits) { return (n * bits + 7) / 8; }
 
 // ---- signs ------------------------------------------------------------------------------------
 float sign_pack(const float* x, int64_t n, uint8_t* out) {
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  const double total = parallel_sum(blocks, kBlock, [&](int64_t k0, int64_t k1) {  // one read of x
+  const double total = block_sum(n, [&](int64_t i0, int64_t m) {  // one read of x
     alignas(64) uint8_t c[kBlock];
-    double sum = 0.0;
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t i0 = k * kBlock, m = std::min(kBlock, n - i0);
-      double s;
-      sign_block(x + i0, m, c, &s);
-      sum += s;
-      pack_block<1>(c, m, out + i0 / 8);
-    }
-    return sum;
+    double s;
+    sign_block(x + i0, m, c, &s);
+    pack_block<1>(c, m, out + i0 / 8);
+    return s;
   });
   return static_cast<float>(total / static_cast<double>(std::max<int64_t>(1, n)));
 }
 
 float ef_sign_pack(const float* x, const float* residual, int64_t n, uint8_t* out, float* res_out) {
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  const double total = parallel_sum(blocks, kBlock, [&](int64_t k0, int64_t k1) {
-    double sum = 0.0;
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t i0 = k * kBlock;
-      double s;
-      ef_abs_block(x + i0, residual + i0, std::min(kBlock, n - i0), &s);
-      sum += s;
-    }
-    return sum;
+  const double total = block_sum(n, [&](int64_t i0, int64_t m) {
+    double s;
+    ef_abs_block(x + i0, residual + i0, m, &s);
+    return s;
   });
   const float scale = n ? static_cast<float>(total / static_cast<double>(n)) : 0.0f;
   pack_codes<1>(n, out, [=](int64_t i0, uint32_t m, uint8_t* c) {
@@ -1046,17 +1046,10 @@ float max_abs(const float* x, int64_t n) {
 }
 
 float l2_norm(const float* x, int64_t n) {
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  const double total = parallel_sum(blocks, kBlock, [&](int64_t k0, int64_t k1) {
-    double sum = 0.0;
-    for (int64_t k = k0; k < k1; ++k) {
-      const float* b = x + k * kBlock;
-      const int64_t m = std::min(kBlock, n - k * kBlock);
-      double s;
-      squares_block(b, m, &s);
-      sum += s;
-    }
-    return sum;
+  const double total = block_sum(n, [&](int64_t i0, int64_t m) {
+    double s;
+    squares_block(x + i0, m, &s);
+    return s;
   });
   return static_cast<float>(std::sqrt(total));
 }

@@ -306,10 +306,14 @@ def start_horovodrun(args: Sequence[str], env: Mapping[str, str], log_path: Opti
     inherits it. As with any forkserver, each child first imports the launcher's ``__main__``
     (as ``__mp_main__``): use it where ``__main__`` is a module (``python -m pytest``) or a
     script whose work sits under ``if __name__ == "__main__":``."""
+    horovodrun = horovodrun_path()
+    if not horovodrun.exists():
+        raise FileNotFoundError(f"no horovodrun next to {sys.executable} (is Horovod installed "
+                                "in this environment?)")
     if os.environ.get("HVDRUN_FORK", "0") != "1":
         streams = {} if log_path is None else {"stdout": open(log_path, "w"), "stderr": subprocess.STDOUT}
         try:
-            return subprocess.Popen([str(horovodrun_path()), *args], env=dict(env), stdin=subprocess.DEVNULL,
+            return subprocess.Popen([str(horovodrun), *args], env=dict(env), stdin=subprocess.DEVNULL,
                                     start_new_session=True, **streams)
         finally:
             if streams:
@@ -317,18 +321,21 @@ def start_horovodrun(args: Sequence[str], env: Mapping[str, str], log_path: Opti
     import importlib.util
     import multiprocessing
 
-    if "context" not in _SERVER:
+    first = "context" not in _SERVER
+    if first:
         context = multiprocessing.get_context("forkserver")
         framework = "tensorflow" if importlib.util.find_spec("tensorflow") else "torch"
         context.set_forkserver_preload(["horovod.runner.launch", f"horovod.{framework}"])
         _SERVER["context"] = context
     process = _SERVER["context"].Process(
         target=_horovodrun_main, args=(["horovodrun", *args], dict(env), None if log_path is None else str(log_path)))
-    quiet = "TF_CPP_MIN_LOG_LEVEL" not in os.environ  # the server's TensorFlow import: no banner
+    # the first start also starts the server, with this environment: its TensorFlow import
+    # without the banner
+    quiet = first and "TF_CPP_MIN_LOG_LEVEL" not in os.environ
     if quiet:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     try:
-        process.start()  # the first start also starts the server, with this environment
+        process.start()
     finally:
         if quiet:
             del os.environ["TF_CPP_MIN_LOG_LEVEL"]
@@ -355,10 +362,6 @@ def run_script(script: str | os.PathLike, np: int = 2, args: Sequence[Any] = (),
                          "process without horovodrun")
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-    horovodrun = horovodrun_path()
-    if not horovodrun.exists():
-        raise FileNotFoundError(f"no horovodrun next to {sys.executable} (is Horovod installed "
-                                "in this environment?)")
     work = Path(tempfile.mkdtemp(prefix="hvdcompress-launch-"))
     try:
         results_dir, output_dir = work / "results", work / "output"

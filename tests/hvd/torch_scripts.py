@@ -17,9 +17,10 @@ from hvdcompress.torch import backend
 
 HERE = Path(__file__).resolve().parent
 
+SWITCH = "HVDCOMPRESS_DISABLE_KERNELS"
+
 for label, name, args, env in json.loads(sys.argv[1]):
-    switch = "HVDCOMPRESS_DISABLE_KERNELS"
-    if switch in env and env[switch] != os.environ.get(switch, "0"):
+    if SWITCH in env and env[SWITCH] != os.environ.get(SWITCH, "0"):
         backend._LOADED.clear()  # the test-only switch of kernel paths (see above)
     os.environ.update(env)
     common.SOURCE = label

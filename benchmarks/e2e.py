@@ -380,7 +380,9 @@ def run_method(method: str, args) -> dict:
     barrier("end")
     elapsed = time.perf_counter() - t0
     wire = iface_bytes() - tx0
-    return {"method": method, "steps": steps, "step_s": elapsed / steps,
+    auto = getattr(opt, "_compression", None)   # compression="auto": its plan and re-plan check
+    picked = {"auto_plan": auto.plan, "auto_checks": auto.checks} if hasattr(auto, "checks") else {}
+    return {**picked, "method": method, "steps": steps, "step_s": elapsed / steps,
             "fwd_bwd_s": split["fwd_bwd"] / steps, "sync_update_s": split["sync_update"] / steps,
             "codec_s": None if method in UNTIMED else timer.seconds / steps,
             "accounted_bytes": accounted_bytes(method, model, counter),
@@ -412,7 +414,8 @@ def aggregate(rank_results: list, slots: int = 1) -> dict:
     """One row from every rank's numbers: slowest rank's times, mean bytes and codec time. With
     ``slots`` ranks per host, each rank counted its host link's bytes: the row keeps 1/slots."""
     first = rank_results[0]
-    row = {k: first[k] for k in ("method", "steps", "params", "accounted_bytes")}
+    row = {k: first[k] for k in ("method", "steps", "params", "accounted_bytes", "auto_plan", "auto_checks")
+           if k in first}
     for key in ("step_s", "fwd_bwd_s", "sync_update_s"):
         row[key] = max(r[key] for r in rank_results)
     row["codec_s"] = None if first["codec_s"] is None else \
@@ -527,8 +530,9 @@ def worker_flags(args) -> list:
             "--threads", str(args.threads)]
 
 
-def plot(results: dict, out_dir: Path) -> list:
-    """``e2e_<model>.png``: speedup over Horovod dense vs link rate, one panel per rank count."""
+def plot(results: dict, out_dir: Path, stem: str = "e2e") -> list:
+    """``<stem>_<model>.png`` (the JSON file's stem): speedup over Horovod dense vs link rate,
+    one panel per rank count."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -554,7 +558,7 @@ def plot(results: dict, out_dir: Path) -> list:
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=7)
         fig.tight_layout()
-        path = out_dir / f"e2e_{model}.png"
+        path = out_dir / f"{stem}_{model}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         files.append(path)
@@ -676,7 +680,7 @@ def main(argv=None) -> None:
         files = plot_scale(results, out.parent, out.stem)
     else:
         print_crossovers(results)
-        files = plot(results, out.parent)
+        files = plot(results, out.parent, out.stem)
     for path in files:
         print(f"e2e: wrote {path}")
 

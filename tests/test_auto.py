@@ -10,7 +10,7 @@ import torch
 import hvdcompress
 from hvdcompress.auto import SAFE, Auto, choose, compressor as auto_compressor, from_arguments
 from hvdcompress.auto.choice import CHOICES, flat_cluster, parse_allowed, parse_link
-from hvdcompress.auto.compressor import replan_link
+from hvdcompress.auto.compressor import CODEC_BOUND, replan_inputs
 from hvdcompress.auto.probe import measure_link
 from hvdcompress.compressor import TensorInfo
 from hvdcompress.exchange import Exchange
@@ -85,16 +85,33 @@ def test_aggressive_compressors_only_when_listed():
 def test_replan_rule_by_hand():
     link = Link(1e-4, 1e8)
     # S = 1.0, E = 0.2, P = 0.25 (N = 0.2, K = 0.05): C = 0.8, |E - P| / (C + P) = 0.05 / 1.05
-    error, scaled = replan_link(link, 1.0, 0.2, 0.25, 0.2)
-    assert error == pytest.approx(0.05 / 1.05) and scaled is None
-    # E = 0.6: error 0.35 / 1.05 > 25%; f = (0.6 - 0.05) / 0.2 = 2.75
-    error, scaled = replan_link(link, 1.4, 0.6, 0.25, 0.2)
-    assert error == pytest.approx(0.35 / 1.05)
-    assert scaled == Link(pytest.approx(2.75e-4), pytest.approx(1e8 / 2.75))
+    verdict = replan_inputs(link, 1.0, 0.2, 0.05, 0.25, 0.2)
+    assert verdict.error == pytest.approx(0.05 / 1.05) and verdict.link is None
+    # E = 0.6 with K' = 0.15 measured in the codecs: error 0.35 / 1.05 > 25%; codecs
+    # k = 0.15 / 0.05 = 3, link f = (0.6 - 0.15) / 0.2 = 2.25
+    verdict = replan_inputs(link, 1.4, 0.6, 0.15, 0.25, 0.2)
+    assert verdict.error == pytest.approx(0.35 / 1.05)
+    assert verdict.codec_factor == pytest.approx(3.0)
+    assert verdict.link == Link(pytest.approx(2.25e-4), pytest.approx(1e8 / 2.25))
+    # codec time left out of the prediction (K = 0): the codecs keep their times, the link
+    # takes what the engine waited beyond them: f = (0.6 - 0.15) / 0.25
+    verdict = replan_inputs(link, 1.4, 0.6, 0.15, 0.25, 0.25)
+    assert verdict.codec_factor == 1.0 and verdict.link.alpha_s == pytest.approx(1.8e-4)
+    # the codec factor is bounded (a codec predicted at 5% of P that took the whole exchange)
+    assert replan_inputs(link, 20.0, 19.0, 19.0, 0.2, 0.19).codec_factor == CODEC_BOUND
     # nothing on the network (one rank): never re-plans
-    assert replan_link(link, 1.0, 0.9, 0.1, 0.0)[1] is None
+    assert replan_inputs(link, 1.0, 0.9, 0.0, 0.1, 0.0).link is None
     # a scaled link keeps its transport's half-duplex pairs
-    assert replan_link(replace(link, half_duplex_pairs=True), 1.4, 0.6, 0.25, 0.2)[1].half_duplex_pairs
+    assert replan_inputs(replace(link, half_duplex_pairs=True), 1.4, 0.6, 0.15, 0.25, 0.2).link.half_duplex_pairs
+
+
+def test_a_calibration_scales_its_codec_times_not_its_sums():
+    fit = CodecTimes(Fit(1e-5, 2e-9), Fit(3e-5, 4e-9), Fit(5e-5, 6e-9))
+    base = Calibration("h", "cpu", {"k": fit}, {"float32": 1e-10})
+    scaled = base.scaled(3.0)
+    assert scaled.codecs["k"].compress_s(1000) == pytest.approx(3 * fit.compress_s(1000))
+    assert scaled.codecs["k"].decode_s(1000, 4) == pytest.approx(3 * fit.decode_s(1000, 4))
+    assert scaled.reduce == base.reduce and base.codecs["k"] == fit
 
 
 def test_the_measured_link_takes_the_transports_half_duplex_pairs():
@@ -242,7 +259,8 @@ def _check(comm, steps: int):
     states = {name: {} for name in SHAPES}
     for step in range(steps):
         _step(engine, states, step, sorted(SHAPES))
-    return auto.plan, auto.checks, auto.network
+    # the codecs' clock runs inside the engine's (each rank's own seconds: compared here)
+    return auto.plan, auto.checks, auto.network, 0 < auto.codec_s < engine.busy_s
 
 
 def test_the_check_runs_once_and_every_rank_decides_alike(monkeypatch):
@@ -251,8 +269,9 @@ def test_the_check_runs_once_and_every_rank_decides_alike(monkeypatch):
     monkeypatch.setattr(auto_compressor, "WARMUP_STEPS", 1)
     monkeypatch.setattr(auto_compressor, "CHECK_STEPS", 2)
     results = run_ranks(3, lambda comm: _check(comm, 5))
-    plan, checks, network = results[0]
-    assert len(checks) == 1 and all(r == results[0] for r in results)
+    plan, checks, network, clocked = results[0]
+    assert len(checks) == 1 and all(r == results[0] for r in results) and clocked
+    assert checks[0]["codec_s"] > 0 and checks[0]["codec_factor"] > 0
     assert (network == Link(ALPHA, 12.5e6)) != checks[0]["replanned"]
 
 

@@ -18,8 +18,16 @@ P (network N plus codec K, :func:`~hvdcompress.auto.choice.predict_exchange`). O
 waiting, decoding: :attr:`hvdcompress.exchange.Exchange.busy_s`); the means over ranks (one
 allreduce, identical on every rank) give the predicted step C + P with C = S - E, the measured
 compute. If S is off by more than :data:`TOLERANCE` of C + P, i.e. ``|E - P| > 25% (C + P)``,
-the link is scaled by f = (E - K) / N (alpha·f, beta/f: the network the engine saw, overlap with
-the backward included) and every tensor is picked again at its next exchange.
+every tensor is picked again at its next exchange, with what the engine saw:
+
+* the codec times scaled by k = K'/K, K' the seconds measured inside the compressors (compress
+  and decode; :class:`Dispatch` clocks them) and K = P - N the predicted ones: the codecs may run
+  slower in the job than alone at calibration (ranks sharing cores, a busy device);
+* the link scaled by f = (E - K') / N (alpha·f, beta/f: the network as the engine waited on it,
+  overlap with the backward and Horovod's own overheads included).
+
+Trade-off: on a GPU the clock around a codec sees its launches, not its kernels (no device
+sync is added to the step), so K' is low and the excess lands in the link's factor.
 
 **State.** A tensor's sub-compressor keeps its state in the tensor's own state dict under
 ``<label>/`` (a re-plan that changes a tensor's compressor starts the new one's state fresh and
@@ -34,7 +42,7 @@ import math
 import time
 from collections.abc import MutableMapping
 from dataclasses import replace
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -53,31 +61,61 @@ log = logging.getLogger("hvdcompress")
 WARMUP_STEPS = 3     # steps before the check (the first one plans and checks the agreement)
 CHECK_STEPS = 5      # steps measured for the check
 TOLERANCE = 0.25     # re-plan when the step is off by more than this share of the prediction
+CODEC_BOUND = 10.0   # the re-plan scales the codec times by at most this factor (or 1/it)
 CALIBRATIONS = ("machine", None)
 
 
-def replan_link(link: Link, step_s: float, exchange_s: float, predicted_s: float,
-                network_s: float) -> tuple:
-    """(error, the link to re-plan with, or None): ``step_s`` and ``exchange_s`` measured (S and
-    E), ``predicted_s`` the exchange's prediction (P), ``network_s`` its network part (N). With
-    C = S - E the compute, error = |E - P| / (C + P); above :data:`TOLERANCE` the link is scaled
-    by f = (E - K) / N, K = P - N the codec time (at least 5% of N: f > 0)."""
+class Replan(NamedTuple):
+    """The re-plan check's verdict: its ``error``, and the ``link`` and ``codec_factor`` to plan
+    with again (None, 1.0: keep the plan)."""
+
+    error: float
+    link: Optional[Link]
+    codec_factor: float = 1.0
+
+
+def replan_inputs(link: Link, step_s: float, exchange_s: float, codec_s: float,
+                  predicted_s: float, network_s: float) -> Replan:
+    """The re-plan rule (see the module doc): ``step_s``, ``exchange_s`` and ``codec_s``
+    measured (S, E and K'), ``predicted_s`` the exchange's prediction (P), ``network_s`` its
+    network part (N). With C = S - E the compute, error = |E - P| / (C + P); above
+    :data:`TOLERANCE` the codecs are scaled by k = K'/K (K = P - N; 1 when K is under 5% of P,
+    too little to measure a ratio on, e.g. codec time left out; within 1/:data:`CODEC_BOUND`
+    and :data:`CODEC_BOUND`) and the link by f = (E - K') / N (at least 5%: f > 0)."""
     compute = max(step_s - exchange_s, 0.0)
     error = abs(exchange_s - predicted_s) / max(compute + predicted_s, 1e-12)
     if error <= TOLERANCE or network_s <= 0:
-        return error, None
-    factor = max(exchange_s - (predicted_s - network_s), 0.05 * network_s) / network_s
-    return error, replace(link, alpha_s=link.alpha_s * factor, beta_bytes_per_s=link.beta_bytes_per_s / factor)
+        return Replan(error, None)
+    codec = predicted_s - network_s
+    codec_factor = min(max(codec_s / codec, 1 / CODEC_BOUND), CODEC_BOUND) \
+        if codec >= 0.05 * predicted_s and codec_s > 0 else 1.0
+    factor = max(exchange_s - codec_s, 0.05 * network_s) / network_s
+    scaled = replace(link, alpha_s=link.alpha_s * factor, beta_bytes_per_s=link.beta_bytes_per_s / factor)
+    return Replan(error, scaled, codec_factor)
 
 
 class Dispatch(Compressor):
     """Each tensor to the compressor ``subs[choice[name]]``, its state under ``<label>/``.
-    Segments and shards of a tensor (``name#seg0``, ``name#sum1``) go where the tensor goes."""
+    Segments and shards of a tensor (``name#seg0``, ``name#sum1``) go where the tensor goes.
+    :attr:`codec_s`: the seconds spent in the compressors' compress and decode calls (the
+    server side's included: ``clock`` is shared with it)."""
 
     name = "auto"
 
-    def __init__(self, subs: Mapping[str, Compressor], choice: dict):
+    def __init__(self, subs: Mapping[str, Compressor], choice: dict, clock: Optional[list] = None):
         self._subs, self._choice = dict(subs), choice
+        self._clock = [0.0] if clock is None else clock
+
+    @property
+    def codec_s(self) -> float:
+        return self._clock[0]
+
+    def _timed(self, call: Any, *args: Any) -> Any:
+        begin = time.perf_counter()
+        try:
+            return call(*args)
+        finally:
+            self._clock[0] += time.perf_counter() - begin
 
     @property
     def keeps_residual(self) -> bool:  # type: ignore[override]
@@ -103,18 +141,19 @@ class Dispatch(Compressor):
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         sub, view = self._pick(info, state)
-        return sub.compress(ops, x, view, info)
+        return self._timed(sub.compress, ops, x, view, info)
 
     def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
                    out: Optional[Tensor] = None) -> Tensor:
-        return self._pick(info, {})[0].decompress(ops, tensors, ctx, info, out)
+        return self._timed(self._pick(info, {})[0].decompress, ops, tensors, ctx, info, out)
 
     def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
                             world: int, out: Optional[Tensor] = None) -> Tensor:
-        return self._pick(info, {})[0].decompress_gathered(ops, tensors, ctx, info, world, out)
+        return self._timed(self._pick(info, {})[0].decompress_gathered, ops, tensors, ctx, info, world, out)
 
     def server_side(self) -> "Dispatch":
-        return Dispatch({label: sub.server_side() for label, sub in self._subs.items()}, self._choice)
+        return Dispatch({label: sub.server_side() for label, sub in self._subs.items()}, self._choice,
+                        self._clock)
 
     def on_step(self) -> None:
         for sub in self._subs.values():
@@ -227,7 +266,7 @@ class Auto(Dispatch, Planner):
         if not self.replan or self.checks:
             return
         if self._steps == WARMUP_STEPS:
-            self._mark = (time.perf_counter(), engine.busy_s)
+            self._mark = (time.perf_counter(), engine.busy_s, self.codec_s)
         elif self._steps == WARMUP_STEPS + CHECK_STEPS:
             self._check(engine)
 
@@ -253,24 +292,27 @@ class Auto(Dispatch, Planner):
         """Compare the measured steps with the prediction (means over ranks) and re-plan once
         if they are off by more than :data:`TOLERANCE` (see the module doc)."""
         comm, ops = engine.comm, engine.ops
-        began, busy = self._mark
-        mine = np.array([time.perf_counter() - began, engine.busy_s - busy], np.float64)
+        began, busy, codec = self._mark
+        mine = np.array([time.perf_counter() - began, engine.busy_s - busy, self.codec_s - codec],
+                        np.float64)
         total = comm.wait(comm.allreduce([ops.from_numpy(mine, self._sample)], "hvdc.auto.check"))[0]
-        step_s, exchange_s = ops.to_numpy(total) / (CHECK_STEPS * comm.world)
+        step_s, exchange_s, codec_s = (float(v) for v in ops.to_numpy(total) / (CHECK_STEPS * comm.world))
         link, calibration, fusion = self._inputs
         predicted = self.predicted_exchange_s
-        error, scaled = replan_link(link, step_s, exchange_s, predicted,
-                                    predict_exchange(self._picked, fusion, codec=False))
+        verdict = replan_inputs(link, step_s, exchange_s, codec_s, predicted,
+                                predict_exchange(self._picked, fusion, codec=False))
         compute = max(step_s - exchange_s, 0.0)
-        self.checks.append({"step_s": float(step_s), "exchange_s": float(exchange_s),
-                            "predicted_step_s": compute + predicted, "error": error,
-                            "replanned": scaled is not None})
+        self.checks.append({"step_s": step_s, "exchange_s": exchange_s, "codec_s": codec_s,
+                            "predicted_step_s": compute + predicted, "error": verdict.error,
+                            "replanned": verdict.link is not None, "codec_factor": verdict.codec_factor})
         if comm.rank == 0:
-            log.info("hvdcompress auto: measured step %.4g s (exchange %.4g s), predicted %.4g s "
-                     "(compute %.4g + exchange %.4g): off by %.0f%%%s", step_s, exchange_s,
-                     compute + predicted, compute, predicted, 100 * error,
-                     "; re-planning with the link scaled to what the exchange took" if scaled else "")
-        if scaled is not None:
-            self._inputs = (scaled, calibration, fusion)
+            log.info("hvdcompress auto: measured step %.4g s (exchange %.4g s, codecs %.4g s), "
+                     "predicted %.4g s (compute %.4g + exchange %.4g): off by %.0f%%%s", step_s,
+                     exchange_s, codec_s, compute + predicted, compute, predicted, 100 * verdict.error,
+                     f"; re-planning with the codecs x{verdict.codec_factor:.3g} and the link scaled "
+                     "to what the exchange waited" if verdict.link else "")
+        if verdict.link is not None:
+            scaled = calibration.scaled(verdict.codec_factor) if calibration is not None else None
+            self._inputs = (verdict.link, scaled, fusion)
             self._picked.clear()
             self._choice.clear()

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Union
 
@@ -64,6 +64,9 @@ class Fit(NamedTuple):
     def at(self, numel: float) -> float:
         return self.a + self.b * numel
 
+    def scaled(self, factor: float) -> "Fit":
+        return Fit(self.a * factor, self.b * factor)
+
 
 def fit_line(sizes: Iterable[float], seconds: Iterable[float]) -> Fit:
     """Least-squares ``a + b·n`` through the points, a and b clipped at 0."""
@@ -81,6 +84,9 @@ class CodecTimes:
 
     def compress_s(self, numel: float) -> float:
         return self.compress.at(numel)
+
+    def scaled(self, factor: float) -> "CodecTimes":
+        return CodecTimes(*(fit.scaled(factor) for fit in (self.compress, self.decode, self.decode4)))
 
     def decode_s(self, numel: float, payloads: int = 1) -> float:
         """Decoding ``payloads`` gathered payloads of a tensor of ``numel`` elements."""
@@ -103,6 +109,12 @@ class Calibration:
 
     def times(self, spec: Mapping[str, str]) -> Optional[CodecTimes]:
         return self.codecs.get(spec_key(spec))
+
+    def scaled(self, factor: float) -> "Calibration":
+        """Every codec time times ``factor`` (``auto``'s re-plan: the codecs ran that much
+        slower, or faster, in the job than when calibrated). The sums' gamma stays: they run
+        inside the collectives, whose time the re-plan measures with the link's."""
+        return replace(self, codecs={k: v.scaled(factor) for k, v in self.codecs.items()})
 
     def reduce_s(self, parts: Iterable[tuple]) -> float:
         """Seconds of summing one payload of ``parts`` ((dtype, bytes), ...) into another:

@@ -11,7 +11,7 @@ order in which ranks' gradients become ready. At the end of the first step every
 that all ranks picked the same (:func:`hvdcompress.agreement.check_ranks_agree`) and rank 0
 logs the plan and the predicted exchange time.
 
-**Re-plan, once.** The model does not know the step's compute; it predicts the exchange's time
+**Check, then re-plan once.** The model does not know the step's compute; it predicts the exchange's time
 P (network N plus codec K, :func:`~hvdcompress.auto.choice.predict_exchange`). Over
 :data:`CHECK_STEPS` steps after :data:`WARMUP_STEPS`, each rank measures its step time S
 (between the ends of two steps) and E, the time it spent in the engine (compressing, launching,
@@ -25,6 +25,15 @@ every tensor is picked again at its next exchange, with what the engine saw:
   slower in the job than alone at calibration (ranks sharing cores, a busy device);
 * the link scaled by f = (E - K') / N (alpha·f, beta/f: the network as the engine waited on it,
   overlap with the backward and Horovod's own overheads included).
+
+A model off by that much may be off in kind, not only in scale (ranks sharing cores make
+Horovod's collectives CPU-bound: at 4 ranks on 2 cores and 10 Gbit/s int8's compressed allreduce
+took longer than the dense allreduce of 4x its bytes, which no scaled link predicts). So the
+re-planned plan and, where ``none`` is allowed, every tensor sent as it is (Horovod's own
+exchange) are each *timed* over :data:`CHECK_STEPS` steps (those that differ from the model's
+plan and from each other), and the plan with the fastest mean step over ranks is kept (the
+model's plan on a tie). The means come from one allreduce each, so every rank keeps the same.
+The price: up to 2·CHECK_STEPS steps on plans that may be slower, once per job.
 
 Trade-off: on a GPU the clock around a codec sees its launches, not its kernels (no device
 sync is added to the step), so K' is low and the excess lands in the link's factor.
@@ -206,6 +215,9 @@ class Auto(Dispatch, Planner):
         self._specs, self._given = specs, calibration
         self._inputs: Optional[tuple] = None   # (link, calibration, fusion) from rank 0
         self._picked: dict = {}                # tensor name -> Choice
+        self._shapes: dict = {}                # tensor name -> the shape it was picked for
+        self._trials: list = []                # plans still to time after a failed check
+        self._tried: list = []                 # (label, inputs, picks, mean step s) timed so far
         self._fresh = False                    # picks not yet agreed on and logged
         self._steps, self._mark = 0, None
         self._sample: Any = None               # a one-element tensor on the gradients' device
@@ -239,6 +251,7 @@ class Auto(Dispatch, Planner):
             choice = choose(shape, flat_cluster(engine.comm.world, link), self._specs, calibration,
                             self._device)
             self._picked[info.name], self._choice[info.name] = choice, choice.label
+            self._shapes[info.name] = shape
             self._fresh = True
         return self._picked[info.name].collective
 
@@ -263,12 +276,15 @@ class Auto(Dispatch, Planner):
         if self._fresh and self._picked:
             self._fresh = False
             self._agree_and_log(engine)
-        if not self.replan or self.checks:
+        if not self.replan or (self.checks and not self._trials):
             return
         if self._steps == WARMUP_STEPS:
             self._mark = (time.perf_counter(), engine.busy_s, self.codec_s)
         elif self._steps == WARMUP_STEPS + CHECK_STEPS:
             self._check(engine)
+        elif self._steps > WARMUP_STEPS + CHECK_STEPS and \
+                (self._steps - WARMUP_STEPS) % CHECK_STEPS == 0:
+            self._end_trial(engine)
 
     # ---- agreement, log, re-plan -----------------------------------------------------------------
     def _agree_and_log(self, engine: Exchange) -> None:
@@ -304,7 +320,8 @@ class Auto(Dispatch, Planner):
         compute = max(step_s - exchange_s, 0.0)
         self.checks.append({"step_s": step_s, "exchange_s": exchange_s, "codec_s": codec_s,
                             "predicted_step_s": compute + predicted, "error": verdict.error,
-                            "replanned": verdict.link is not None, "codec_factor": verdict.codec_factor})
+                            "replanned": verdict.link is not None, "codec_factor": verdict.codec_factor,
+                            "kept": "model"})
         if comm.rank == 0:
             log.info("hvdcompress auto: measured step %.4g s (exchange %.4g s, codecs %.4g s), "
                      "predicted %.4g s (compute %.4g + exchange %.4g): off by %.0f%%%s", step_s,
@@ -313,6 +330,59 @@ class Auto(Dispatch, Planner):
                      "to what the exchange waited" if verdict.link else "")
         if verdict.link is not None:
             scaled = calibration.scaled(verdict.codec_factor) if calibration is not None else None
-            self._inputs = (verdict.link, scaled, fusion)
-            self._picked.clear()
-            self._choice.clear()
+            self._start_trials(engine, step_s, [("replanned", (verdict.link, scaled, fusion), self._specs)]
+                               + ([("none", self._inputs, {"none": self._specs["none"]})]
+                                  if "none" in self._specs else []))
+
+    # ---- trials: the plans timed after a failed check ------------------------------------------
+    def _plan_with(self, engine: Exchange, inputs: tuple, specs: Mapping) -> dict:
+        """Tensor name -> Choice of every tensor seen, picked with ``inputs`` from ``specs``."""
+        cluster = flat_cluster(engine.comm.world, inputs[0])
+        return {name: choose(shape, cluster, specs, inputs[1], self._device)
+                for name, shape in sorted(self._shapes.items())}
+
+    def _start_trials(self, engine: Exchange, step_s: float, candidates: list) -> None:
+        """Queue the candidate plans (label, inputs, specs) that differ from the model's and from
+        one another; each is timed over :data:`CHECK_STEPS` steps, and the fastest of all kept."""
+        def key(picked: dict) -> list:
+            return [(n, c.label, c.collective) for n, c in sorted(picked.items())]
+
+        seen = [key(self._picked)]
+        self._tried = [("model", self._inputs, dict(self._picked), step_s)]
+        for label, inputs, specs in candidates:
+            picked = self._plan_with(engine, inputs, specs)
+            if key(picked) not in seen:
+                seen.append(key(picked))
+                self._trials.append((label, inputs, picked))
+        self.checks[-1]["trials"] = []
+        self._next_trial()
+
+    def _apply(self, inputs: tuple, picked: Mapping) -> None:
+        self._inputs, self._picked = inputs, dict(picked)
+        self._choice.clear()
+        self._choice.update({name: c.label for name, c in picked.items()})
+        self._fresh = True
+
+    def _next_trial(self) -> None:
+        """Switch to the next queued plan, or keep the fastest timed one when none is left."""
+        if self._trials:
+            self._apply(*self._trials[0][1:])
+            self._mark = (time.perf_counter(), 0.0, 0.0)
+            return
+        label, inputs, picked, _ = min(self._tried, key=lambda t: t[3])   # first wins a tie
+        self.checks[-1]["kept"] = label
+        self._apply(inputs, picked)
+
+    def _end_trial(self, engine: Exchange) -> None:
+        """The mean step over ranks of the plan on trial (the same on every rank: one allreduce)."""
+        comm, ops = engine.comm, engine.ops
+        mine = np.array([time.perf_counter() - self._mark[0]], np.float64)
+        total = comm.wait(comm.allreduce([ops.from_numpy(mine, self._sample)], "hvdc.auto.trial"))[0]
+        step_s = float(ops.to_numpy(total)[0]) / (CHECK_STEPS * comm.world)
+        label, inputs, picked = self._trials.pop(0)
+        self._tried.append((label, inputs, picked, step_s))
+        self.checks[-1]["trials"].append({"plan": label, "step_s": step_s})
+        if comm.rank == 0:
+            log.info("hvdcompress auto: the %s plan took %.4g s per step (the model's: %.4g s)",
+                     label, step_s, self._tried[0][3])
+        self._next_trial()

@@ -268,14 +268,15 @@ def test_the_check_runs_once_and_every_rank_decides_alike(monkeypatch):
     every rank took the same decision (and the same re-scaled link when it re-planned)."""
     monkeypatch.setattr(auto_compressor, "WARMUP_STEPS", 1)
     monkeypatch.setattr(auto_compressor, "CHECK_STEPS", 2)
-    results = run_ranks(3, lambda comm: _check(comm, 5))
+    results = run_ranks(3, lambda comm: _check(comm, 7))   # check at 3, two trials of 2 steps
     plan, checks, network, clocked = results[0]
     assert len(checks) == 1 and all(r == results[0] for r in results) and clocked
     assert checks[0]["codec_s"] > 0 and checks[0]["codec_factor"] > 0
     given = parse_link("100mbit,50us")
     assert (network == given) == (checks[0]["kept"] != "replanned")
-    timed = checks[0].get("trials", [])
-    assert checks[0]["replanned"] == ("trials" in checks[0]) and len(timed) <= 2
+    timed = checks[0]["trials"]   # the re-planned plan after a failed check; none where it differs
+    assert [t["plan"] for t in timed] in (["replanned", "none"], ["replanned"], ["none"], [])
+    assert checks[0]["replanned"] or "replanned" not in [t["plan"] for t in timed]
     if timed:   # the plan kept is the fastest timed (the model's on a tie)
         fastest = min([("model", checks[0]["step_s"])] + [(t["plan"], t["step_s"]) for t in timed],
                       key=lambda t: t[1])[0]

@@ -11,8 +11,8 @@ order in which ranks' gradients become ready. At the end of the first step every
 that all ranks picked the same (:func:`hvdcompress.agreement.check_ranks_agree`) and rank 0
 logs the plan and the predicted exchange time.
 
-**Check, then re-plan once.** The model does not know the step's compute; it predicts the exchange's time
-P (network N plus codec K, :func:`~hvdcompress.auto.choice.predict_exchange`). Over
+**Check, then re-plan once.** The model does not know the step's compute; it predicts the
+exchange's time P (network N plus codec K, :func:`~hvdcompress.auto.choice.predict_exchange`). Over
 :data:`CHECK_STEPS` steps after :data:`WARMUP_STEPS`, each rank measures its step time S
 (between the ends of two steps) and E, the time it spent in the engine (compressing, launching,
 waiting, decoding: :attr:`hvdcompress.exchange.Exchange.busy_s`); the means over ranks (one
@@ -26,17 +26,20 @@ every tensor is picked again at its next exchange, with what the engine saw:
 * the link scaled by f = (E - K') / N (alpha·f, beta/f: the network as the engine waited on it,
   overlap with the backward and Horovod's own overheads included).
 
-A model off by that much may be off in kind, not only in scale (ranks sharing cores make
-Horovod's collectives CPU-bound: at 4 ranks on 2 cores and 10 Gbit/s int8's compressed allreduce
-took longer than the dense allreduce of 4x its bytes, which no scaled link predicts). So the
-re-planned plan and, where ``none`` is allowed, every tensor sent as it is (Horovod's own
-exchange) are each *timed* over :data:`CHECK_STEPS` steps (those that differ from the model's
-plan and from each other), and the plan with the fastest mean step over ranks is kept (the
-model's plan on a tie). The means come from one allreduce each, so every rank keeps the same.
-The price: up to 2·CHECK_STEPS steps on plans that may be slower, once per job.
-
 Trade-off: on a GPU the clock around a codec sees its launches, not its kernels (no device
 sync is added to the step), so K' is low and the excess lands in the link's factor.
+
+**Then time the alternatives.** A model can be off in kind, not only in scale, and a plan's own
+prediction can hold while another plan would be faster (ranks sharing cores make Horovod's
+collectives CPU-bound: at 4 ranks on 2 cores and 10 Gbit/s int8's compressed allreduce took
+longer than the dense allreduce of 4x its bytes, which the probe's link, itself slowed by the
+shared cores, predicted well for int8 and badly for dense). So after the check, each plan that
+differs from the model's and from each other is *timed* over :data:`CHECK_STEPS` steps: the
+re-planned one (after a failed check) and, where ``none`` is allowed, every tensor sent as it is
+(Horovod's own exchange, the baseline ``auto`` must not lose to). The plan with the fastest mean
+step over ranks is kept (the model's on a tie); the means come from one allreduce each, so
+every rank keeps the same. The price: up to 2·CHECK_STEPS steps on plans that may be slower,
+once per job (``replan=False`` skips the check and the trials).
 
 **State.** A tensor's sub-compressor keeps its state in the tensor's own state dict under
 ``<label>/`` (a re-plan that changes a tensor's compressor starts the new one's state fresh and
@@ -328,11 +331,11 @@ class Auto(Dispatch, Planner):
                      exchange_s, codec_s, compute + predicted, compute, predicted, 100 * verdict.error,
                      f"; re-planning with the codecs x{verdict.codec_factor:.3g} and the link scaled "
                      "to what the exchange waited" if verdict.link else "")
+        candidates = [("none", self._inputs, {"none": self._specs["none"]})] if "none" in self._specs else []
         if verdict.link is not None:
             scaled = calibration.scaled(verdict.codec_factor) if calibration is not None else None
-            self._start_trials(engine, step_s, [("replanned", (verdict.link, scaled, fusion), self._specs)]
-                               + ([("none", self._inputs, {"none": self._specs["none"]})]
-                                  if "none" in self._specs else []))
+            candidates.insert(0, ("replanned", (verdict.link, scaled, fusion), self._specs))
+        self._start_trials(engine, step_s, candidates)
 
     # ---- trials: the plans timed after a failed check ------------------------------------------
     def _plan_with(self, engine: Exchange, inputs: tuple, specs: Mapping) -> dict:

@@ -58,13 +58,20 @@ was made in (top-k: +0.091 -> +0.027, PowerSGD +0.068 -> -0.002 on the LSTM).
 The trade-off: T0 steps at full precision (dense bytes), then the wrapped compressor's bytes;
 too early a freeze keeps a v estimated from few gradients. The default T0 is
 ``ceil(q / (1 - b2))``, when v's moving average spans the share q of its time constant (1-bit
-Adam warmed up for 15-25% of BERT's training): q = 1/4 (250 steps for b2 = 0.999), and q = 1/2
-(500) for a sparsifier (top-k, random-k, threshold), whose error feedback delivers a
-coordinate's mass after many steps at once through the frozen 1/sqrt(v), so v must be
-estimated better. Measured (benchmarks/README.md section 8, gap to dense AdamW): top-k 1% on
-the transformer +0.066 frozen at 250, +0.048 / +0.049 (two seeds) at 500; on the LSTM +0.027
--> +0.011. At 8 ranks onebit needs a later freeze than its default: on the LSTM +0.011 / +0.080
-(two seeds) at 250, +0.001 / +0.003 at 750; pass ``freeze_steps=750`` there.
+Adam warmed up for 15-25% of BERT's training), the coarser the compressor's per-step error, the
+later:
+
+* q = 1/4 (250 steps for b2 = 0.999): int8, the quantisers, PowerSGD;
+* q = 1/2 (500): a sparsifier (top-k, random-k, threshold), whose error feedback delivers a
+  coordinate's mass after many steps at once through the frozen 1/sqrt(v), so v must be
+  estimated better;
+* q = 3/4 (750): the 1-bit family (onebit, EF-signSGD), one bit per coordinate.
+
+Measured (benchmarks/README.md section 8, gap to dense AdamW): top-k 1% on the transformer
++0.066 frozen at 250, +0.048 / +0.049 (two seeds) at 500; on the LSTM +0.027 -> +0.011. Onebit
+at 8 ranks: on the LSTM +0.011 / +0.080 (two seeds) at 250, +0.001 / +0.003 at 750; on a second,
+untuned LSTM task +0.043 at 250, +0.008 at 750. PowerSGD does better frozen early (-0.002 /
+-0.017 at 250 against +0.004 / +0.005 at 500).
 
 The wrapper (torch optimizer) replaces the wrapped optimizer's step with :meth:`after_exchange`;
 the user's param groups, schedulers and checkpoints keep their values; m and v live in the
@@ -79,6 +86,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from .backend import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo
+from .compressors.onebit import OneBit
 from .compressors.sparse import SparseCompressor
 from .memory import Decorator
 from .validation import check_int
@@ -121,7 +129,7 @@ class FrozenAdam(Decorator):
     ``inner``: any compressor that does not apply momentum itself (onebit, EF-signSGD, top-k,
     random-k, int8, the quantisers, PowerSGD; with ``ErrorFeedback`` where it keeps no residual
     of its own). ``freeze_steps``: T0, the full-precision warm-up; None: ``ceil(q / (1-b2))``,
-    q = 1/2 for a sparsifier, 1/4 otherwise (see the module doc).
+    q = 3/4 for the 1-bit family, 1/2 for a sparsifier, 1/4 otherwise (see the module doc).
     ``send``: what each rank compresses after the freeze, ``"gradient"`` (default) or
     ``"momentum"`` (1-bit Adam's placement). From strings: ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen",
     "freeze_steps": "100", "adam_send": "gradient"}``.
@@ -154,7 +162,8 @@ class FrozenAdam(Decorator):
         """T0 for a param group with this b2."""
         if self.freeze_steps is not None:
             return self.freeze_steps
-        share = 0.5 if isinstance(self.inner.unwrap(), SparseCompressor) else 0.25
+        inner = self.inner.unwrap()
+        share = 0.75 if isinstance(inner, OneBit) else 0.5 if isinstance(inner, SparseCompressor) else 0.25
         return math.ceil(share / (1.0 - beta2)) if beta2 < 1.0 else 0
 
     def frozen(self, settings: AdamSettings) -> bool:

@@ -128,11 +128,13 @@ def test_from_params_errors(params, message):
 def test_from_params_and_default_freeze_point():
     c = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
     assert isinstance(c, hc.FrozenAdam) and isinstance(c.inner, hc.ErrorFeedback)
-    # a sparsifier waits for half v's time constant, the others a quarter
+    # the 1-bit family waits for 3/4 of v's time constant, a sparsifier half, the others a quarter
     assert c.freeze_point(0.999) == 500 and c.freeze_point(0.99) == 50
     assert hc.FrozenAdam(hc.ErrorFeedback(hc.RandomK(0.01))).freeze_point(0.999) == 500
-    for dense in (hc.ErrorFeedback(hc.OneBit()), hc.PowerSGD(2), hc.Int8()):
+    for dense in (hc.PowerSGD(2), hc.Int8(), hc.TwoBit()):
         assert hc.FrozenAdam(dense).freeze_point(0.999) == 250 and hc.FrozenAdam(dense).freeze_point(0.99) == 25
+    for sign in (hc.ErrorFeedback(hc.OneBit()), hc.from_params({"compressor": "efsignsgd"})):
+        assert hc.FrozenAdam(sign).freeze_point(0.999) == 750 and hc.FrozenAdam(sign).freeze_point(0.99) == 75
     assert hc.from_params({"compressor": "int8", "adam": "frozen", "freeze_steps": "7"}).freeze_point(0.999) == 7
     assert c.send == "gradient" and hc.FrozenAdam(hc.OneBit()).send == "gradient"
     assert hc.from_params({"compressor": "int8", "adam": "frozen", "adam_send": "momentum"}).send == "momentum"

@@ -374,7 +374,8 @@ class Auto(Dispatch, Planner):
             return
         label, inputs, picked, _ = min(self._tried, key=lambda t: t[3])   # first wins a tie
         self.checks[-1]["kept"] = label
-        self._apply(inputs, picked)
+        if (inputs, picked) != (self._inputs, self._picked):   # not the plan running now
+            self._apply(inputs, picked)
 
     def _end_trial(self, engine: Exchange) -> None:
         """The mean step over ranks of the plan on trial (the same on every rank: one allreduce)."""

@@ -70,7 +70,9 @@ later:
 Measured (benchmarks/README.md section 8, gap to dense AdamW): top-k 1% on the transformer
 +0.066 frozen at 250, +0.048 / +0.049 (two seeds) at 500; on the LSTM +0.027 -> +0.011. Onebit
 at 8 ranks: on the LSTM +0.011 / +0.080 (two seeds) at 250, +0.001 / +0.003 at 750; on a second,
-untuned LSTM task +0.043 at 250, +0.008 at 750. PowerSGD does better frozen early (-0.002 /
+untuned LSTM task +0.043 at 250, +0.008 at 750 (1,000-step runs: 250 compressed steps); over
+2,000 steps (1,250 compressed) +0.035 at 750: at 8 ranks the error still builds up over a long
+compressed phase, which the later freeze delays. PowerSGD does better frozen early (-0.002 /
 -0.017 at 250 against +0.004 / +0.005 at 500).
 
 The wrapper (torch optimizer) replaces the wrapped optimizer's step with :meth:`after_exchange`;

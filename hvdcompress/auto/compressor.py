@@ -310,12 +310,10 @@ class Auto(Dispatch, Planner):
     def _check(self, engine: Exchange) -> None:
         """Compare the measured steps with the prediction (means over ranks) and re-plan once
         if they are off by more than :data:`TOLERANCE` (see the module doc)."""
-        comm, ops = engine.comm, engine.ops
+        comm = engine.comm
         began, busy, codec = self._mark
-        mine = np.array([time.perf_counter() - began, engine.busy_s - busy, self.codec_s - codec],
-                        np.float64)
-        total = comm.wait(comm.allreduce([ops.from_numpy(mine, self._sample)], "hvdc.auto.check"))[0]
-        step_s, exchange_s, codec_s = (float(v) for v in ops.to_numpy(total) / (CHECK_STEPS * comm.world))
+        step_s, exchange_s, codec_s = self._mean_step(
+            engine, [time.perf_counter() - began, engine.busy_s - busy, self.codec_s - codec], "check")
         link, calibration, fusion = self._inputs
         predicted = self.predicted_exchange_s
         verdict = replan_inputs(link, step_s, exchange_s, codec_s, predicted,
@@ -336,6 +334,14 @@ class Auto(Dispatch, Planner):
             scaled = calibration.scaled(verdict.codec_factor) if calibration is not None else None
             candidates.insert(0, ("replanned", (verdict.link, scaled, fusion), self._specs))
         self._start_trials(engine, step_s, candidates)
+
+    def _mean_step(self, engine: Exchange, seconds: list, tag: str) -> list:
+        """``seconds`` measured over :data:`CHECK_STEPS` steps on this rank, as means per step
+        over the ranks (one allreduce: the same on every rank)."""
+        comm, ops = engine.comm, engine.ops
+        mine = ops.from_numpy(np.array(seconds, np.float64), self._sample)
+        total = ops.to_numpy(comm.wait(comm.allreduce([mine], f"hvdc.auto.{tag}"))[0])
+        return [float(v) / (CHECK_STEPS * comm.world) for v in total]
 
     # ---- trials: the plans timed after a failed check ------------------------------------------
     def _plan_with(self, engine: Exchange, inputs: tuple, specs: Mapping) -> dict:
@@ -379,10 +385,8 @@ class Auto(Dispatch, Planner):
 
     def _end_trial(self, engine: Exchange) -> None:
         """The mean step over ranks of the plan on trial (the same on every rank: one allreduce)."""
-        comm, ops = engine.comm, engine.ops
-        mine = np.array([time.perf_counter() - self._mark[0]], np.float64)
-        total = comm.wait(comm.allreduce([ops.from_numpy(mine, self._sample)], "hvdc.auto.trial"))[0]
-        step_s = float(ops.to_numpy(total)[0]) / (CHECK_STEPS * comm.world)
+        comm = engine.comm
+        step_s, = self._mean_step(engine, [time.perf_counter() - self._mark[0]], "trial")
         label, inputs, picked = self._trials.pop(0)
         self._tried.append((label, inputs, picked, step_s))
         self.checks[-1]["trials"].append({"plan": label, "step_s": step_s})

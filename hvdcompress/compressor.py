@@ -99,6 +99,8 @@ class Compressor(ABC):
       supports_alltoall: its per-rank payloads have a size fixed by the tensor's size and can be
         decoded, summed and compressed again, so the exchange may run the compressed allreduce
         (all-to-all of compressed segments, see :mod:`hvdcompress.exchange`).
+      fusable: the algorithm (:meth:`unwrap`) may compress a bucket of tensors as one flat
+        tensor (``fusion=``, :mod:`hvdcompress.fusion`); PowerSGD needs each tensor's shape.
       supports_warmup: the algorithm (:meth:`unwrap`) ramps its sparsity with a ``warmup``
         schedule and reports ``current_sparsity`` (:class:`hvdcompress.schedule.SparsityWarmup`).
     """
@@ -107,6 +109,7 @@ class Compressor(ABC):
     takes_over_momentum: bool = False
     keeps_residual: bool = False
     supports_alltoall: bool = False
+    fusable: bool = True
     supports_warmup: bool = False
 
     @property

@@ -2,7 +2,7 @@
 
 The torch optimizer, the TF tape and the Keras optimizer take Horovod's arguments plus
 hvdcompress's own (``compression``, ``clip_grad_norm``, ``collective``, ``intra_node``,
-``ranks_per_node``, ``check_replicas``, ``auto_allowed``, ``link``, ``scaler``). :func:`parse_options` turns
+``ranks_per_node``, ``check_replicas``, ``auto_allowed``, ``link``, ``scaler``, ``fusion``). :func:`parse_options` turns
 them into one :class:`Options` at construction: a compressor for ``compression`` and
 ``intra_node`` (dicts go through :func:`hvdcompress.from_params`; ``"auto"`` with
 ``auto_allowed`` and ``link`` is :class:`hvdcompress.auto.Auto`, which plans at the first
@@ -15,6 +15,7 @@ the options is decided here too, the same for every front end:
   compression (a compressor that carries state) or the exchanged ones after it
   (:mod:`hvdcompress.clipping`);
 * :meth:`Options.group_ids`: which tensors are launched together, by name;
+* :meth:`Options.buckets`: which tensors are compressed as one (``fusion``, :mod:`hvdcompress.fusion`);
 * :meth:`Options.agreement`: what every rank must agree on (:mod:`hvdcompress.agreement`);
 * ``scaler``: the loss scaler whose scale the wrapper divides out before compressing
   (:mod:`hvdcompress.loss_scale`), checked against the front end's scaler classes.
@@ -34,6 +35,7 @@ from .clipping import check_clip_grad_norm, clips_before_exchange
 from .compressor import Compressor
 from .compressors.cast import FP16
 from .compressors.none import NoCompression
+from .fusion import buckets, check_fusion
 from .registry import as_compressor, from_params
 from .replicas import check_every
 
@@ -78,6 +80,7 @@ class Options:
     ranks_per_node: Optional[int] = None
     check_replicas: Optional[int] = None
     scaler: Any = None                        # loss scaler (hvdcompress.loss_scale)
+    fusion: Optional[int] = None              # bytes per fused buffer (hvdcompress.fusion)
 
     @cached_property
     def clip_before(self) -> bool:
@@ -108,6 +111,12 @@ class Options:
                     group_of[name] = gid
         return {n: group_of.get(n, f"single.{n}") for n in ordered}
 
+    def buckets(self, tensors: Sequence[tuple]) -> list:
+        """The fused buckets (:func:`hvdcompress.fusion.buckets`) of ``tensors`` =
+        ``(name, numel, bytes, key)``, where ``key`` holds the dtype and param group; none
+        without ``fusion``."""
+        return [] if self.fusion is None else buckets(tensors, self.fusion)
+
     def agreement(self, exchange: Any) -> dict:
         """The settings every rank must share (besides its tensors), for
         :func:`hvdcompress.agreement.check_ranks_agree`; ``exchange`` is the built engine."""
@@ -118,6 +127,7 @@ class Options:
                 "ranks_per_node": None if self.intra_node is None else exchange.comm.world,
                 "average": self.average,
                 "check_replicas": self.check_replicas,
+                "fusion": self.fusion,
                 "loss_scaler": self.scaler is not None}   # its overflow flag is a collective
 
 
@@ -128,12 +138,13 @@ def parse_options(compression: Any = None, *, op: Any, average_op: Any, sum_op: 
                   intra_node: Any = None, ranks_per_node: Optional[int] = None,
                   check_replicas: Optional[int] = None, process_set: Any = None,
                   global_set: Any = None, auto_allowed: Any = None, link: Any = None,
-                  scaler: Any = None, scaler_types: tuple = ()) -> Options:
+                  scaler: Any = None, scaler_types: tuple = (), fusion: Any = None) -> Options:
     """:class:`Options` from a front end's keyword arguments. ``average_op`` / ``sum_op`` are the
     framework's ``hvd.Average`` / ``hvd.Sum``; ``process_set`` / ``global_set`` the one given
     and Horovod's global set (two-level runs over the global set only); ``auto_allowed`` and
     ``link`` go with ``compression="auto"`` (:mod:`hvdcompress.auto`); ``scaler`` must be None
-    or an instance of one of ``scaler_types`` (the front end's loss scalers)."""
+    or an instance of one of ``scaler_types`` (the front end's loss scalers); ``fusion``: None,
+    True or bytes per fused buffer (:func:`hvdcompress.fusion.check_fusion`)."""
     auto = from_arguments(compression, auto_allowed, link)
     compressor = as_compressor(compression) if auto is None else auto
     if isinstance(compressor, Auto) and (collective != "auto" or intra_node is not None):
@@ -183,4 +194,5 @@ def parse_options(compression: Any = None, *, op: Any, average_op: Any, sum_op: 
                    predivide=float(factor), groups=groups, sparse_as_dense=sparse_as_dense,
                    clip_grad_norm=check_clip_grad_norm(clip_grad_norm, compressor),
                    collective=collective, intra_node=intra, ranks_per_node=ranks_per_node,
-                   check_replicas=check_every(check_replicas), scaler=scaler)
+                   check_replicas=check_every(check_replicas), scaler=scaler,
+                   fusion=check_fusion(fusion, compressor, groups))

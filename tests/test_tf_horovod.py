@@ -373,3 +373,34 @@ def test_keras2_fit_exchanges_in_compute_gradients_as_the_tape_path(front_end):
         assert fit == tape, (r, fit, tape)
         assert fit["exchanges"] == 3
         np.testing.assert_allclose(np.ravel(fit["kernel"]), kernel, rtol=1e-6)
+
+
+def test_fused_tape_and_keras_match_numpy_and_keep_bucket_state(two_ranks):
+    """tests/hvd/tf_fusion.py: the tape (eager, and inside a tf.function) fuses the four known
+    gradients into one bucket of error-fed onebit: one scale and one residual for the bucket,
+    as tests/test_fusion.py's numpy reference, over two steps; Keras fits with a fused top-k
+    and error feedback, replicas compared at every step."""
+    from test_fusion import SIZES, grads, onebit
+
+    cases = cases_of(two_ranks["tf_fusion"])
+    names = list(SIZES)   # the tape's variables, in SIZES's order; the bucket takes name order
+    residual = [np.zeros(sum(SIZES.values()), np.float32) for _ in range(2)]
+    for step in range(2):
+        decoded = []
+        for r in range(2):
+            p = np.concatenate([grads(r, step)[n] for n in sorted(names)]) + residual[r]
+            decoded.append(onebit(p))
+            residual[r] = p - decoded[-1]
+        total = sum(decoded) / 2
+        want = dict(zip(sorted(names), np.split(total, np.cumsum([SIZES[n] for n in sorted(names)])[:-1])))
+        for mode in ("eager", "function"):
+            for r in range(2):
+                got = cases[f"tape_{mode}"][r]["grads"][step]
+                for n in names:
+                    np.testing.assert_allclose(got[n], want[n], rtol=1e-6, atol=1e-7,
+                                               err_msg=f"{mode} {n} step {step} rank {r}")
+    for mode in ("eager", "function"):
+        assert cases[f"tape_{mode}"][0]["state"] == ["fused[a.bias..b.weight]"]
+    keras = cases["keras_fit"]
+    assert keras[0]["weights"] == keras[1]["weights"]
+    assert len(keras[0]["state"]) == 1 and keras[0]["state"][0].startswith("fused[")

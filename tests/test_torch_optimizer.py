@@ -33,7 +33,7 @@ def two_ranks() -> dict:
     """The records of the 2-rank optimizer scripts, by script, from one launch; the agreement
     errors of torch_mismatch.py run last."""
     scripts = ("torch_aggregate", "torch_dgc_equivalence", "torch_ef_conservation", "torch_edge",
-               "torch_mismatch")
+               "torch_fusion", "torch_mismatch")
     return run_scripts([(name, name, [], {}) for name in scripts])
 
 
@@ -162,3 +162,44 @@ def test_unusual_gradients_and_features(edge_cases):
 def test_broadcast_optimizer_state_takes_rank0_schedule_without_a_step(edge_cases):
     for r in edge_cases["broadcast_state"].values():
         assert r == {**r, "steps": 0, "dgc_step": 3, "grad_none": True}, r
+
+
+# ---- fusion= (tests/hvd/torch_fusion.py; the numpy references of tests/test_fusion.py) ----------
+def test_fused_buckets_match_numpy_over_real_ranks(two_ranks):
+    """One bucket of four parameters: fp16 rounds each element; error-fed onebit sends one scale
+    for the bucket and keeps one residual, under the bucket's name, over two steps."""
+    from test_fusion import SIZES, grads, onebit
+
+    cases = by_rank(two_ranks["torch_fusion"], "case")
+    names = sorted(SIZES)
+    residual = [np.zeros(sum(SIZES.values()), np.float32) for _ in range(2)]
+    for step in range(2):
+        decoded = []
+        for r in range(2):
+            p = np.concatenate([grads(r, step)[n] for n in names]) + residual[r]
+            decoded.append(onebit(p))
+            residual[r] = p - decoded[-1]
+        want = dict(zip(names, np.split(sum(decoded) / 2, np.cumsum([SIZES[n] for n in names])[:-1])))
+        for r in range(2):
+            for n in names:
+                np.testing.assert_allclose(cases["ef_onebit"][r]["grads"][step][n], want[n], rtol=1e-6,
+                                           atol=1e-7, err_msg=f"{n} step {step} rank {r}")
+    fp16 = {n: sum(grads(r, 0)[n].astype(np.float16) for r in range(2)).astype(np.float32) / 2 for n in names}
+    for n in names:
+        np.testing.assert_allclose(cases["fp16"][0]["grads"][0][n], fp16[n], rtol=1e-6, err_msg=n)
+    for case in ("ef_onebit", "fp16"):
+        assert cases[case][0]["plan"] == ["fused[a.bias..b.weight]"], case
+    assert "fused[a.bias..b.weight]" in cases["ef_onebit"][0]["state"]
+
+
+@pytest.mark.parametrize("case, buckets", [
+    ("dgc_two_groups", ["fused[0.bias..0.weight]", "fused[2.bias..2.weight]"]),
+    ("frozen_adam_onebit", ["fused[0.bias..2.weight]"])])
+def test_fused_take_overs_train_identical_replicas_and_checkpoint(two_ranks, case, buckets):
+    """DGC (momentum and weight decay taken over, one bucket per param group) and FrozenAdam
+    around error-fed onebit (one bucket for the model) train with check_replicas=1; the
+    gathered checkpoint gives back the same bucket state."""
+    ranks = by_rank(two_ranks["torch_fusion"], "case")[case]
+    assert ranks[0]["buckets"] == buckets and ranks[0]["plan"] == buckets
+    assert ranks[0]["moved"] > 1e-4 and ranks[0]["params"] == ranks[1]["params"]
+    assert ranks[0]["reloaded_same"] and ranks[1]["reloaded_same"]

@@ -137,6 +137,10 @@ class Dispatch(Compressor):
     def supports_alltoall(self) -> bool:  # type: ignore[override]
         return any(sub.supports_alltoall for sub in self._subs.values())
 
+    @property
+    def fusable(self) -> bool:  # type: ignore[override]
+        return all(sub.unwrap().fusable for sub in self._subs.values())
+
     def _pick(self, info: TensorInfo, state: MutableMapping) -> tuple:
         """(the tensor's compressor, its state view)."""
         name = info.name if info.name in self._choice else info.name.rsplit("#", 1)[0]

@@ -48,6 +48,7 @@ class PowerSGD(OwnResidual, Compressor):
     """Rank-``rank`` PowerSGD with error feedback; ``warm_start`` reuses Q across steps."""
 
     name = "powersgd"
+    fusable = False   # its factors need each tensor's matrix shape
 
     def __init__(self, rank: int = 1, warm_start: bool = True, seed: int = 0):
         self.rank = check_int("PowerSGD", "rank", rank, 1)

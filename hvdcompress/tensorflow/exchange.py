@@ -52,6 +52,7 @@ from ..clipping import local_clip_limit
 from ..compressor import TensorInfo
 from ..loss_scale import any_overflow
 from ..exchange import Planner
+from ..fusion import bucket_info, compress_bucket, totals as fused_totals
 from ..options import Options, parse_options
 from ..replicas import ReplicaCheck, counters_checksum
 from ..reshard import share_of_rank
@@ -219,8 +220,9 @@ class GradientExchange:
         names = source_names(sources)
         pairs = [(n, s) for n, s in zip(names, sources) if hasattr(s, "assign") and id(s) not in self.local]
         infos = [self._info(n, s, s) for n, s in pairs]
-        self._init_states([tf.zeros([0], s.dtype) for _, s in pairs], infos)
-        self._apply_loaded([s.dtype for _, s in pairs], infos)
+        dtypes, params = [s.dtype for _, s in pairs], [s for _, s in pairs]
+        self._init_states(dtypes, infos, params)
+        self._apply_loaded(*self._stated(dtypes, infos, params))
 
     def _apply_loaded(self, dtypes: list, infos: list) -> None:
         """This rank's share of a loaded gathered state for each tensor of ``infos`` that it
@@ -320,7 +322,7 @@ class GradientExchange:
         infos = [self._info(names[i], sources[i], out[i]) for i in dense]
         params = [sources[i] if hasattr(sources[i], "assign") else None for i in dense]
         inputs = [out[i] for i in dense]
-        self._init_states(inputs, infos)
+        self._init_states([g.dtype for g in inputs], infos, params)
         if tf.executing_eagerly():
             reduced = self._exchange(inputs, params, infos, variables, flag)
         elif flag is None:
@@ -336,15 +338,24 @@ class GradientExchange:
         return out
 
     # ---- pieces ---------------------------------------------------------------------------------
-    def _bundles(self, infos: list, params: list) -> list:
-        """Positions of the exchanged gradients, one list per grouped collective, in name order
-        (:meth:`hvdcompress.options.Options.group_ids`)."""
-        names = {id(p): info.name for info, p in zip(infos, params) if p is not None}
-        ids = self.core.group_ids([info.name for info in infos], lambda v: names.get(id(v)))
+    def _bundles(self, infos: list, params: list, dtypes: list) -> list:
+        """``(bucket, positions)`` of the exchanged gradients, one per grouped collective, in
+        name order (:meth:`hvdcompress.options.Options.group_ids`); ``bucket``: the
+        :class:`hvdcompress.fusion.Bucket` compressed as one with ``fusion=``, else None."""
+        fused = self.core.buckets([(info.name, info.numel, info.numel * dtype.size, dtype.name)
+                                   for info, dtype in zip(infos, dtypes)])
+        if fused:
+            bucket_of = {m: b for b in fused for m in b.members}
+            ids = {info.name: bucket_of[info.name].name if info.name in bucket_of else info.name
+                   for info in infos}
+        else:
+            names = {id(p): info.name for info, p in zip(infos, params) if p is not None}
+            ids = self.core.group_ids([info.name for info in infos], lambda v: names.get(id(v)))
         bundles: dict = {}
         for i in sorted(range(len(infos)), key=lambda i: infos[i].name):
             bundles.setdefault(ids[infos[i].name], []).append(i)
-        return list(bundles.values())
+        by_name = {b.name: b for b in fused}
+        return [(by_name.get(gid), positions) for gid, positions in bundles.items()]
 
     @staticmethod
     def _clip(grads: Sequence[Any], limit: float) -> list:
@@ -365,12 +376,22 @@ class GradientExchange:
                           shape=tuple(shape),
                           momentum=self.momentum, nesterov=self.nesterov)
 
-    def _init_states(self, grads: list, infos: list) -> None:
-        """Create the compressor's state variables, outside any graph being traced."""
-        for g, info in zip(grads, infos):
+    def _stated(self, dtypes: list, infos: list, params: list) -> tuple:
+        """``(dtypes, infos)`` of what keeps a state: each tensor, or its fused bucket."""
+        out_dtypes, out_infos = [], []
+        for bucket, positions in self._bundles(infos, params, dtypes):
+            out_dtypes += [dtypes[i] for i in positions] if bucket is None else [dtypes[positions[0]]]
+            out_infos += [infos[i] for i in positions] if bucket is None else \
+                [bucket_info(bucket, [infos[i] for i in positions], OPS)]
+        return out_dtypes, out_infos
+
+    def _init_states(self, dtypes: list, infos: list, params: list) -> None:
+        """Create the compressor's state variables (each tensor's, or its fused bucket's),
+        outside any graph being traced."""
+        for dtype, info in zip(*self._stated(dtypes, infos, params)):
             if info.name not in self.state and info.numel:
                 with tf.init_scope():
-                    like = tf.zeros([info.numel], g.dtype)
+                    like = tf.zeros([info.numel], dtype)
                     self.engine.init_state(like, self.state.tensor(info.name), info)
 
     def _gather_slices(self, grad: tf.IndexedSlices, name: str) -> tf.IndexedSlices:
@@ -395,7 +416,8 @@ class GradientExchange:
         ps = self.options.process_set
         for info in infos:   # traced infos keep the world of their trace
             info.world, info.rank = ps.size(), ps.rank()
-        self._apply_loaded([g.dtype for g in grads], infos)
+        bundles = self._bundles(infos, params, [g.dtype for g in grads])
+        self._apply_loaded(*self._stated([g.dtype for g in grads], infos, params))
         self._check_ranks_agree(grads, infos)
         self.replicas.after_step(
             lambda: [(n, v.read_value() if hasattr(v, "read_value") else v) for n, v in variables],
@@ -406,8 +428,8 @@ class GradientExchange:
         adam = self.compressor if self.adam_settings is not None else None
         settings = None if adam is None else self.adam_settings()
         totals: list = [None] * len(grads)
-        for bundle in self._bundles(infos, params):
-            entries = []
+        for bucket, bundle in bundles:
+            items = []
             for i in bundle:
                 info = infos[i]
                 if params[i] is not None:
@@ -418,9 +440,12 @@ class GradientExchange:
                     info.dense = not adam.frozen(settings)
                 if factor != 1.0:
                     x = x / factor
-                entries.append(self.engine.compress(i, x, self.state.tensor(info.name), info))
+                items.append((i, x, info))
+            entries = [self.engine.compress(i, x, self.state.tensor(info.name), info) for i, x, info in items] \
+                if bucket is None else [compress_bucket(self.engine, bucket, items, self.state.tensor(bucket.name))]
             for entry in self.engine.finish(self.engine.start(entries)):
-                totals[entry.key] = entry.total
+                for i, total in fused_totals(OPS, entry):
+                    totals[i] = total
         if adam is not None:
             for i, total in enumerate(totals):
                 if total is not None and params[i] is not None:

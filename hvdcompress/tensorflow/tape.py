@@ -50,7 +50,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             intra_node: Any = None, ranks_per_node: int = None,
                             check_replicas: int = None, auto_allowed: Any = None,
                             link: Any = None, scaler: Any = None,
-                            scale_local_gradients: bool = True) -> tf.GradientTape:
+                            scale_local_gradients: bool = True,
+                            fusion: Any = None) -> tf.GradientTape:
     """Wrap ``gradtape`` so that :meth:`gradient` returns gradients averaged over ranks.
 
     Arguments are those of ``horovod.tensorflow.DistributedGradientTape``; ``compression`` takes
@@ -94,6 +95,10 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
 
     See docs/mixed_precision.md and :mod:`hvdcompress.loss_scale`.
 
+    ``fusion=B``: fused compression, as on the torch optimizer (:mod:`hvdcompress.fusion`):
+    consecutive gradients in name order, of one dtype, up to ``B`` bytes (``True``: 64 MiB), are
+    compressed as one buffer and sent in one collective per round.
+
     ``scale_local_gradients``: divide the gradients of the sources registered with
     :meth:`register_local_source` by the number of ranks (Horovod's default, True), or leave
     them as they are (False).
@@ -107,7 +112,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                                clip_grad_norm=clip_grad_norm, collective=collective,
                                intra_node=intra_node, ranks_per_node=ranks_per_node,
                                check_replicas=check_replicas, auto_allowed=auto_allowed, link=link,
-                               scaler=scaler, scale_local_gradients=scale_local_gradients)
+                               scaler=scaler, scale_local_gradients=scale_local_gradients, fusion=fusion)
     cls = subclass_with(gradtape.__class__, _DistributedGradientTape)
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)

@@ -44,6 +44,7 @@ from ..agreement import allgather_object, check_ranks_agree
 from ..clipping import what_it_keeps
 from ..compressor import Compressor, TensorInfo
 from ..exchange import Planner
+from ..fusion import bucket_info, compress_bucket, totals
 from ..options import Options, parse_options
 from ..replicas import ReplicaCheck, counters_checksum
 from ..reshard import has_per_rank, share_of_rank, split_key
@@ -101,6 +102,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._overflow = False     # whether the last synchronize() found an overflow (scaler=)
         self._amp_warned = False   # GradScaler.step without scaler= (a stateful compressor) warned
         self._tensor_state = {name: {} for name in self._parameter_names.values()}
+        #: fusion=: bucket name -> Bucket of trainable parameters compressed as one
+        self._buckets = {b.name: b for b in options.buckets(self._fusion_tensors())}
+        self._tensor_state.update({name: {} for name in self._buckets})
         self._delay = {p: self.backward_passes_per_step for p in self._parameter_names}
         self._requires_update = []  # in name order: every multi-tensor loop is rank-independent
         self._comm = HorovodCollectives(process_set)
@@ -114,6 +118,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         check_momentum(compression, self)
         self._adam = check_adam(compression, self)
         ids = options.group_ids(list(self._parameter_names.values()), self._name_in_groups)
+        ids.update({member: b.name for b in self._buckets.values() for member in b.members})
         self._group_of = {p: ids[name] for p, name in self._parameter_names.items()}
         self._param_group = {p: g for g in self.param_groups for p in g["params"]}
         if self._included():  # a rank outside the process set does no collective (as Horovod)
@@ -133,6 +138,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                         average=options.average, predivide=options.predivide,
                                         collective=options.collective)
         self._replicas = ReplicaCheck(options.check_replicas, _OPS, self._comm, ranks=_ranks_of(self.process_set))
+
+    def _fusion_tensors(self) -> list:
+        """``(name, numel, bytes, key)`` of every trainable parameter for
+        :meth:`Options.buckets`: the key (dtype, param group) keeps a bucket within one group."""
+        group = {p: i for i, g in enumerate(self.param_groups) for p in g["params"]}
+        return [(self._parameter_names[p], p.numel(), p.numel() * p.element_size(), (str(p.dtype), group[p]))
+                for p in self._by_name if p.requires_grad]
 
     def _world(self) -> int:
         return self._comm.world
@@ -266,30 +278,42 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             info.dense = not self._adam.frozen(settings)
         if self.gradient_predivide_factor != 1.0:
             x = x / self.gradient_predivide_factor
-        entry = self._exchange.compress(p, x, self._tensor_state[info.name], info)
         gid = self._group_of[p]
         entries = self._prepared.setdefault(gid, [])
-        entries.append(entry)
+        entries.append((p, x, info) if gid in self._buckets else   # compressed with its bucket
+                       self._exchange.compress(p, x, self._tensor_state[info.name], info))
         if len(entries) == self._group_size[gid]:
-            self._inflight.append(self._exchange.start(self._prepared.pop(gid)))
+            self._launch(gid)
+
+    def _launch(self, gid) -> None:
+        """Start the exchange of a group: its entries, or its bucket compressed as one."""
+        entries, bucket = self._prepared.pop(gid), self._buckets.get(gid)
+        if bucket is not None:
+            state = self._tensor_state[bucket.name]
+            if self._scaler is not None:
+                self._scaler.guard.save(bucket.name, state)
+            entries = [compress_bucket(self._exchange, bucket, entries, state)]
+        self._inflight.append(self._exchange.start(entries))
 
     @staticmethod
     def _decode_buffer(entry) -> Optional[torch.Tensor]:
-        """A dense contiguous gradient is the decoder's output buffer (no allocation)."""
-        grad = entry.key.grad
-        return None if grad.is_sparse or not grad.is_contiguous() else grad.view(-1)
+        """A dense contiguous gradient is the decoder's output buffer (no allocation); a fused
+        bucket decodes into a buffer of its own, then cut into its gradients."""
+        grad = getattr(entry.key, "grad", None)
+        return None if grad is None or grad.is_sparse or not grad.is_contiguous() else grad.view(-1)
 
     def _finish(self, flight) -> None:
         """Wait for one launched group (and its further rounds) and write its gradients."""
         for entry in self._exchange.finish(flight, self._decode_buffer):
-            p = entry.key
-            if entry.total is None or self._decode_buffer(entry) is not None:
-                continue  # empty, or decoded and scaled in p.grad already
-            grad = entry.total.view(p.shape).to(p.dtype)
-            if p.grad.is_sparse:
-                p.grad = grad.to_sparse()
-            else:
-                p.grad.copy_(grad)
+            in_place = self._decode_buffer(entry) is not None
+            for p, total in totals(_OPS, entry):
+                if total is None or in_place:
+                    continue  # empty, or decoded and scaled in p.grad already
+                grad = total.view(p.shape).to(p.dtype)
+                if p.grad.is_sparse:
+                    p.grad = grad.to_sparse()
+                else:
+                    p.grad.copy_(grad)
 
     def synchronize(self) -> None:
         """Wait for every gradient's communication and write the averaged gradients."""
@@ -301,7 +325,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._delay[p] = 0
             self._ready(p)
         for gid in sorted(self._prepared, key=str):  # groups whose members did not all report
-            self._inflight.append(self._exchange.start(self._prepared.pop(gid)))
+            self._launch(gid)
         overflow = self._scaler.launch(self._comm) if self._scaler is not None else None
         while self._inflight:
             self._finish(self._inflight.pop(0))
@@ -381,7 +405,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._replicas.after_step(
             lambda: list(zip(names, self._by_name)),
             lambda: counters_checksum(self._compression.state_dict(),
-                                      [(name, self._tensor_state[name]) for name in names]))
+                                      [(name, self._tensor_state[name]) for name in names + sorted(self._buckets)]))
 
     def _wrapped_step(self, closure):
         """The wrapped optimizer's own step, with the settings the compressor took over at 0;
@@ -479,24 +503,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              "another world size, or drop its 'hvdcompress' entry to start the "
                              "compressor afresh")
         for name, st in saved.items():
-            device = by_name[name].device
+            device = self._state_params(name, by_name)[0].device
             self._tensor_state[name] = {k: v.clone().to(device) if torch.is_tensor(v) else v
                                         for k, v in st.items()}
 
     def _load_gathered(self, own: dict, by_name: dict) -> None:
         """This rank's share of every rank's saved state (:mod:`hvdcompress.reshard`)."""
         for name in {n for r in own["ranks"] for n in r}:
-            p = by_name[name]
+            params = self._state_params(name, by_name)
+            p, numel = params[0], sum(q.numel() for q in params)
+            info = (lambda: bucket_info(self._buckets[name], [self._info(q) for q in params], _OPS)) \
+                if name in self._buckets else (lambda: self._info(p))
             saved = [r.get(name, {}) for r in own["ranks"]]
             # in numpy (bfloat16, which numpy lacks, as float32), back to each entry's dtype after
             dtypes = {split_key(k)[2]: v.dtype for st in saved for k, v in st.items() if torch.is_tensor(v)}
             states = [{k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() if torch.is_tensor(v) else v
                        for k, v in st.items()} for st in saved]
-            new = share_of_rank(states, p.numel(), self._world(), self._rank(), self.op == hvd.Average,
+            new = share_of_rank(states, numel, self._world(), self._rank(), self.op == hvd.Average,
                                 own["average"], lambda: self._exchange.collective_for(
-                                    self._info(p), p.detach().reshape(-1)) == "alltoall", "load_state_dict")
+                                    info(), p.detach().reshape(-1)) == "alltoall", "load_state_dict")
             self._tensor_state[name] = {k: torch.from_numpy(v.copy()).to(p.device, dtypes[split_key(k)[2]])
                                         if isinstance(v, np.ndarray) else v for k, v in new.items()}
+
+    def _state_params(self, name: str, by_name: dict) -> list:
+        """The parameters whose state is kept under ``name``: one, or a fused bucket's."""
+        bucket = self._buckets.get(name)
+        return [by_name[m] for m in bucket.members] if bucket is not None else [by_name[name]]
 
     def _clear_pending(self) -> None:
         """Forget any step in progress (a checkpoint load, an elastic reset)."""
@@ -540,7 +572,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          collective: str = "auto", intra_node: Union[Compressor, Mapping, None] = None,
                          ranks_per_node: Optional[int] = None,
                          check_replicas: Optional[int] = None, auto_allowed=None,
-                         link=None, scaler: Optional[torch.amp.GradScaler] = None) -> torch.optim.Optimizer:
+                         link=None, scaler: Optional[torch.amp.GradScaler] = None,
+                         fusion: Union[bool, int, None] = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are compressed, exchanged and averaged over ranks.
 
     Arguments are those of ``horovod.torch.DistributedOptimizer``; ``compression`` takes an
@@ -610,6 +643,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     :mod:`hvdcompress.loss_scale` and docs/mixed_precision.md). Without ``scaler=``, a
     compressor that carries state inside ``GradScaler.step`` warns once.
 
+    ``fusion=B``: fused compression (:mod:`hvdcompress.fusion`): consecutive parameters in name
+    order, of one dtype and param group, up to ``B`` bytes (``True``: 64 MiB, Horovod's fusion
+    buffer), are compressed as one flat buffer and sent in one collective per round, so a model
+    of many small tensors pays each collective's latency and each codec call once per bucket.
+    A bucket is sent once its last gradient is ready; its compressor state is kept under the
+    bucket's name (``fused[first..last]``). Not with ``groups`` or PowerSGD.
+
     A rank outside ``process_set`` builds the optimizer, does no collective for it, and its
     ``step()`` applies its own local gradients with the wrapped optimizer, as Horovod's does.
     """
@@ -623,7 +663,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                             global_set=hvd.global_process_set, auto_allowed=auto_allowed, link=link,
                             # a disabled GradScaler (enabled=False) scales nothing: as none
                             scaler=None if isinstance(scaler, torch.amp.GradScaler) and not scaler.is_enabled() else scaler,
-                            scaler_types=(torch.amp.GradScaler,))
+                            scaler_types=(torch.amp.GradScaler,), fusion=fusion)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, options, process_set,

@@ -316,7 +316,7 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
                          scale_local_gradients: bool = True, clip_grad_norm: float = None, collective: str = "auto",
                          intra_node: Any = None, ranks_per_node: int = None,
                          check_replicas: int = None, auto_allowed: Any = None,
-                         link: Any = None) -> Any:
+                         link: Any = None, fusion: Any = None) -> Any:
     """Wrap a Keras ``optimizer`` so that gradients are compressed, exchanged and averaged.
 
     Arguments are those of ``horovod.tensorflow.keras.DistributedOptimizer``; ``compression``
@@ -343,6 +343,9 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     :mod:`hvdcompress.replicas`).
     ``compression="auto"`` with ``auto_allowed`` / ``link``: per tensor, the compressor and
     collective the cost model picks, as on the torch optimizer (:mod:`hvdcompress.auto`).
+    ``fusion=B``: fused compression, as on the torch optimizer (:mod:`hvdcompress.fusion`):
+    consecutive gradients in name order, of one dtype, up to ``B`` bytes (``True``: 64 MiB), are
+    compressed as one buffer and sent in one collective per round.
     """
     if not isinstance(optimizer, _keras_classes("Optimizer")):
         raise TypeError(f"optimizer={optimizer!r}: allowed: a Keras optimizer "
@@ -355,7 +358,7 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
                                clip_grad_norm=clip_grad_norm, collective=collective,
                                intra_node=intra_node, ranks_per_node=ranks_per_node,
                                check_replicas=check_replicas, auto_allowed=auto_allowed, link=link,
-                               scale_local_gradients=scale_local_gradients)
+                               scale_local_gradients=scale_local_gradients, fusion=fusion)
     compressor = options.core.compressor
     config = optimizer.get_config()
     _warn_keras_clipping(compressor, options.core.intra_node, config)

@@ -15,17 +15,11 @@ from hvdcompress.exchange import Exchange
 from hvdcompress.fusion import DEFAULT_BYTES, Bucket, FusedKey, buckets, check_fusion, compress_bucket, totals
 from hvdcompress.options import parse_options
 from hvdcompress.torch.backend import TorchOps
+from hvd.fusion_data import SIZES, grads
 from simulator import run_ranks
 from test_exchange import onebit
 
 OPS = TorchOps()
-SIZES = {"a.bias": 7, "a.weight": 300, "b.bias": 5, "b.weight": 1000}   # name order: a.bias first
-
-
-def grads(rank: int, step: int = 0) -> dict:
-    rng = np.random.default_rng(100 * step + rank)
-    return {n: (rng.standard_normal(k) * (10.0 if "bias" in n else 0.1)).astype(np.float32)
-            for n, k in sorted(SIZES.items())}
 
 
 def tensors(itemsize: int = 4, key=None) -> list:

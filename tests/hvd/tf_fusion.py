@@ -12,18 +12,10 @@ import hvdcompress as hc
 import hvdcompress.tensorflow as hvt
 import hvdcompress.tensorflow.keras as hvk
 from common import result
+from fusion_data import SIZES, grads
 
 hvd.init()
 rank = hvd.rank()
-SIZES = {"a.bias": 7, "a.weight": 300, "b.bias": 5, "b.weight": 1000}   # tests/test_fusion.py's
-
-
-def grads(step: int) -> dict:
-    """tests/test_fusion.py's ``grads(rank, step)``."""
-    rng = np.random.default_rng(100 * step + rank)
-    return {n: (rng.standard_normal(k) * (10.0 if "bias" in n else 0.1)).astype(np.float32)
-            for n, k in sorted(SIZES.items())}
-
 
 for mode in ("eager", "function"):
     variables = [tf.Variable(tf.zeros([k]), name=n) for n, k in SIZES.items()]
@@ -37,7 +29,7 @@ for mode in ("eager", "function"):
     step_fn = exchange if mode == "eager" else tf.function(lambda cs: exchange(cs)[0])
     out = []
     for step in range(2):
-        cs = [tf.constant(grads(step)[n]) for n in SIZES]
+        cs = [tf.constant(grads(rank, step)[n]) for n in SIZES]
         got = step_fn(cs)
         got = got[0] if mode == "eager" else got
         out.append({n: g.numpy().tolist() for n, g in zip(SIZES, got)})

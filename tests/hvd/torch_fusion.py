@@ -1,24 +1,16 @@
 """fusion= on the torch optimizer under 2 ranks; each case reports what it saw (tests/test_fusion.py's
 numpy references check the numbers in tests/test_torch_optimizer.py)."""
 import horovod.torch as hvd
-import numpy as np
 import torch
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
 from common import result
+from fusion_data import SIZES, grads
 from torch_common import mlp, batches
 
 hvd.init()
 rank = hvd.rank()
-SIZES = {"a.bias": 7, "a.weight": 300, "b.bias": 5, "b.weight": 1000}   # tests/test_fusion.py's
-
-
-def grads(step: int) -> dict:
-    """tests/test_fusion.py's ``grads(rank, step)``."""
-    rng = np.random.default_rng(100 * step + rank)
-    return {n: (rng.standard_normal(k) * (10.0 if "bias" in n else 0.1)).astype(np.float32)
-            for n, k in sorted(SIZES.items())}
 
 
 class Given(torch.nn.Module):
@@ -42,7 +34,7 @@ def given(label: str, compression, steps: int) -> None:
     out = []
     for step in range(steps):
         opt.zero_grad()
-        model(grads(step)).backward()
+        model(grads(rank, step)).backward()
         opt.step()
         out.append({n: p.grad.tolist() for n, p in sorted(named)})
     result(rank, case=label, grads=out, plan=sorted(opt._exchange.plan),

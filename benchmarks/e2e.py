@@ -112,13 +112,20 @@ DDP_BUCKET_MB = 1024
 
 # ---- models -----------------------------------------------------------------------------------
 MLP_WIDTH = {"mlp": 4096, "mlp-s": 1024}
+DEEP = (24, 384)   # the "deep" model: blocks of Linear + LayerNorm, width
 
 
 def build_model(name: str):
     """``mlp``: 4096-4096-4096-10 ReLU MLP, 33.6M parameters, input 4096; ``mlp-s`` the same at
     width 1024, 2.1M parameters (16 ranks on a few cores stay feasible).
-    ``cnn``: 4 conv blocks (32-64-128-256 channels) + 2 linear layers on 3x32x32, 2.6M params."""
+    ``cnn``: 4 conv blocks (32-64-128-256 channels) + 2 linear layers on 3x32x32, 2.6M params.
+    ``deep``: 24 blocks of Linear(384, 384) + LayerNorm + ReLU, then Linear(384, 10): 98 tensors
+    of 3.6M parameters, most of them small (a transformer's many biases and norms)."""
     import torch.nn as nn
+    if name == "deep":
+        blocks, width = DEEP
+        layers = [m for _ in range(blocks) for m in (nn.Linear(width, width), nn.LayerNorm(width), nn.ReLU())]
+        return nn.Sequential(*layers, nn.Linear(width, 10))
     if name in MLP_WIDTH:
         w = MLP_WIDTH[name]
         return nn.Sequential(nn.Linear(w, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(),
@@ -129,11 +136,13 @@ def build_model(name: str):
             blocks += [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
         return nn.Sequential(*blocks, nn.Flatten(), nn.Linear(256 * 2 * 2, 2048), nn.ReLU(),
                              nn.Linear(2048, 10))
-    raise ValueError(f"model {name!r}: allowed: {', '.join(MLP_WIDTH)}, cnn")
+    raise ValueError(f"model {name!r}: allowed: {', '.join(MLP_WIDTH)}, cnn, deep")
 
 
 def model_input_shape(name: str) -> tuple:
     """Shape of one input sample of :func:`build_model`'s model."""
+    if name == "deep":
+        return (DEEP[1],)
     return (MLP_WIDTH[name],) if name in MLP_WIDTH else (3, 32, 32)
 
 
@@ -174,14 +183,16 @@ def optimizer_options(method: str) -> dict:
     """The DistributedOptimizer (or DDP hook state) keywords after ``@`` in a method:
     ``collective`` as given, ``intra_node`` as a compressor (``@intra_node=fp16`` ->
     ``from_params({"compressor": "fp16"})``), ``ranks_per_node`` as an int (nodes emulated on one
-    machine)."""
+    machine), ``fusion`` as bytes or ``true`` (fused compression, :mod:`hvdcompress.fusion`)."""
     import hvdcompress
     _, *pairs = hvdc_spec(method).split("@")
     options = dict(p.split("=", 1) for p in pairs)
-    unknown = set(options) - {"collective", "intra_node", "ranks_per_node"}
+    unknown = set(options) - {"collective", "intra_node", "ranks_per_node", "fusion"}
     if unknown:
         raise ValueError(f"method {method!r}: optimizer option(s) {sorted(unknown)}: allowed: "
-                         "collective, intra_node, ranks_per_node")
+                         "collective, intra_node, ranks_per_node, fusion")
+    if "fusion" in options:
+        options["fusion"] = True if options["fusion"] == "true" else int(options["fusion"])
     if "intra_node" in options:
         options["intra_node"] = hvdcompress.from_params({"compressor": options["intra_node"]})
     if "ranks_per_node" in options:

@@ -46,8 +46,9 @@ from cases import CASES, RANKS_PER_NODE, REGISTRY, build_model, flat_params, ref
 STEPS = 4
 TWO = ["none", "fp16", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "csc", "momentum_nesterov",
        "topk_ef_clip", "fp16_clip", "frozen_adam", "frozen_adam_momentum", "replicas_checked",
+       "fused_onebit_ef", "fused_dgc", "fused_frozen_adam",
        *REGISTRY, "replicas_differ"]   # last: its backward raises
-RESUME = ["dgc", "powersgd", "topk_ef", "frozen_adam"]
+RESUME = ["dgc", "powersgd", "topk_ef", "frozen_adam", "fused_onebit_ef"]
 ONE = ["int8", "onebit_ef"]   # a payload's bytes at an unaligned offset of the gathered buffer
 FOUR = ["none", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "two_level_dgc", "halves_onebit_ef"]
 # no float allreduce of more than two numbers (two-level: the node's reduce-scatter is an
@@ -188,6 +189,14 @@ def test_checkpoint_resumes_on_the_same_bits(two_ranks, case):
     for record in two_ranks[case]:
         assert_same_bits(record["resumed"], record["params"], f"{case} resumed, rank {record['rank']}")
         assert len(record["resumed_layouts"][0]) == 4   # the resumed model rebuilt its buckets too
+
+
+@pytest.mark.parametrize("case", ["fused_onebit_ef", "fused_dgc", "fused_frozen_adam"])
+def test_fused_cases_keep_one_bucket_state_across_ddp_buckets(two_ranks, case):
+    """fusion= cuts by name, not by DDP's (rebuilt) buckets: the model's four parameters are one
+    fused bucket, whose state the hook keeps (FrozenAdam's moments stay per parameter)."""
+    for record in two_ranks[case]:
+        assert [n for n in record["states"] if n.startswith("fused[")] == ["fused[body.bias..head.weight]"]
 
 
 def test_replica_check_names_the_parameter_on_every_rank(two_ranks):

@@ -59,6 +59,7 @@ from ..adam import adam_settings
 from ..agreement import check_ranks_agree
 from ..compressor import Compressor, TensorInfo
 from ..exchange import Exchange, check_collective
+from ..fusion import FusedKey, compress_bucket, totals
 from ..options import parse_options
 from ..process_sets import node_layout
 from ..replicas import ReplicaCheck, counters_checksum
@@ -122,6 +123,11 @@ class CompressionState:
     (:mod:`hvdcompress.replicas`; default ``HVDCOMPRESS_CHECK_REPLICAS``, else off); a
     difference raises :class:`hvdcompress.ReplicaMismatch` from ``backward()`` on every rank.
 
+    ``fusion=B``: fused compression (:mod:`hvdcompress.fusion`), as on the Horovod front end:
+    consecutive named parameters in name order, of one dtype and param group, up to ``B`` bytes
+    (``True``: 64 MiB) compressed as one buffer; a bucket waits for its members across DDP's
+    buckets and keeps its state under its name. Needs ``named_parameters``.
+
     ``state.exchange.last_step_bytes`` / ``.total_bytes``: this rank's dense versus sent gradient
     bytes (:class:`~hvdcompress.accounting.ByteCount`). A warm-up schedule is driven by
     ``hvdcompress.SparsityScheduler(state.compressor)``.
@@ -133,7 +139,8 @@ class CompressionState:
                  intra_node: Union[Compressor, Mapping, None] = None,
                  ranks_per_node: Optional[int] = None,
                  named_parameters: Optional[Iterable] = None,
-                 clip_grad_norm: Optional[float] = None, check_replicas: Optional[int] = None):
+                 clip_grad_norm: Optional[float] = None, check_replicas: Optional[int] = None,
+                 fusion: Union[bool, int, None] = None):
         if intra_node is not None and process_group not in (None, dist.group.WORLD):
             raise ValueError(f"intra_node={intra_node!r} with process_group={process_group!r}: "
                              "two-level compression runs over all ranks (its own node and "
@@ -141,7 +148,7 @@ class CompressionState:
         self.options = parse_options(compression, op=_AVERAGE, average_op=_AVERAGE, sum_op="sum",
                                      clip_grad_norm=clip_grad_norm, collective=collective,
                                      intra_node=intra_node, ranks_per_node=ranks_per_node,
-                                     check_replicas=check_replicas)
+                                     check_replicas=check_replicas, fusion=fusion)
         self.compressor = compressor = self.options.compressor
         check_collective(collective, compressor)   # before any collective runs
         if getattr(compressor, "takes_over_adam", False) and optimizer is None:
@@ -158,6 +165,8 @@ class CompressionState:
         self._clip_before = False      # this step's choice (FrozenAdam's warm-up clips after)
         self._names: dict = {} if named_parameters is None else self._check_names(named_parameters)
         self._named = named_parameters is not None
+        self._fused = self._fusion_buckets()   # parameter name -> its fused bucket (fusion=)
+        self._waiting: dict = {}       # bucket name -> its members' (grad, x, info) so far
         self._tensors: dict = {}       # parameter name -> the compressor's state of that tensor
         self._to_device: set = set()   # names loaded by load_state_dict, moved at first use
         self._suspension = ExitStack()
@@ -178,6 +187,21 @@ class CompressionState:
         node, cross = node_groups(options.ranks_per_node)
         return TwoLevelExchange(options.compressor, options.intra_node, _OPS, DistCollectives(node),
                                 DistCollectives(cross), collective=options.collective)
+
+    def _fusion_buckets(self) -> dict:
+        """Parameter name -> its :class:`hvdcompress.fusion.Bucket` with ``fusion=``: cut by name
+        over every trainable named parameter (not by DDP's buckets, which DDP rebuilds after
+        the first step), keyed by dtype and param group."""
+        if self.options.fusion is None:
+            return {}
+        if not self._named:
+            raise ValueError(f"fusion={self.options.fusion!r} without named_parameters: the fused "
+                             "buckets are cut in name order; pass named_parameters=model.named_parameters()")
+        group = {} if self.optimizer is None else \
+            {q: i for i, g in enumerate(self.optimizer.param_groups) for q in g["params"]}
+        buckets = self.options.buckets([(n, p.numel(), p.numel() * p.element_size(), (str(p.dtype), group.get(p)))
+                                        for p, n in self._names.items() if p.requires_grad])
+        return {m: b for b in buckets for m in b.members}
 
     def _device(self) -> torch.device:
         """Where the agreement's bytes travel from: the current CUDA device under NCCL."""
@@ -280,17 +304,29 @@ class CompressionState:
 
     def _launch(self, pairs: list) -> None:
         """Compress each (parameter, flat local gradient) and launch them together; with
-        FrozenAdam, what it sends for the gradient (dense in its warm-up)."""
+        FrozenAdam, what it sends for the gradient (dense in its warm-up). With ``fusion=`` a
+        fused bucket's members wait for each other (across DDP's buckets); the bucket is
+        compressed as one when its last member comes."""
         entries = []
         for p, grad in pairs:
             info = self._info(p)
-            state, x = self._state(info.name, grad.device), grad
+            bucket = self._fused.get(info.name)
+            x = grad
             if self._adam is not None:
                 settings = adam_settings(self._group(p))
-                x = self._adam.before_exchange(_OPS, grad, state, settings, p.detach().reshape(-1))
+                x = self._adam.before_exchange(_OPS, grad, self._state(info.name, grad.device), settings,
+                                               p.detach().reshape(-1))
                 info.dense = not self._adam.frozen(settings)
-            entries.append(self.exchange.compress(grad, x, state, info))
-        self._flights.append(self.exchange.start(entries))
+            if bucket is None:
+                entries.append(self.exchange.compress(grad, x, self._state(info.name, grad.device), info))
+                continue
+            items = self._waiting.setdefault(bucket.name, [])
+            items.append((grad, x, info))
+            if len(items) == len(bucket.members):
+                entries.append(compress_bucket(self.exchange, bucket, self._waiting.pop(bucket.name),
+                                               self._state(bucket.name, grad.device)))
+        if entries:
+            self._flights.append(self.exchange.start(entries))
 
     def reduce(self, bucket: dist.GradBucket) -> torch.futures.Future:
         """:func:`compression_hook`'s work for one bucket."""
@@ -314,7 +350,7 @@ class CompressionState:
             for waiting, _, _ in self._buckets:
                 if not waiting.done():
                     waiting.set_exception(error)
-            self._buckets, self._flights = [], []
+            self._buckets, self._flights, self._waiting = [], [], {}
             raise
         if bucket.is_last():
             self._buckets, self._flights = [], []
@@ -337,10 +373,14 @@ class CompressionState:
             clip_local_gradients([g for _, g in grads], self.options.clip_grad_norm, self.comm.world)
             for _, _, pairs in self._buckets:
                 self._launch(pairs)
+        if self._waiting:
+            raise RuntimeError(f"fused buckets {sorted(self._waiting)} missed members at the last DDP "
+                               "bucket: every trainable named parameter must get a gradient each step")
         for flight in self._flights:
-            for entry in self.exchange.finish(flight, lambda e: e.key):
-                if entry.total is not None and entry.total is not entry.key:
-                    entry.key.copy_(entry.total)
+            for entry in self.exchange.finish(flight, lambda e: None if isinstance(e.key, FusedKey) else e.key):
+                for grad, total in totals(_OPS, entry):
+                    if total is not None and total is not grad:
+                        grad.copy_(total)
         if self.options.clip_grad_norm is not None and not self._clip_before:
             clip_gradients([g for _, g in grads], self.options.clip_grad_norm)
         self.exchange.end_step()
@@ -360,7 +400,7 @@ class CompressionState:
         is next compressed)."""
         tensors = state_dict["tensors"]
         if self._named:
-            unknown = sorted(set(tensors) - set(self._names.values()))
+            unknown = sorted(set(tensors) - set(self._names.values()) - {b.name for b in self._fused.values()})
             if unknown:
                 raise ValueError(f"load_state_dict: compressor state for parameters not in "
                                  f"named_parameters: {unknown[:5]}")

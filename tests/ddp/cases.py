@@ -21,6 +21,7 @@ import hvdcompress as hc
 from hvdcompress.adam import adam_settings
 from hvdcompress.compressor import TensorInfo
 from hvdcompress.exchange import Exchange
+from hvdcompress.fusion import FusedKey, buckets, compress_bucket, totals
 from hvdcompress.registry import as_compressor
 from hvdcompress.torch.backend import TorchOps
 from hvdcompress.two_level import TwoLevelExchange
@@ -67,7 +68,8 @@ class Case(NamedTuple):
     the node level's compressor of two-level compression over nodes of ``RANKS_PER_NODE``;
     ``halves``: the ranks split into two process groups, each training its own DDP model (a
     rank's batches are those of its rank in its group); ``check_replicas`` the hook's, and
-    ``perturb_at``: the step before which rank 1 changes one of its parameters."""
+    ``perturb_at``: the step before which rank 1 changes one of its parameters; ``fusion`` the
+    bytes per fused bucket (:mod:`hvdcompress.fusion`)."""
 
     compression: Callable[[], Optional[hc.Compressor]]
     optimizer: Callable = sgd
@@ -77,6 +79,7 @@ class Case(NamedTuple):
     halves: bool = False
     check_replicas: Optional[int] = None
     perturb_at: Optional[int] = None
+    fusion: Optional[int] = None
 
 
 RANKS_PER_NODE = 2
@@ -108,6 +111,12 @@ CASES = {
     "halves_onebit_ef": Case(lambda: hc.ErrorFeedback(hc.OneBit()), halves=True),
     "replicas_checked": Case(lambda: hc.ErrorFeedback(hc.TopK(0.05)), check_replicas=1),
     "replicas_differ": Case(lambda: hc.ErrorFeedback(hc.TopK(0.05)), check_replicas=1, perturb_at=2),
+    # one fused bucket of the whole model, across DDP's two buckets
+    "fused_onebit_ef": Case(lambda: hc.ErrorFeedback(hc.OneBit()), fusion=1 << 20),
+    "fused_dgc": Case(lambda: hc.DGC(0.95, min_numel=100), take_over=True, fusion=1 << 20),
+    "fused_frozen_adam": Case(lambda: hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2),
+                              optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2), take_over=True,
+                              fusion=1 << 20),
     "two_level_dgc": Case(lambda: hc.DGC(0.95, min_numel=100), take_over=True,
                           intra_node=hc.NoCompression),
 }
@@ -141,7 +150,9 @@ def reference(case: Case, comm, steps: int, node=None, cross=None) -> dict:
     named = sorted(model.named_parameters())
     over = case.take_over and takes_over(compressor, opt)
     adam = check_adam(compressor, opt) if case.take_over else None
-    states = {n: {} for n, _ in named}
+    fused = {m: b for b in buckets([(n, p.numel(), 4 * p.numel(), None) for n, p in named], case.fusion)
+             for m in b.members} if case.fusion else {}
+    states = {**{n: {} for n, _ in named}, **{b.name: {} for b in fused.values()}}
     for step in range(steps):
         x, y = batch(comm.rank, step)
         opt.zero_grad()
@@ -151,7 +162,7 @@ def reference(case: Case, comm, steps: int, node=None, cross=None) -> dict:
         clip_before = compressor.carries_state and not (adam is not None and adam.warming_up([settings]))
         if case.clip_grad_norm is not None and clip_before:
             clip_local_gradients(grads, case.clip_grad_norm, comm.world)
-        entries = []
+        entries, waiting = [], {}
         for name, p in named:
             info = TensorInfo(name=name, numel=p.numel(), world=comm.world, rank=comm.rank,
                               shape=tuple(p.shape), param=p.detach().reshape(-1))
@@ -162,8 +173,17 @@ def reference(case: Case, comm, steps: int, node=None, cross=None) -> dict:
             if adam is not None:
                 sent = adam.before_exchange(OPS, sent, states[name], settings, p.detach().reshape(-1))
                 info.dense = not adam.frozen(settings)
-            entries.append(engine.compress(p, sent, states[name], info))
-        engine.finish(engine.start(entries), lambda e: e.key.grad.view(-1))
+            if name not in fused:
+                entries.append(engine.compress(p, sent, states[name], info))
+            else:
+                waiting.setdefault(fused[name].name, []).append((p, sent, info))
+        entries += [compress_bucket(engine, fused[items[0][2].name], items, states[fused[items[0][2].name].name])
+                    for items in waiting.values()]
+        for entry in engine.finish(engine.start(entries), lambda e: None if isinstance(e.key, FusedKey)
+                                   else e.key.grad.view(-1)):
+            if isinstance(entry.key, FusedKey):
+                for p, total in totals(OPS, entry):
+                    p.grad.view(-1).copy_(total)
         if case.clip_grad_norm is not None and not clip_before:
             clip_gradients(grads, case.clip_grad_norm)
         engine.end_step()

@@ -47,7 +47,7 @@ class Run:
                                           clip_grad_norm=case.clip_grad_norm,
                                           intra_node=case.intra_node and case.intra_node(),
                                           ranks_per_node=case.intra_node and RANKS_PER_NODE,
-                                          check_replicas=case.check_replicas)
+                                          check_replicas=case.check_replicas, fusion=case.fusion)
         self.perturb_at = case.perturb_at
         if checkpoint is not None:
             self.net.load_state_dict(checkpoint["model"])
@@ -125,7 +125,8 @@ def run(cases: list, steps: int, resume: list) -> None:
             run.train(0, steps)
         record.update(params=flat_params(run.net), layouts=run.layouts,
                       sent_bytes=run.state.exchange.total_bytes.sent,
-                      dense_bytes=run.state.exchange.total_bytes.dense)
+                      dense_bytes=run.state.exchange.total_bytes.dense,
+                      states=sorted(run.state.state_dict()["tensors"]))
         write_result(rank, record)
     dist.barrier()   # no rank tears its connections down under another's last collective
     dist.destroy_process_group()

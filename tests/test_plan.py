@@ -265,3 +265,40 @@ def test_cli_on_a_sizes_file(tmp_path):
     assert {r["compressor"] for r in rows} == {"none", "fp16", "compressor=topk,k=0.01"}
     bad = subprocess.run(cmd[:-2] + ["--latency", "10"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--latency='10'" in bad.stderr
+
+
+# ---- fusion= in the model (hvdcompress.fusion) -----------------------------------------------------
+def test_a_fused_profile_exchanges_buckets_ready_with_their_last_member():
+    from hvdcompress.plan.profile import fused
+
+    # forward order t0 (1000), t1 (10), t2 (10), t3 (2000): the backward readies t3 first, t0 last
+    profile = from_sizes([1000, 10, 10, 2000], compute_s=0.3)
+    ready = {t.name: t.ready_s for t in profile.tensors}
+    bucketed = fused(profile, threshold_bytes=4 * 1020)
+    # name order t0, t1, t2, t3: t0..t2 fit in 4080 bytes, t3 (8000 bytes) stays alone
+    assert [(t.name, t.numel) for t in bucketed.tensors] == [("t3", 2000), ("fused[t0..t2]", 1020)]
+    assert bucketed.tensors[1].ready_s == max(ready["t0"], ready["t1"], ready["t2"]) == ready["t0"]
+    assert (bucketed.backward_s, bucketed.numel) == (profile.backward_s, profile.numel)
+
+
+def test_the_cli_predicts_fused_compressors_on_buckets_and_powersgd_per_tensor(tmp_path):
+    sizes = tmp_path / "sizes.json"
+    sizes.write_text(json.dumps([[384, 384], 384, 384] * 8))
+    out = tmp_path / "rows.json"
+    args = ["--sizes", str(sizes), "--nodes", "2", "--gpus-per-node", "1", "--inter", "1gbit",
+            "--no-codec", "--levels", "flat", "--collectives", "allgather", "--json", str(out),
+            "--compressors", "none", "compressor=onebit,ef=vanilla", "compressor=powersgd,rank=2"]
+    plain = {(r["compressor"]): r for r in _cli(args)}
+    fused_rows = {(r["compressor"]): r for r in _cli(args + ["--fused", str(1 << 20)])}
+    # 24 tensors -> one collective per bucket: less latency for onebit; PowerSGD unchanged
+    assert fused_rows["compressor=onebit,ef=vanilla"]["step_time_s"] < plain["compressor=onebit,ef=vanilla"]["step_time_s"]
+    assert fused_rows["compressor=powersgd,rank=2"]["step_time_s"] == plain["compressor=powersgd,rank=2"]["step_time_s"]
+    assert fused_rows["none"]["speedup_vs_dense"] <= 1.0   # dense against Horovod's own dense
+
+
+def _cli(args: list) -> list:
+    from hvdcompress.plan.__main__ import main
+
+    out = Path(args[args.index("--json") + 1])
+    assert main(args) == 0
+    return json.loads(out.read_text())

@@ -24,7 +24,7 @@ from .model import predict, recommend
 from .payloads import DEFAULT_COMPRESSORS, FP16
 from .pipeline import Fusion
 from .plot import plot_lines
-from .profile import ModelProfile, from_sizes, trace_keras, trace_torch
+from .profile import ModelProfile, from_sizes, fused, trace_keras, trace_torch
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     defaults = Fusion.from_env()
     hvd.add_argument("--fusion-threshold", type=int, default=defaults.threshold_bytes, help="bytes")
     hvd.add_argument("--cycle-ms", type=float, default=defaults.cycle_s * 1e3)
+    what.add_argument("--fused", type=int, default=0, metavar="BYTES",
+                      help="hvdcompress's fusion= (bytes per fused bucket; 0: off): the compressors "
+                           "that can fuse are predicted on the buckets, the others (PowerSGD) per tensor")
     codec = ap.add_argument_group("codec time")
     codec.add_argument("--calibrate", action="store_true",
                        help="measure this machine's codec times, cache them and exit")
@@ -163,11 +166,20 @@ def main(argv: Optional[list] = None) -> int:
     except ValueError as error:
         ap.error(str(error))
 
+    fusable = {k: v for k, v in specs.items() if from_params(v).unwrap().fusable} if args.fused else {}
+    bucketed = fused(profile, args.fused) if args.fused else profile
+
     def run(nodes: int) -> list:
         at = replace(cluster, nodes=nodes)
-        return predict(profile, at, specs, args.collectives, args.levels, intra, calibration, fusion)
+        alone = {k: v for k, v in specs.items() if k not in fusable}
+        rows = predict(bucketed, at, fusable, args.collectives, args.levels, intra, calibration, fusion,
+                       baseline=profile) if fusable else []
+        return rows + (predict(profile, at, alone, args.collectives, args.levels, intra, calibration, fusion)
+                       if alone else [])
 
     rows = run(cluster.nodes)
+    if args.fused:
+        note += f"; fusion={args.fused}: {len(bucketed.tensors)} exchanged tensors or buckets"
     print(_table(rows, profile, cluster, note))
     if args.json:
         args.json.write_text(json.dumps([vars(r) for r in rows], indent=1))

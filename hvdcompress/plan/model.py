@@ -70,11 +70,14 @@ def predict(profile: ModelProfile, cluster: Cluster,
             compressors: Mapping[str, Mapping[str, str]] = DEFAULT_COMPRESSORS,
             collectives: Sequence[str] = COLLECTIVES, levels: Sequence[str] = LEVELS,
             intra_node: Mapping[str, str] = DEFAULT_COMPRESSORS[FP16],
-            calibration: Optional[Calibration] = None, fusion: Fusion = Fusion()) -> list:
+            calibration: Optional[Calibration] = None, fusion: Fusion = Fusion(),
+            baseline: Optional[ModelProfile] = None) -> list:
     """A :class:`Prediction` per existing combination, in the order of ``compressors`` (labels
     to specs for :func:`hvdcompress.from_params`), then ``collectives``, then ``levels``.
-    A compressor whose payloads are all summable gives one 'allreduce' row per level."""
-    reference = {name: _step(profile, cluster, DEFAULT_COMPRESSORS[name], "allgather", "flat",
+    A compressor whose payloads are all summable gives one 'allreduce' row per level.
+    ``baseline``: the profile Horovod's dense and fp16 run on, for the speed-ups (default
+    ``profile``; a fused profile, :func:`hvdcompress.plan.profile.fused`, passes the original)."""
+    reference = {name: _step(baseline or profile, cluster, DEFAULT_COMPRESSORS[name], "allgather", "flat",
                              intra_node, calibration, fusion)[0] for name in (DENSE, FP16)}
     rows, seen = [], set()
     for label, spec in compressors.items():

@@ -12,6 +12,7 @@ ready during the backward pass, the backward's end and the optimizer's time.
   post-accumulate-grad hook per parameter records when its gradient is ready (synchronising
   the GPU in each hook, so the trace runs a little slower than training); then one SGD step
   times the optimizer.
+* :func:`fused`: a profile as ``fusion=`` exchanges it (buckets instead of their tensors).
 * :func:`trace_keras`: TensorFlow computes every gradient before Horovod exchanges them
   (DistributedGradientTape), so all are ready when the tape's gradient returns.
 """
@@ -79,6 +80,20 @@ def from_sizes(sizes: Sequence[Size], compute_s: float = 0.0, optimizer_s: float
         done += math.prod(shapes[index])
         tensors.append(TensorProfile(f"t{index}", shapes[index], forward + (compute_s - forward) * done / total))
     return ModelProfile(tuple(tensors), compute_s, optimizer_s)
+
+
+def fused(profile: ModelProfile, threshold_bytes: int, itemsize: int = 4) -> ModelProfile:
+    """``profile`` as the wrappers exchange it with ``fusion=threshold_bytes``
+    (:mod:`hvdcompress.fusion`): each bucket of consecutive names one flat tensor, ready when its
+    last member is; the others as they are. Collectives and codec calls then count buckets."""
+    from ..fusion import buckets
+
+    cut = buckets([(t.name, t.numel, t.numel * itemsize, None) for t in profile.tensors], threshold_bytes)
+    member = {m: b for b in cut for m in b.members}
+    ready = {b.name: max(t.ready_s for t in profile.tensors if t.name in b.members) for b in cut}
+    tensors = [t for t in profile.tensors if t.name not in member] + \
+        [TensorProfile(b.name, (b.numel,), ready[b.name]) for b in cut]
+    return ModelProfile(tuple(tensors), profile.backward_s, profile.optimizer_s)
 
 
 def trace_torch(model: Any, input_shape: Sequence[int], input_dtype: str = "float32",

@@ -151,3 +151,27 @@ def test_totals_of_an_unfused_entry_are_its_own():
     assert list(totals(OPS, Done())) == [("w", Done.total)]
     Done.key = FusedKey(("u", "v"), (1, 2))
     assert [(k, t.tolist()) for k, t in totals(OPS, Done())] == [("u", [1.0]), ("v", [1.0, 1.0])]
+
+
+@pytest.mark.parametrize("collective", ["alltoall", "allgather"])
+def test_a_fused_bucket_is_exchanged_as_one_tensor_of_its_concatenation(collective):
+    """At 3 ranks, through the compressed allreduce (segments of the bucket, a server-side
+    residual) or the allgather: the fused results are those of one tensor holding the
+    concatenation, bit for bit, over two steps."""
+    fused = fused_step(3, hc.ErrorFeedback(hc.OneBit()), steps=2, collective=collective)
+
+    def body(comm):
+        engine = Exchange(hc.ErrorFeedback(hc.OneBit()), OPS, comm, log_plan=False, collective=collective)
+        state, out = {}, []
+        for step in range(2):
+            flat = torch.from_numpy(np.concatenate(list(grads(comm.rank, step).values())))
+            info = TensorInfo(name="fused[a.bias..b.weight]", numel=flat.numel(), world=3, rank=comm.rank,
+                              shape=(flat.numel(),))
+            out.append(engine.finish(engine.start([engine.compress("flat", flat, state, info)]))[0].total.numpy().copy())
+        return out, comm.log
+    for r, (one, log) in enumerate(run_ranks(3, body)):
+        for step in range(2):
+            np.testing.assert_array_equal(np.concatenate(list(fused[r][0][step].values())), one[step])
+        assert [c for c, _, _ in fused[r][1]] == [c for c, _, _ in log]
+    assert [c for c, _, _ in fused[0][1]][:2] == (["alltoall", "allgather"] if collective == "alltoall"
+                                                  else ["allgather", "allgather"])

@@ -26,7 +26,7 @@ from hvdcompress.torch.backend import TorchOps
 from conftest import run_horovod
 
 hvd.init()
-STATEFUL = ("onebit_ef", "topk_ef", "dgc", "powersgd", "momentum_topk_ef", "frozen_adam")
+STATEFUL = ("onebit_ef", "topk_ef", "dgc", "powersgd", "momentum_topk_ef", "frozen_adam", "fused_onebit_ef")
 FINAL_SCALE = {"bf16": 2.0 ** 20, "fp16": 2.0 ** 12}   # 2^INIT doubled 10 times (tests/hvd/torch_amp.py)
 
 

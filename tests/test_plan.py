@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hvdcompress.exchange import wire_bytes
@@ -215,6 +216,17 @@ def test_from_sizes_ready_times():
 
 
 # ---- calibration -------------------------------------------------------------------------------------
+def test_fit_line_keeps_the_fixed_cost_when_big_tensors_run_slower_per_element():
+    """100 us per call + 1 ns per element in cache, 1.3 ns past it (the 16M point, as memory-
+    bound codecs run): the fixed cost stays within 10%, where an unweighted fit reads it
+    negative (clipped to 0, every small tensor then free)."""
+    sizes = [64 * 64, 256 * 256, 1024 * 1024, 16 * 1024 * 1024]
+    seconds = [1e-4 + 1e-9 * n for n in sizes[:3]] + [1e-4 + 1.3e-9 * sizes[3]]
+    assert np.polyfit(sizes, seconds, 1)[1] < 0
+    fit = cal.fit_line(sizes, seconds)
+    assert abs(fit.a - 1e-4) < 1e-5 and 1e-9 <= fit.b <= 1.3e-9
+
+
 def test_fit_line_recovers_a_line():
     fit = cal.fit_line([1, 2, 4], [3 + 2 * n for n in (1, 2, 4)])
     assert fit == pytest.approx((3.0, 2.0))

@@ -69,8 +69,12 @@ class Fit(NamedTuple):
 
 
 def fit_line(sizes: Iterable[float], seconds: Iterable[float]) -> Fit:
-    """Least-squares ``a + b·n`` through the points, a and b clipped at 0."""
-    b, a = np.polyfit(np.asarray(list(sizes), float), np.asarray(list(seconds), float), 1)
+    """Least-squares ``a + b·n`` through the points in relative error (each residual divided by
+    its time), a and b clipped at 0. Unweighted, 1% of noise on a 64 MB codec (a few hundred
+    microseconds) outweighed the fixed cost of a call, which a model of many small tensors
+    (biases, norms) pays once per tensor: the small sizes set ``a``, the large ones ``b``."""
+    n, t = np.asarray(list(sizes), float), np.asarray(list(seconds), float)
+    b, a = np.polyfit(n, t, 1, w=1.0 / np.maximum(t, 1e-12))
     return Fit(max(float(a), 0.0), max(float(b), 0.0))
 
 

@@ -37,7 +37,7 @@ STEPS, OVERFLOW_STEP = 30, 12
 #: largest value is 65504, so that no step overflows
 INIT = {torch.bfloat16: 10, torch.float16: 2}
 
-CASES = {  # name -> (compressor factory, optimizer factory)
+CASES = {  # name -> (compressor factory, optimizer factory[, DistributedOptimizer keywords])
     "none": (hc.NoCompression, lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)),
     "onebit_ef": (lambda: hc.ErrorFeedback(hc.OneBit()), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)),
     "topk_ef": (lambda: hc.ErrorFeedback(hc.TopK(0.05)), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)),
@@ -47,6 +47,9 @@ CASES = {  # name -> (compressor factory, optimizer factory)
                          lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)),
     "frozen_adam": (lambda: hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=8),
                     lambda p: torch.optim.AdamW(p, lr=1e-3)),
+    # fusion=: the bucket's residual is saved and restored under the bucket's name
+    "fused_onebit_ef": (lambda: hc.ErrorFeedback(hc.OneBit()), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+                        {"fusion": True}),
 }
 
 
@@ -87,12 +90,12 @@ def same_state(a: dict, b: dict) -> bool:
 
 def train(case, mode, dtype, skip=None, overflow_at=None):
     """Weights after the run; ``skip``: a step whose batches are left out (plain only)."""
-    make_comp, make_opt = CASES[case]
+    make_comp, make_opt, *extra = CASES[case]
     model, data = model_and_batches(dtype)
     scaler = None if mode == "plain" else torch.amp.GradScaler("cpu", init_scale=2.0 ** INIT[dtype], growth_interval=3)
     opt = hvc.DistributedOptimizer(make_opt(model.parameters()), named_parameters=model.named_parameters(),
                                    compression=make_comp(),
-                                   scaler=scaler if mode in ("scaler", "sync") else None)
+                                   scaler=scaler if mode in ("scaler", "sync") else None, **(extra or [{}])[0])
     info = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

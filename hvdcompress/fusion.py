@@ -111,7 +111,8 @@ def buckets(tensors: Sequence[tuple], threshold: int) -> list:
 def bucket_info(bucket: Bucket, infos: Sequence[TensorInfo], ops: Ops) -> TensorInfo:
     """The :class:`TensorInfo` of a bucket from its members' (in member order): a flat tensor;
     the take-over settings and ``dense`` are the members' (one param group, so the same), the
-    parameter (weight decay in a take-over) their concatenation."""
+    parameter their concatenation where a take-over's weight decay reads it (a copy per step),
+    else None."""
     first = infos[0]
     mixed = [f for f in ("momentum", "nesterov", "weight_decay", "dense")
              if any(getattr(i, f) != getattr(first, f) for i in infos)]
@@ -119,7 +120,7 @@ def bucket_info(bucket: Bucket, infos: Sequence[TensorInfo], ops: Ops) -> Tensor
         raise ValueError(f"fused bucket {bucket.name}: its tensors differ in {mixed}; a bucket holds "
                          "tensors of one param group (this is a bug in the bucket's key)")
     params = [i.param for i in infos]
-    param = ops.concat(params) if all(p is not None for p in params) else None
+    param = ops.concat(params) if first.weight_decay and all(p is not None for p in params) else None
     return TensorInfo(name=bucket.name, numel=bucket.numel, world=first.world, shape=(bucket.numel,),
                       rank=first.rank, param=param, momentum=first.momentum, nesterov=first.nesterov,
                       weight_decay=first.weight_decay, dense=first.dense)
@@ -131,8 +132,10 @@ def compress_bucket(engine: Any, bucket: Bucket, items: Sequence[tuple], state: 
     key is a :class:`FusedKey` (see :func:`totals`)."""
     by_name = {info.name: (key, x, info) for key, x, info in items}
     if sorted(by_name) != list(bucket.members):
+        missing = sorted(set(bucket.members) - set(by_name))
         raise ValueError(f"fused bucket {bucket.name}: got tensors {sorted(by_name)}, expected "
-                         f"{list(bucket.members)}")
+                         f"{list(bucket.members)} (missing {missing}): every tensor of a bucket is "
+                         "exchanged dense each step; a sparse gradient needs sparse_as_dense=True")
     ordered = [by_name[name] for name in bucket.members]
     flat = engine.ops.concat([x for _, x, _ in ordered])
     info = bucket_info(bucket, [i for _, _, i in ordered], engine.ops)

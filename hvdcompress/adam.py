@@ -94,7 +94,7 @@ from .memory import Decorator
 from .validation import check_int
 
 #: what each rank compresses after the freeze (the first: the default)
-SEND = ("gradient", "momentum")
+SEND = ("gradient", "momentum", "preconditioned")
 
 #: the param-group keys of torch.optim.Adam/AdamW that the take-over refuses when set
 UNSUPPORTED = {"amsgrad": False, "maximize": False}
@@ -193,7 +193,17 @@ class FrozenAdam(Decorator):
                 ops.write(state, key, ops.zeros(ops.numel(x), like=x))
         if not self.frozen(settings) or self.send == "gradient":
             return x
+        if self.send == "preconditioned":   # coordinates with v = 0 send 0 (never updated)
+            v = state["adam.v"]
+            return ops.where(v > 0.0, x / self._denominator(ops, state, settings),
+                             ops.zeros(ops.numel(x), like=x))
         return state["adam.m"] * settings.beta1 + x * (1.0 - settings.beta1)
+
+    def _denominator(self, ops: Ops, state: dict, settings: AdamSettings) -> Tensor:
+        """sqrt(v / (1 - b2^min(t, T0))) + eps: Adam's per-coordinate scale (frozen after T0)."""
+        b2 = settings.beta2
+        t_v = min(self.steps + 1, max(self.freeze_point(b2), 1))
+        return ops.sqrt(state["adam.v"] * (1.0 / (1.0 - b2 ** t_v))) + settings.eps
 
     def after_exchange(self, ops: Ops, state: dict, param: Tensor, exchanged: Tensor,
                        settings: AdamSettings) -> Tensor:
@@ -207,12 +217,13 @@ class FrozenAdam(Decorator):
         if frozen and self.send == "momentum":
             ops.write(state, "adam.m", exchanged + param * ((1.0 - b1) * l2) if l2 else exchanged * 1.0)
         else:
+            if frozen and self.send == "preconditioned":   # back from update space
+                exchanged = exchanged * self._denominator(ops, state, settings)
             g = exchanged + param * l2 if l2 else exchanged
             ops.write(state, "adam.m", state["adam.m"] * b1 + g * (1.0 - b1))
             if not frozen:
                 ops.write(state, "adam.v", state["adam.v"] * b2 + g * g * (1.0 - b2))
-        t_v = min(t, max(self.freeze_point(b2), 1))
-        denom = ops.sqrt(state["adam.v"] * (1.0 / (1.0 - b2 ** t_v))) + settings.eps
+        denom = self._denominator(ops, state, settings)
         update = state["adam.m"] * (1.0 / (1.0 - b1 ** t)) / denom
         if frozen:  # coordinates without a gradient in the warm-up (v = 0) stay where they are
             update = ops.where(state["adam.v"] > 0.0, update, ops.zeros(ops.numel(update), like=update))

@@ -65,7 +65,8 @@ def reference(steps: int, freeze: int, lr: float, b1: float, b2: float, wd: floa
     ``exchange`` (default: the exact mean) of every rank's b1*m + (1-b1)*g_r (g_r clipped to
     clip*sqrt(WORLD) first); Adam's L2 decay added after the exchange. ``send="gradient"``
     (FrozenAdam's default): after the freeze ``exchange`` takes every rank's g_r and m is formed
-    from its result."""
+    from its result; ``"preconditioned"``: every rank's g_r / (sqrt(v_hat) + eps) (0 where v = 0),
+    the result multiplied back, then as ``"gradient"``."""
     f32 = np.float32
     w = np.linspace(-1, 1, N, dtype=np.float32)
     m, v = np.zeros(N, f32), np.zeros(N, f32)
@@ -86,9 +87,13 @@ def reference(steps: int, freeze: int, lr: float, b1: float, b2: float, wd: floa
         else:
             if clip is not None:
                 xs = [clipped(x, clip * np.sqrt(WORLD)) for x in xs]
-            sent = xs if send == "gradient" else [m * f32(b1) + x * f32(1 - b1) for x in xs]
+            denom = np.sqrt(v * f32(1 / (1 - b2 ** max(freeze, 1)))) + f32(eps)
+            sent = xs if send == "gradient" else [m * f32(b1) + x * f32(1 - b1) for x in xs] \
+                if send == "momentum" else [np.where(v > 0, x / denom, f32(0)) for x in xs]
             got = exchange(sent, residuals) if exchange else (sent[0] + sent[1]) * f32(1 / WORLD)
-            if send == "gradient":
+            if send == "preconditioned":   # back from update space, then as the gradient's
+                got = got * denom
+            if send != "momentum":
                 g = got + w * f32(l2) if l2 else got
                 m = m * f32(b1) + g * f32(1 - b1)
             else:

@@ -56,6 +56,23 @@ def test_sending_the_gradient_after_the_freeze_by_default_matches_numpy(runs):
 
 
 @pytest.mark.horovod
+def test_sending_the_preconditioned_gradient_after_the_freeze_matches_numpy(runs):
+    """send="preconditioned": each rank's g_r / (sqrt(v_hat) + eps), error-fed onebit in that
+    (update) space, multiplied back after the exchange; not the gradient placement's weights."""
+    want = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
+                              exchange=allgather_exchange, send="preconditioned"))
+    gradient = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
+                                  exchange=allgather_exchange, send="gradient"))
+    assert np.abs(want - gradient).max() > 1e-4
+    exact = [np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False, send=s))
+             for s in ("gradient", "preconditioned")]
+    np.testing.assert_allclose(exact[0], exact[1], rtol=1e-5, atol=1e-6)   # uncompressed: the same Adam
+    for r in range(WORLD):
+        np.testing.assert_allclose(np.array(runs["preconditioned"][r]["weights"], dtype=np.float32), want,
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.horovod
 def test_clip_grad_norm_clips_the_mean_in_the_warm_up_and_each_rank_after_the_freeze(runs):
     want = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True, clip=5.0))
     unclipped = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True))
@@ -118,7 +135,7 @@ def test_dgc_next_to_adam_warns_that_its_momentum_correction_is_sgds(hvc):
     ({"compressor": "onebit", "adam": "frozen", "freeze_steps": "-1"}, "freeze_steps"),
     ({"compressor": "onebit", "adam_send": "gradient"}, "adam_send='gradient' without adam"),
     ({"compressor": "onebit", "adam": "frozen", "adam_send": "both"},
-     "adam_send='both' is unknown; allowed: 'gradient', 'momentum'"),
+     "adam_send='both' is unknown; allowed: 'gradient', 'momentum', 'preconditioned'"),
 ])
 def test_from_params_errors(params, message):
     with pytest.raises(ValueError, match=message):
@@ -138,7 +155,7 @@ def test_from_params_and_default_freeze_point():
     assert hc.from_params({"compressor": "int8", "adam": "frozen", "freeze_steps": "7"}).freeze_point(0.999) == 7
     assert c.send == "gradient" and hc.FrozenAdam(hc.OneBit()).send == "gradient"
     assert hc.from_params({"compressor": "int8", "adam": "frozen", "adam_send": "momentum"}).send == "momentum"
-    with pytest.raises(ValueError, match="FrozenAdam: send='m'; allowed: 'gradient', 'momentum'"):
+    with pytest.raises(ValueError, match="FrozenAdam: send='m'; allowed: 'gradient', 'momentum', 'preconditioned'"):
         hc.FrozenAdam(hc.OneBit(), send="m")
     c.on_step()
     restored = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})

@@ -9,7 +9,8 @@ step in numpy). Cases, each reporting every step's weights:
           decay, 5 steps
 "resume": "onebit" for 3 steps, state_dict() into a new optimizer, 2 more steps
 "a2a":    the compressed allreduce (collective='alltoall') of "onebit", 5 steps
-"gradient": "onebit" with the default send="gradient" (each rank's gradient compressed after the freeze)
+"gradient": "onebit" with the default send="gradient" (each rank's gradient compressed after the freeze);
+"preconditioned": the same with send="preconditioned" (g_r / sqrt(v_hat) compressed)
 "clip":   "none" with clip_grad_norm=5 (Horovod's clip in the warm-up, the local one after)
 """
 import horovod.torch as hvd
@@ -78,6 +79,8 @@ result(rank, case="resume", weights=first + train(model2, opt2, 2, first=3))
 
 model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2), kind="adam")  # default send
 result(rank, case="gradient", weights=train(model, opt, 5))
+model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2, send="preconditioned"), kind="adam")
+result(rank, case="preconditioned", weights=train(model, opt, 5))
 
 model, opt = make(onebit(), kind="adam", collective="alltoall")
 result(rank, case="a2a", weights=train(model, opt, 5))

@@ -380,17 +380,15 @@ def test_fused_tape_and_keras_match_numpy_and_keep_bucket_state(two_ranks):
     gradients into one bucket of error-fed onebit: one scale and one residual for the bucket,
     as tests/test_fusion.py's numpy reference, over two steps; Keras fits with a fused top-k
     and error feedback, replicas compared at every step."""
-    from test_fusion import SIZES, grads, onebit
+    from adam_reference import onebit_ef   # numpy only: this test runs without torch (Keras 3)
+    from hvd.fusion_data import SIZES, grads
 
     cases = cases_of(two_ranks["tf_fusion"])
     names = list(SIZES)   # the tape's variables, in SIZES's order; the bucket takes name order
     residual = [np.zeros(sum(SIZES.values()), np.float32) for _ in range(2)]
     for step in range(2):
-        decoded = []
-        for r in range(2):
-            p = np.concatenate([grads(r, step)[n] for n in sorted(names)]) + residual[r]
-            decoded.append(onebit(p))
-            residual[r] = p - decoded[-1]
+        decoded = [onebit_ef(np.concatenate([grads(r, step)[n] for n in sorted(names)]), residual[r])
+                   for r in range(2)]
         total = sum(decoded) / 2
         want = dict(zip(sorted(names), np.split(total, np.cumsum([SIZES[n] for n in sorted(names)])[:-1])))
         for mode in ("eager", "function"):

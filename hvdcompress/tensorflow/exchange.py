@@ -342,8 +342,8 @@ class GradientExchange:
         """``(bucket, positions)`` of the exchanged gradients, one per grouped collective, in
         name order (:meth:`hvdcompress.options.Options.group_ids`); ``bucket``: the
         :class:`hvdcompress.fusion.Bucket` compressed as one with ``fusion=``, else None."""
-        fused = self.core.buckets([(info.name, info.numel, info.numel * dtype.size, dtype.name)
-                                   for info, dtype in zip(infos, dtypes)])
+        fused = self.core.buckets([(info.name, info.numel, info.numel * tf.as_dtype(dtype).size,
+                                    tf.as_dtype(dtype).name) for info, dtype in zip(infos, dtypes)])
         if fused:
             bucket_of = {m: b for b in fused for m in b.members}
             ids = {info.name: bucket_of[info.name].name if info.name in bucket_of else info.name

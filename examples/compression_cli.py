@@ -30,7 +30,8 @@ INTRA_NODE = {"none": hvdcompress.NoCompression, "fp16": hvdcompress.FP16,
 
 
 def add_compression_arguments(parser: argparse.ArgumentParser, warmup_epochs: int = 4) -> None:
-    """Add ``--compression``, ``--params``, ``--sparsity`` and ``--warmup-epochs`` to ``parser``."""
+    """Add ``--compression``, ``--params``, ``--sparsity``, ``--warmup-epochs`` and ``--fusion`` to
+    ``parser``."""
     parser.add_argument("--compression", choices=sorted(COMPRESSIONS), default="dgc")
     parser.add_argument("--params", default=None,
                         help="key=value,... for hvdcompress.from_params (overrides --compression)")
@@ -38,6 +39,9 @@ def add_compression_arguments(parser: argparse.ArgumentParser, warmup_epochs: in
     parser.add_argument("--warmup-epochs", type=int, default=warmup_epochs,
                         help="DGC's exponential sparsity warm-up: epochs below the target "
                              "(from_params' warmup_epochs; 0: none)")
+    parser.add_argument("--fusion", type=int, default=None, metavar="BYTES",
+                        help="fused compression: consecutive tensors up to BYTES compressed as one "
+                             "buffer (hvdcompress.fusion; default: each tensor alone)")
 
 
 def add_intra_node_arguments(parser: argparse.ArgumentParser) -> None:

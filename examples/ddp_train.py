@@ -59,7 +59,8 @@ def main() -> None:
         else torch.optim.AdamW(model.parameters(), lr=args.lr)
     state = ddp.CompressionState(compression=compression_from_args(parser, args), optimizer=opt,
                                  named_parameters=net.named_parameters(),
-                                 intra_node=intra_node_from_args(args), ranks_per_node=args.ranks_per_node)
+                                 intra_node=intra_node_from_args(args), ranks_per_node=args.ranks_per_node,
+                                 fusion=args.fusion)
     model.register_comm_hook(state, ddp.compression_hook)
     warmup = SparsityScheduler(state.compressor)
 

@@ -198,7 +198,7 @@ def main() -> None:
     opt = hvc.DistributedOptimizer(
         base,
         named_parameters=model.named_parameters(), compression=compression,
-        clip_grad_norm=args.clip or None)
+        clip_grad_norm=args.clip or None, fusion=args.fusion)
     warmup = hvc.SparsityScheduler(opt)
     gen = torch.Generator().manual_seed(args.seed + 1 + hvd.rank())
     curve = [(0, validation_bits_per_byte(model, val, args.seq_len, args.val_bytes))]

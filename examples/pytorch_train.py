@@ -8,7 +8,8 @@
 comma-separated; see ``hvdcompress.available()`` and ``hvdcompress.from_params``), e.g.
 ``compressor=powersgd,rank=4`` or ``compressor=int8,chunk=1024``. ``--intra-node fp16`` adds
 two-level compression (fp16 inside each node, the compressor only between nodes;
-``--ranks-per-node 2`` emulates 2-rank nodes on one machine). The data ships inside scikit-learn (no download). Each rank trains on its own shard; rank 0
+``--ranks-per-node 2`` emulates 2-rank nodes on one machine); ``--fusion 4194304`` compresses
+consecutive tensors up to 4 MiB as one buffer (fused compression). The data ships inside scikit-learn (no download). Each rank trains on its own shard; rank 0
 prints a progress bar; at the end every rank reports test accuracy, mean step time and the
 gradient bytes of one step after warm-up (dense vs sent by this rank) with
 ``hvdrun.write_result``: a ``RESULT {json}`` line on stdout when run by hand as above,
@@ -71,7 +72,7 @@ def main() -> None:
     opt = hvc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
                                    named_parameters=model.named_parameters(),
                                    compression=compression, intra_node=intra_node_from_args(args),
-                                   ranks_per_node=args.ranks_per_node)
+                                   ranks_per_node=args.ranks_per_node, fusion=args.fusion)
     warmup = hvc.SparsityScheduler(opt)
     steps_per_epoch = len(x_tr) // args.batch_size
     bar = progress(args.epochs * steps_per_epoch, disable=hvd.rank() != 0,

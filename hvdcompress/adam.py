@@ -43,9 +43,12 @@ both placements, and both phases, are Adam.
 
 ``clip_grad_norm`` (the wrappers'): during the warm-up the exchanged mean is the gradient, so
 the torch optimizer clips it after the exchange, as Horovod's pattern does; after the freeze
-each rank clips its own gradient to c·sqrt(N) before forming m_r (the local clip of every
-compressor that carries state, :mod:`hvdcompress.clipping`). The TF wrappers clip locally
-throughout (the choice is made when the graph is traced).
+each rank clips its own gradient to c before compression (:func:`hvdcompress.clipping.local_clip_limit`),
+which keeps the exchanged mean within c, as in the warm-up. The c·sqrt(N) of the other
+stateful compressors lets the mean reach sqrt(N)·c when the ranks agree, which the frozen v
+passes through unscaled: at 8 ranks (LSTM, frozen at 250, seed 1) that rule measured +0.075 and
+a jump of the loss from 2.91 to 3.24 bits/byte after the freeze, clipping to c +0.053 and 3.11.
+The TF wrappers clip locally throughout (the choice is made when the graph is traced).
 
 Which to send: measured on two byte-level language models (benchmarks/README.md section 8),
 sending the gradient is as good or better for every compressor: with the momentum sent, the
@@ -54,6 +57,14 @@ then amplified by 1/sqrt(v) for 1/(1-b1) steps, and a sparsifier's unsent coordi
 their momentum decay by b1 each step while the residual holds their mass; with the gradient
 sent, the error goes through m's low-pass once, and error feedback repays it in the space it
 was made in (top-k: +0.091 -> +0.027, PowerSGD +0.068 -> -0.002 on the LSTM).
+
+``send="preconditioned"`` compresses each rank's g_r / (sqrt(v_hat) + eps) instead (0 where
+v = 0), the gradient in update space, where Adam's step is linear once v is frozen: a quantiser's
+one scale then fits every coordinate alike, and error feedback repays in the space the step is
+taken in; the exchanged mean is multiplied back by sqrt(v_hat) + eps. Uncompressed it is the same
+Adam. Measured at 8 ranks (LSTM, onebit frozen at 250, seed 1): +0.070 against the gradient's
++0.075, within the run's noise; the jump of the loss at the freeze stays. Kept as an ablation of
+where error feedback sits (gradient, momentum or update space), not the default.
 
 The trade-off: T0 steps at full precision (dense bytes), then the wrapped compressor's bytes;
 too early a freeze keeps a v estimated from few gradients. The default T0 is

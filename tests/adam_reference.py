@@ -63,7 +63,7 @@ def reference(steps: int, freeze: int, lr: float, b1: float, b2: float, wd: floa
     """Weights after each step of the take-over on WORLD ranks (module doc of hvdcompress.adam):
     dense mean gradient for t <= freeze (clipped after the exchange to ``clip``), then
     ``exchange`` (default: the exact mean) of every rank's b1*m + (1-b1)*g_r (g_r clipped to
-    clip*sqrt(WORLD) first); Adam's L2 decay added after the exchange. ``send="gradient"``
+    clip first: the take-over's local limit keeps the mean within clip); Adam's L2 decay added after the exchange. ``send="gradient"``
     (FrozenAdam's default): after the freeze ``exchange`` takes every rank's g_r and m is formed
     from its result; ``"preconditioned"``: every rank's g_r / (sqrt(v_hat) + eps) (0 where v = 0),
     the result multiplied back, then as ``"gradient"``."""
@@ -86,7 +86,7 @@ def reference(steps: int, freeze: int, lr: float, b1: float, b2: float, wd: floa
             v = v * f32(b2) + g * g * f32(1 - b2)
         else:
             if clip is not None:
-                xs = [clipped(x, clip * np.sqrt(WORLD)) for x in xs]
+                xs = [clipped(x, clip) for x in xs]
             denom = np.sqrt(v * f32(1 / (1 - b2 ** max(freeze, 1)))) + f32(eps)
             sent = xs if send == "gradient" else [m * f32(b1) + x * f32(1 - b1) for x in xs] \
                 if send == "momentum" else [np.where(v > 0, x / denom, f32(0)) for x in xs]

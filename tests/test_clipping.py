@@ -129,6 +129,17 @@ def test_local_clip_limit_is_the_papers_per_rank_rule():
     assert local_clip_limit(2.0, 4, average=False) == 1.0
 
 
+def test_the_adam_take_over_clips_each_rank_to_the_warm_ups_bound():
+    """FrozenAdam: each rank to c (c / N for a sum), so the exchanged mean (sum) stays within c,
+    the bound its frozen v was estimated under; other stateful compressors keep the paper's rule."""
+    import hvdcompress as hc
+    from hvdcompress.clipping import local_clip_limit
+    adam = hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()))
+    assert local_clip_limit(2.0, 4, average=True, compressor=adam) == 2.0
+    assert local_clip_limit(2.0, 4, average=False, compressor=adam) == 0.5
+    assert local_clip_limit(2.0, 4, average=True, compressor=hc.ErrorFeedback(hc.OneBit())) == 4.0
+
+
 @pytest.mark.parametrize("compression,intra_node,warns", [
     (hc.FP16(), None, False), (hc.FP16(), hc.FP16(), False),
     (hc.FP16(), hc.ErrorFeedback(hc.OneBit()), True), (hc.DGC(0.99), hc.FP16(), True)])

@@ -295,7 +295,8 @@ class GradientExchange:
         if c is None:
             return self._reduce(grads, sources, flag)
         if self.core.clip_before:
-            limit = local_clip_limit(c, self.options.process_set.size(), average=self.core.average)
+            limit = local_clip_limit(c, self.options.process_set.size(), average=self.core.average,
+                                     compressor=self.compressor)
             return self._reduce(self._clip(grads, limit), sources, flag)
         return self._clip(self._reduce(grads, sources, flag), c)
 

@@ -27,10 +27,11 @@ def clip_gradients(grads: Sequence[torch.Tensor], limit: float) -> None:
 
 
 def clip_local_gradients(grads: Sequence[torch.Tensor], clip_grad_norm: float, world: int,
-                         average: bool = True) -> None:
+                         average: bool = True, compressor=None) -> None:
     """:func:`clip_gradients` to :func:`~hvdcompress.clipping.local_clip_limit` (c·sqrt(N) for
-    op=Average, c/sqrt(N) for Sum): a rank's own gradients, before compression."""
-    clip_gradients(grads, local_clip_limit(clip_grad_norm, world, average))
+    op=Average, c/sqrt(N) for Sum; c with the Adam take-over): a rank's own gradients, before
+    compression."""
+    clip_gradients(grads, local_clip_limit(clip_grad_norm, world, average, compressor))
 
 
 class GradientWatch:

@@ -370,7 +370,8 @@ class CompressionState:
         grads = sorted(((self._name(p), g) for _, _, pairs in self._buckets for p, g in pairs),
                        key=lambda item: item[0])  # name order: the norm sums alike on every rank
         if self._clip_before:
-            clip_local_gradients([g for _, g in grads], self.options.clip_grad_norm, self.comm.world)
+            clip_local_gradients([g for _, g in grads], self.options.clip_grad_norm, self.comm.world,
+                                 compressor=self.compressor)
             for _, _, pairs in self._buckets:
                 self._launch(pairs)
         if self._waiting:

@@ -233,7 +233,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if q.grad is None:
                     q.grad = torch.zeros_like(q)
             clip_local_gradients([q.grad for q in params], self.clip_grad_norm, self._world(),
-                                 average=self.op == hvd.Average)
+                                 average=self.op == hvd.Average, compressor=self._compression)
             for q in params:
                 self._prepare(q)
 

@@ -161,7 +161,7 @@ def reference(case: Case, comm, steps: int, node=None, cross=None) -> dict:
         grads = [p.grad for _, p in named]
         clip_before = compressor.carries_state and not (adam is not None and adam.warming_up([settings]))
         if case.clip_grad_norm is not None and clip_before:
-            clip_local_gradients(grads, case.clip_grad_norm, comm.world)
+            clip_local_gradients(grads, case.clip_grad_norm, comm.world, compressor=compressor)
         entries, waiting = [], {}
         for name, p in named:
             info = TensorInfo(name=name, numel=p.numel(), world=comm.world, rank=comm.rank,

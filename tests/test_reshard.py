@@ -150,9 +150,10 @@ def test_a_front_ends_share_checks_the_op_and_lays_out_as_the_run_cuts():
 
 
 # ---- under horovodrun -----------------------------------------------------------------------------
-CASES = ["topk_ef_nesterov", "dgc", "onebit_ef_auto", "onebit_ef_alltoall", "frozen_adam"]
+CASES = ["topk_ef_nesterov", "dgc", "onebit_ef_auto", "onebit_ef_alltoall", "frozen_adam", "onebit_ef_fused"]
 PER_RANK = {"residual", "quant_residual", "momentum", "velocity"}
 SIZES = {"0.weight": 1000, "0.bias": 50, "2.weight": 200, "2.bias": 4}
+FUSED = {"fused[0.bias..2.weight]": sum(SIZES.values())}   # fusion=True: one bucket of the four
 LAUNCHES = [(2, ["--write", "a"]), (3, ["--read", "a", "--write", "b"]), (2, ["--read", "b"])]
 
 
@@ -186,7 +187,7 @@ def test_a_checkpoint_resumes_at_another_world_size(launches, case, tag, world, 
     old = rank_states(lambda r: work / f"{case}.{tag}.rank{r}.npz", world)
     new = rank_states(lambda r: work / f"{case}.{tag}.loaded.rank{r}.npz", new_world)
     checked = carried = 0
-    for name, n in SIZES.items():
+    for name, n in (FUSED if case.endswith("_fused") else SIZES).items():
         keys = {k.split(".")[-1] for st in old for k in st.get(name, {})}
         for key in keys & PER_RANK:
             want = delivered([st[name] for st in old], key, True, n)

@@ -29,6 +29,8 @@ CASES = {  # compressor, optimizer, keyword arguments of the wrapper
                            {"collective": "alltoall"}),
     "frozen_adam": (lambda: hvdcompress.FrozenAdam(hvdcompress.ErrorFeedback(hvdcompress.TopK(0.05)),
                                                    freeze_steps=2), "adam", {}),
+    # fusion=: the model's four tensors in one bucket, whose residual is laid out as a tensor's
+    "onebit_ef_fused": (lambda: hvdcompress.ErrorFeedback(hvdcompress.OneBit()), "sgd", {"fusion": True}),
 }
 STEPS = 4
 

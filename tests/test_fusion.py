@@ -175,3 +175,34 @@ def test_a_fused_bucket_is_exchanged_as_one_tensor_of_its_concatenation(collecti
         assert [c for c, _, _ in fused[r][1]] == [c for c, _, _ in log]
     assert [c for c, _, _ in fused[0][1]][:2] == (["alltoall", "allgather"] if collective == "alltoall"
                                                   else ["allgather", "allgather"])
+
+
+def test_auto_plans_a_bucket_as_one_tensor():
+    """compression="auto" with fusion: the plan holds the bucket, not its members, and the bucket's
+    totals are those of a plain engine running the pick on the concatenation (3 ranks, 2 steps)."""
+    from hvdcompress.auto import CHOICES
+
+    bucket = buckets(tensors(), 10 ** 6)[0]
+
+    def body(comm):
+        auto = Auto(allowed=["none", "fp16", "int8"], link="100mbit,50us", calibration=None, replan=False)
+        engine, state, got = Exchange(auto, OPS, comm, log_plan=False), {}, []
+        for step in range(2):
+            items = [(n, torch.from_numpy(g), TensorInfo(name=n, numel=g.size, world=3, rank=comm.rank, shape=g.shape))
+                     for n, g in grads(comm.rank, step).items()]
+            done = engine.finish(engine.start([compress_bucket(engine, bucket, items, state)]))
+            got.append(np.concatenate([t.numpy() for _, t in totals(OPS, done[0])]))
+            engine.end_step()
+        label, collective = auto.plan[bucket.name]
+        plain = Exchange(hc.from_params(CHOICES[label]), OPS, comm, log_plan=False,
+                         collective="auto" if collective == "allreduce" else collective)
+        own, want = {}, []
+        for step in range(2):
+            flat = torch.from_numpy(np.concatenate(list(grads(comm.rank, step).values())))
+            info = TensorInfo(name=bucket.name, numel=flat.numel(), world=3, rank=comm.rank, shape=(flat.numel(),))
+            want.append(plain.finish(plain.start([plain.compress("b", flat, own, info)]))[0].total.numpy())
+        return sorted(auto.plan), got, want
+    for plan, got, want in run_ranks(3, body):
+        assert plan == [bucket.name]
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)

@@ -46,8 +46,9 @@ the torch optimizer clips it after the exchange, as Horovod's pattern does; afte
 each rank clips its own gradient to c before compression (:func:`hvdcompress.clipping.local_clip_limit`),
 which keeps the exchanged mean within c, as in the warm-up. The c·sqrt(N) of the other
 stateful compressors lets the mean reach sqrt(N)·c when the ranks agree, which the frozen v
-passes through unscaled: at 8 ranks (LSTM, frozen at 250, seed 1) that rule measured +0.075 and
-a jump of the loss from 2.91 to 3.24 bits/byte after the freeze, clipping to c +0.053 and 3.11.
+passes through unscaled: at 8 ranks (LSTM, seed 1) that rule measured +0.075 (frozen at 250; the
+loss jumped from 2.91 to 3.24 bits/byte after the freeze) and +0.035 (frozen at 750, 2,000 steps),
+clipping to c +0.053 (jump to 3.11) and +0.021.
 The TF wrappers clip locally throughout (the choice is made when the graph is traced).
 
 Which to send: measured on two byte-level language models (benchmarks/README.md section 8),
@@ -82,8 +83,7 @@ Measured (benchmarks/README.md section 8, gap to dense AdamW): top-k 1% on the t
 +0.066 frozen at 250, +0.048 / +0.049 (two seeds) at 500; on the LSTM +0.027 -> +0.011. Onebit
 at 8 ranks: on the LSTM +0.011 / +0.080 (two seeds) at 250, +0.001 / +0.003 at 750; on a second,
 untuned LSTM task +0.043 at 250, +0.008 at 750 (1,000-step runs: 250 compressed steps); over
-2,000 steps (1,250 compressed) +0.035 at 750: at 8 ranks the error still builds up over a long
-compressed phase, which the later freeze delays. PowerSGD does better frozen early (-0.002 /
+2,000 steps (1,250 compressed) +0.035 at 750 with the old c·sqrt(N) clip, +0.021 with the clip to c. PowerSGD does better frozen early (-0.002 /
 -0.017 at 250 against +0.004 / +0.005 at 500).
 
 The wrapper (torch optimizer) replaces the wrapped optimizer's step with :meth:`after_exchange`;

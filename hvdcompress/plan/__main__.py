@@ -167,11 +167,11 @@ def main(argv: Optional[list] = None) -> int:
         ap.error(str(error))
 
     fusable = {k: v for k, v in specs.items() if from_params(v).unwrap().fusable} if args.fused else {}
+    alone = {k: v for k, v in specs.items() if k not in fusable}
     bucketed = fused(profile, args.fused) if args.fused else profile
 
     def run(nodes: int) -> list:
         at = replace(cluster, nodes=nodes)
-        alone = {k: v for k, v in specs.items() if k not in fusable}
         rows = predict(bucketed, at, fusable, args.collectives, args.levels, intra, calibration, fusion,
                        baseline=profile) if fusable else []
         return rows + (predict(profile, at, alone, args.collectives, args.levels, intra, calibration, fusion)

@@ -220,9 +220,10 @@ class GradientExchange:
         names = source_names(sources)
         pairs = [(n, s) for n, s in zip(names, sources) if hasattr(s, "assign") and id(s) not in self.local]
         infos = [self._info(n, s, s) for n, s in pairs]
-        dtypes, params = [s.dtype for _, s in pairs], [s for _, s in pairs]
-        self._init_states(dtypes, infos, params)
-        self._apply_loaded(*self._stated(dtypes, infos, params))
+        dtypes = [s.dtype for _, s in pairs]
+        stated = self._stated(self._bundles(infos, [s for _, s in pairs], dtypes), dtypes, infos)
+        self._init_states(*stated)
+        self._apply_loaded(*stated)
 
     def _apply_loaded(self, dtypes: list, infos: list) -> None:
         """This rank's share of a loaded gathered state for each tensor of ``infos`` that it
@@ -323,7 +324,8 @@ class GradientExchange:
         infos = [self._info(names[i], sources[i], out[i]) for i in dense]
         params = [sources[i] if hasattr(sources[i], "assign") else None for i in dense]
         inputs = [out[i] for i in dense]
-        self._init_states([g.dtype for g in inputs], infos, params)
+        dtypes = [g.dtype for g in inputs]
+        self._init_states(*self._stated(self._bundles(infos, params, dtypes), dtypes, infos))
         if tf.executing_eagerly():
             reduced = self._exchange(inputs, params, infos, variables, flag)
         elif flag is None:
@@ -377,19 +379,21 @@ class GradientExchange:
                           shape=tuple(shape),
                           momentum=self.momentum, nesterov=self.nesterov)
 
-    def _stated(self, dtypes: list, infos: list, params: list) -> tuple:
-        """``(dtypes, infos)`` of what keeps a state: each tensor, or its fused bucket."""
+    @staticmethod
+    def _stated(bundles: list, dtypes: list, infos: list) -> tuple:
+        """``(dtypes, infos)`` of what keeps a state, from :meth:`_bundles`: each tensor, or its
+        fused bucket."""
         out_dtypes, out_infos = [], []
-        for bucket, positions in self._bundles(infos, params, dtypes):
+        for bucket, positions in bundles:
             out_dtypes += [dtypes[i] for i in positions] if bucket is None else [dtypes[positions[0]]]
             out_infos += [infos[i] for i in positions] if bucket is None else \
                 [bucket_info(bucket, [infos[i] for i in positions], OPS)]
         return out_dtypes, out_infos
 
-    def _init_states(self, dtypes: list, infos: list, params: list) -> None:
-        """Create the compressor's state variables (each tensor's, or its fused bucket's),
-        outside any graph being traced."""
-        for dtype, info in zip(*self._stated(dtypes, infos, params)):
+    def _init_states(self, dtypes: list, infos: list) -> None:
+        """Create the state variables of what keeps a state (:meth:`_stated`: each tensor, or
+        its fused bucket), outside any graph being traced."""
+        for dtype, info in zip(dtypes, infos):
             if info.name not in self.state and info.numel:
                 with tf.init_scope():
                     like = tf.zeros([info.numel], dtype)
@@ -417,8 +421,9 @@ class GradientExchange:
         ps = self.options.process_set
         for info in infos:   # traced infos keep the world of their trace
             info.world, info.rank = ps.size(), ps.rank()
-        bundles = self._bundles(infos, params, [g.dtype for g in grads])
-        self._apply_loaded(*self._stated([g.dtype for g in grads], infos, params))
+        dtypes = [g.dtype for g in grads]
+        bundles = self._bundles(infos, params, dtypes)
+        self._apply_loaded(*self._stated(bundles, dtypes, infos))
         self._check_ranks_agree(grads, infos)
         self.replicas.after_step(
             lambda: [(n, v.read_value() if hasattr(v, "read_value") else v) for n, v in variables],

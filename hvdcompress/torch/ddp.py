@@ -67,6 +67,7 @@ from ..two_level import TwoLevelExchange
 from .backend import TorchOps
 from .clipping import clip_gradients, clip_local_gradients
 from .dist_collectives import DistCollectives
+from .fusion import bucket_tensors
 from .momentum_takeover import check_adam, check_momentum, momentum_fields, suspended, takes_over
 
 __all__ = ["CompressionState", "compression_hook", "node_groups"]
@@ -197,10 +198,8 @@ class CompressionState:
         if not self._named:
             raise ValueError(f"fusion={self.options.fusion!r} without named_parameters: the fused "
                              "buckets are cut in name order; pass named_parameters=model.named_parameters()")
-        group = {} if self.optimizer is None else \
-            {q: i for i, g in enumerate(self.optimizer.param_groups) for q in g["params"]}
-        buckets = self.options.buckets([(n, p.numel(), p.numel() * p.element_size(), (str(p.dtype), group.get(p)))
-                                        for p, n in self._names.items() if p.requires_grad])
+        groups = () if self.optimizer is None else self.optimizer.param_groups
+        buckets = self.options.buckets(bucket_tensors(((n, p) for p, n in self._names.items()), groups))
         return {m: b for b in buckets for m in b.members}
 
     def _device(self) -> torch.device:

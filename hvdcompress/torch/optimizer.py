@@ -52,6 +52,7 @@ from ..two_level import build_exchange
 from .backend import TorchOps
 from .clipping import GradientWatch, clip_gradients, clip_local_gradients
 from .collectives import HorovodCollectives
+from .fusion import bucket_tensors
 from .grad_scaler import GradScalerLink, inside_grad_scaler
 from .momentum_takeover import check_adam, check_momentum, momentum_fields, suspended, takes_over
 
@@ -103,7 +104,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._amp_warned = False   # GradScaler.step without scaler= (a stateful compressor) warned
         self._tensor_state = {name: {} for name in self._parameter_names.values()}
         #: fusion=: bucket name -> Bucket of trainable parameters compressed as one
-        self._buckets = {b.name: b for b in options.buckets(self._fusion_tensors())}
+        self._buckets = {b.name: b for b in options.buckets(bucket_tensors(
+            ((self._parameter_names[p], p) for p in self._by_name), self.param_groups))}
         self._tensor_state.update({name: {} for name in self._buckets})
         self._delay = {p: self.backward_passes_per_step for p in self._parameter_names}
         self._requires_update = []  # in name order: every multi-tensor loop is rank-independent
@@ -138,13 +140,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                         average=options.average, predivide=options.predivide,
                                         collective=options.collective)
         self._replicas = ReplicaCheck(options.check_replicas, _OPS, self._comm, ranks=_ranks_of(self.process_set))
-
-    def _fusion_tensors(self) -> list:
-        """``(name, numel, bytes, key)`` of every trainable parameter for
-        :meth:`Options.buckets`: the key (dtype, param group) keeps a bucket within one group."""
-        group = {p: i for i, g in enumerate(self.param_groups) for p in g["params"]}
-        return [(self._parameter_names[p], p.numel(), p.numel() * p.element_size(), (str(p.dtype), group[p]))
-                for p in self._by_name if p.requires_grad]
 
     def _world(self) -> int:
         return self._comm.world

@@ -51,17 +51,19 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))   # hvdrun
 CACHE = Path.home() / ".cache" / "hvdcompress" / "one-thread"
 
-from hvdcompress.plan import calibration as cal  # noqa: E402
+from hvdcompress.plan import calibration as cal, job_costs  # noqa: E402
+from hvdcompress.plan.front_ends import FRONT_ENDS as GRADIENT_COPIES  # noqa: E402
 from hvdcompress.plan.links import Cluster, Link, cpu_share  # noqa: E402
 from hvdcompress.plan.model import predict  # noqa: E402
 from hvdcompress.plan.payloads import DEFAULT_COMPRESSORS  # noqa: E402
-from hvdcompress.plan.profile import from_sizes  # noqa: E402
+from hvdcompress.plan.profile import from_sizes, fused  # noqa: E402
 from hvdrun import LaunchError, run_script, write_result  # noqa: E402
 
 #: per front end, e2e method -> the plan's compressor label; the first is the probe (dense)
 FRONT_ENDS = {
     "horovod": {"hvd-dense": "none", "hvd-fp16": "fp16", "int8": "int8", "onebit-ef": "onebit+ef",
-                "dgc": "dgc 0.999", "csc": "csc 1%", "powersgd": "powersgd r4", "topk-ef": "topk 1%"},
+                "onebit:ef=vanilla": "onebit+ef", "dgc": "dgc 0.999", "csc": "csc 1%", "powersgd": "powersgd r4",
+                "topk-ef": "topk 1%", "topk:k=0.01:ef=vanilla": "topk 1%"},
     "ddp": {"ddp-dense": "none", "ddp-fp16": "fp16", "ddp:int8": "int8", "ddp:onebit-ef": "onebit+ef",
             "ddp:dgc": "dgc 0.999", "ddp:powersgd": "powersgd r4"},
 }
@@ -126,11 +128,24 @@ def horovod_gamma(ranks: int) -> cal.Calibration:
     (clipped at 0). Its ratio to the same calibration's numpy float16 gamma scales the float16
     gamma of the calibration for ``ranks`` (a ratio holds under the machine's load, absolute
     times less so). Delete the cache file to measure again."""
-    base = calibration_for(ranks)
-    if not PROBE_CACHE.exists():
-        PROBE_CACHE.write_text(json.dumps(_probe_allreduce(), indent=1))
-    probe = json.loads(PROBE_CACHE.read_text())
+    base, probe = job_calibration(ranks), probe_results()
     return replace(base, reduce={**base.reduce, "float16": probe["float16_ratio"] * base.reduce["float16"]})
+
+
+def probe_results() -> dict:
+    """The probe's results (:data:`PROBE_CACHE`; launched when it is not there)."""
+    if not PROBE_CACHE.exists():
+        calibration_for(PROBE_RANKS)   # cached before the ranks read it
+        PROBE_CACHE.write_text(json.dumps(_probe_allreduce(), indent=1))
+    return json.loads(PROBE_CACHE.read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def job_calibration(ranks: int) -> cal.Calibration:
+    """:func:`calibration_for` with the front ends' cost per tensor measured in the probe's job
+    (:mod:`hvdcompress.plan.job_costs`)."""
+    probe = probe_results()
+    return replace(calibration_for(ranks), per_tensor=probe["per_tensor"], per_member=probe["per_member"])
 
 
 def _probe_allreduce(numel: int = cal.REDUCE_ELEMENTS, repeats: int = PROBE_REPEATS) -> dict:
@@ -142,7 +157,8 @@ def _probe_allreduce(numel: int = cal.REDUCE_ELEMENTS, repeats: int = PROBE_REPE
                             args=["--probe-worker", "--probe-numel", numel, "--probe-repeats", repeats])
     except LaunchError as e:
         raise SystemExit(f"plan_validation: the Horovod allreduce probe failed: {e}") from None
-    times = {key: value for key, value in launch.results[0][-1].items() if key != "rank"}
+    record = launch.results[0][-1]
+    times = {key: value for key, value in record.items() if key.endswith("_s")}
     numpy = calibration_for(ranks).reduce
     alpha, share = LOOPBACK_ALPHA_S, (ranks - 1) / ranks
     b32, b16 = 4 * numel, 2 * numel
@@ -151,7 +167,8 @@ def _probe_allreduce(numel: int = cal.REDUCE_ELEMENTS, repeats: int = PROBE_REPE
     gamma16 = max((t16 - 2 * (ranks - 1) * alpha - 2 * share * b16 * inverse_beta) / (share * b16), 0.0)
     return {"ranks": ranks, "numel": numel, "repeats": repeats, "seconds": times, "alpha_s": alpha,
             "beta_bytes_per_s": 1 / inverse_beta if inverse_beta > 0 else math.inf,
-            "numpy_gamma": numpy, "float16_gamma": gamma16, "float16_ratio": gamma16 / numpy["float16"]}
+            "numpy_gamma": numpy, "float16_gamma": gamma16, "float16_ratio": gamma16 / numpy["float16"],
+            "per_tensor": record["per_tensor"], "per_member": record["per_member"]}
 
 
 def _probe_worker(numel: int, repeats: int) -> None:
@@ -176,8 +193,10 @@ def _probe_worker(numel: int, repeats: int) -> None:
             hvd.allreduce(x, op=op, name=f"probe.{key}.{i}")
             if i >= 0:
                 best[key] = min(best.get(key, math.inf), time.perf_counter() - begin)
+    specs = {label: DEFAULT_COMPRESSORS[label] for methods in FRONT_ENDS.values() for label in methods.values()}
+    costs = job_costs.measure(specs, cal.load(cal.cache_path("cpu", CACHE, processes=min(hvd.size(), CORES))))
     if hvd.rank() == 0:
-        write_result(0, best)
+        write_result(0, {**best, **costs})
     hvd.shutdown()
 
 
@@ -190,7 +209,25 @@ def cluster(entry: dict, link: Link) -> Cluster:
 
 
 def rows_of(entry: dict) -> dict:
-    return {r["method"]: r for r in entry["rows"]}
+    """Method -> its row; a method run more than once in the launch: the mean of its numbers."""
+    runs: dict = {}
+    for row in entry["rows"]:
+        runs.setdefault(row["method"], []).append(row)
+    return {method: {key: statistics.mean(r[key] for r in rows) if isinstance(value, (int, float)) else value
+                     for key, value in rows[0].items()} for method, rows in runs.items()}
+
+
+FUSED = "@fusion="
+
+
+def split_method(method: str) -> tuple:
+    """``"int8@fusion=4194304"`` -> ("int8", 4194304): e2e's fused variant of a method."""
+    name, _, fusion = method.partition(FUSED)
+    return name, int(fusion) if fusion else None
+
+
+def known(method: str, front_end: str) -> bool:
+    return split_method(method)[0] in FRONT_ENDS[front_end]
 
 
 def profile_of(floor_entry: dict):
@@ -199,12 +236,20 @@ def profile_of(floor_entry: dict):
     return from_sizes(shapes(floor_entry["model"]), floor["fwd_bwd_s"], floor["sync_update_s"])
 
 
-def predict_setting(entry: dict, link: Link, floor_entry: dict, methods: dict, front_end: str) -> list:
-    """The model's rows for ``methods`` (e2e name -> plan label) in the setting of ``entry``."""
-    calibration = (horovod_gamma if front_end == "horovod" else calibration_for)(entry["np"])
-    return predict(profile_of(floor_entry), cluster(entry, link),
-                   {methods[m]: DEFAULT_COMPRESSORS[methods[m]] for m in methods},
-                   levels=("flat",), calibration=calibration)
+def predict_setting(entry: dict, link: Link, floor_entry: dict, methods: list, front_end: str) -> dict:
+    """The model's prediction for each of ``methods`` (e2e names) in the setting of ``entry``:
+    with the collective of fewer bytes (the engine's own choice); ``@fusion=B`` on the profile's
+    buckets (:func:`hvdcompress.plan.profile.fused`)."""
+    calibration = (horovod_gamma if front_end == "horovod" else job_calibration)(entry["np"])
+    profile, out = profile_of(floor_entry), {}
+    for method in methods:
+        name, fusion = split_method(method)
+        label = FRONT_ENDS[front_end][name]
+        rows = predict(profile if fusion is None else fused(profile, fusion), cluster(entry, link),
+                       {label: DEFAULT_COMPRESSORS[label]}, levels=("flat",), calibration=calibration,
+                       baseline=profile, front_end=GRADIENT_COPIES[front_end])
+        out[method] = min(rows, key=lambda row: row.wire_bytes_per_rank)
+    return out
 
 
 #: wire bytes per payload byte of TCP over the emulated Ethernet (tbf counts whole frames):
@@ -213,7 +258,7 @@ def predict_setting(entry: dict, link: Link, floor_entry: dict, methods: dict, f
 WIRE_PER_PAYLOAD = (1514 + 33) / 1448
 
 
-def fit_link(entry: dict, probe: str, label: str, front_end: str) -> Link:
+def fit_link(entry: dict, probe: str, front_end: str) -> Link:
     """The beta (alpha fixed at :data:`ALPHA_S`) with which the model predicts the measured
     dense step ``probe`` of ``entry`` exactly: bisection in log(beta), the predicted step falling
     as beta grows (10 kB/s to 1 TB/s). Its CPU part: the excess of 1/beta over the wire's
@@ -225,7 +270,7 @@ def fit_link(entry: dict, probe: str, label: str, front_end: str) -> Link:
     low, high = math.log(1e4), math.log(1e12)
     for _ in range(50):
         mid = (low + high) / 2
-        step = predict_setting(entry, link(mid), entry, {probe: label}, front_end)[0].step_time_s
+        step = predict_setting(entry, link(mid), entry, [probe], front_end)[probe].step_time_s
         low, high = (mid, high) if step > measured else (low, mid)
     fitted = link((low + high) / 2)
     wire_s_per_byte = WIRE_PER_PAYLOAD * 8 / entry["rate_bps"]
@@ -242,26 +287,21 @@ def validate(e2e: dict, front_end: str) -> dict:
     inside, inside_fastest = [], []   # the settings where every rank has a core (the model's premise)
     for rate, entries in sorted(by_rate.items()):
         probe_key, probe = min(entries, key=lambda ke: (ke[1].get("slots", 1), ke[1]["np"]))
-        link = fit_link(probe, probe_method, methods_of[probe_method], front_end)
+        link = fit_link(probe, probe_method, front_end)
         for key, entry in sorted(entries):
             rows = rows_of(entry)
-            methods = [m for m in methods_of if m in rows]
-            predicted = predict_setting(entry, link, probe, {m: methods_of[m] for m in methods}, front_end)
-            best = {}
-            for row in predicted:   # the engine's own collective choice: the fewer bytes
-                old = best.get(row.compressor)
-                if old is None or row.wire_bytes_per_rank < old.wire_bytes_per_rank:
-                    best[row.compressor] = row
+            methods = [m for m in rows if known(m, front_end)]
+            best = predict_setting(entry, link, probe, methods, front_end)
             lines = []
             for m in methods:
-                measured, model_s = rows[m]["step_s"], best[methods_of[m]].step_time_s
+                measured, model_s = rows[m]["step_s"], best[m].step_time_s
                 error = model_s / measured - 1
                 is_probe = key == probe_key and m == probe_method
                 if not is_probe:
                     errors.append(abs(error))
                     if entry["np"] <= CORES:
                         inside.append(abs(error))
-                lines.append({"method": m, "collective": best[methods_of[m]].collective,
+                lines.append({"method": m, "collective": best[m].collective,
                               "measured_s": measured, "predicted_s": model_s, "error": error,
                               "probe": is_probe})
             right = min(lines, key=lambda r: r["measured_s"])["method"] == \
@@ -287,9 +327,9 @@ def print_report(report: dict) -> None:
         cpu = setting["link"]["cpu_s_per_byte"] * 1e9
         print(f"\n== {key} (fitted beta {beta:.0f} Mbit/s, {cpu:.2f} ns/byte of it CPU; fastest predicted "
               f"{'right' if setting['fastest_right'] else 'WRONG'})")
-        print(f"{'method':<11} {'collective':<10} {'measured s':>10} {'predicted s':>11} {'error':>7}")
+        print(f"{'method':<34} {'collective':<10} {'measured s':>10} {'predicted s':>11} {'error':>7}")
         for r in setting["methods"]:
-            print(f"{r['method']:<11} {r['collective']:<10} {r['measured_s']:>10.3f} "
+            print(f"{r['method']:<34} {r['collective']:<10} {r['measured_s']:>10.3f} "
                   f"{r['predicted_s']:>11.3f} {r['error']:>+7.0%}{'  (probe)' if r['probe'] else ''}")
     print(f"\nmedian |error| {report['median_abs_error']:.0%}, worst {report['worst_abs_error']:.0%}, "
           f"fastest method right in {report['fastest_right']} settings")
@@ -311,7 +351,9 @@ def main() -> None:
         return _probe_worker(args.probe_numel, args.probe_repeats)
     e2e = json.loads(Path(args.e2e).read_text())
     report = {}
-    for front_end in FRONT_ENDS:
+    for front_end, methods in FRONT_ENDS.items():
+        if not any(next(iter(methods)) in rows_of(entry) for entry in e2e.values()):
+            continue   # no probe (dense) of this front end in these launches
         print(f"\n##### {front_end} front end")
         report[front_end] = validate(e2e, front_end)
         print_report(report[front_end])

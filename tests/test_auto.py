@@ -16,7 +16,7 @@ from hvdcompress.compressor import TensorInfo
 from hvdcompress.exchange import Exchange
 from hvdcompress.options import parse_options
 from hvdcompress.plan import Calibration, CodecTimes, Fit, Link
-from hvdcompress.plan.payloads import spec_key
+from hvdcompress.plan.payloads import DEFAULT_COMPRESSORS, spec_key
 from hvdcompress.torch.backend import TorchOps
 from simulator import run_ranks
 
@@ -294,11 +294,11 @@ def test_state_dict_round_trip_keeps_each_compressors_counters():
 def _launch(script: str, home, cases: tuple, keep: tuple) -> dict:
     """Rank 0's record of each case of a 2-rank launch (HOME: a fresh directory, so this machine
     is calibrated then, and cached), after checking that both ranks reported ``keep`` alike and
-    that the re-plan check ran once."""
+    that the re-plan check ran once; every record under ``"records"``."""
     from conftest import run_horovod
 
     records = run_horovod(script, np=2, env={"HOME": str(home)}, timeout=600)
-    out = {}
+    out = {"records": records}
     for case in cases:
         ranks = [r for r in records if r["case"] == case]
         assert len(ranks) == 2, case
@@ -332,6 +332,16 @@ def test_horovod_ranks_pick_the_same_plan_and_stay_identical(tmp_path):
     assert got["measured"]["link"][0] > 0 and got["measured"]["link"][1] > 0
     # Gloo's pairs take turns: measured or given, the link planned with says so
     assert got["measured"]["link"][2] is True and got["given"]["link"][2] is True
+    # then python -m hvdcompress.plan --calibrate-job added the cost per tensor to the calibration
+    # cached by the "measured" case: every compressor asked for (with the node compressor, fp16),
+    # per member of a bucket only for what fuses (int8; none and fp16 are Horovod's own, PowerSGD
+    # cannot), the codec times kept; both ranks read the same file
+    costs = [r for r in got["records"] if r["case"] == "job_costs"]
+    assert len(costs) == 2 and costs[0]["per_tensor"] == costs[1]["per_tensor"]
+    keys = {spec_key(DEFAULT_COMPRESSORS[label]) for label in ("none", "fp16", "int8", "powersgd r4")}
+    assert set(costs[0]["per_tensor"]) == keys and set(costs[0]["per_member"]) == {spec_key({"compressor": "int8"})}
+    assert all(math.isfinite(v) and v >= 0 for v in [*costs[0]["per_tensor"].values(), *costs[0]["per_member"].values()])
+    assert spec_key({"compressor": "int8"}) in costs[0]["codecs"]
 
 
 @pytest.mark.horovod

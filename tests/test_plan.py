@@ -100,6 +100,55 @@ def test_calibrations_run_together_are_averaged(tmp_path):
     assert path.name == "calibration-box-cpu-x2.json" and cal.load(path) == together
 
 
+# ---- front ends: gradient copies and the cost per tensor -------------------------------------------
+INT8 = {"compressor": "int8"}
+NONE = {"compressor": "none"}
+
+
+def _one_step(spec, profile, calibration, front_end) -> float:
+    from hvdcompress.plan.front_ends import FRONT_ENDS
+    fast = Link(0.0, 1e18)
+    return predict(profile, Cluster(1, 2, intra=fast, inter=fast), {"x": spec}, ("allgather",), ("flat",),
+                   calibration=calibration, fusion=Fusion(0, 0.0), front_end=FRONT_ENDS[front_end])[0].step_time_s
+
+
+def test_ddp_copies_each_gradient_twice_and_a_compressed_one_three_times():
+    """DDP copies every gradient into its bucket (in the backward) and back into .grad; a hook
+    that does not reduce in place writes its decoded average into the bucket too. With a free
+    link and no codec, DDP's step less Horovod's is passes x 4 bytes x n x the copy's cost."""
+    n, copy = 10_000, 2e-10
+    calibration = cal.Calibration("box", "cpu", {}, copy_s_per_byte=copy)
+    profile = from_sizes([n], compute_s=0.0)
+    for spec, passes in ((NONE, 2), (INT8, 3)):
+        extra = _one_step(spec, profile, calibration, "ddp") - _one_step(spec, profile, calibration, "horovod")
+        assert extra == pytest.approx(passes * 4 * n * copy), spec
+    assert cal.Calibration.from_json(calibration.to_json()).copy_s_per_byte == copy
+    assert 0 < cal.measure_copy(numel=1 << 16, repeats=1) < 1e-6
+
+
+def test_cost_per_tensor_per_bucket_member_and_not_for_ddps_own_dense():
+    """``per_tensor`` per exchanged tensor; a fused bucket of m members: per_tensor + (m-1) x
+    per_member; DDP's own dense exchange (its C++ reducer) pays none, Horovod's does."""
+    from hvdcompress.plan.profile import fused
+    per_tensor, per_member = {cal.spec_key(INT8): 3e-4, cal.spec_key(NONE): 1e-4}, {cal.spec_key(INT8): 5e-5}
+    calibration = cal.Calibration("box", "cpu", {}, per_tensor=per_tensor, per_member=per_member)
+    assert cal.Calibration.from_json(calibration.to_json()) == calibration
+    assert calibration.tensor_s(INT8, members=4) == pytest.approx(3e-4 + 3 * 5e-5)
+    assert calibration.tensor_s(NONE, members=4) == pytest.approx(4e-4)   # no per_member: per_tensor
+    assert calibration.tensor_s(FP16) == 0.0
+    profile, bare = from_sizes([100] * 4, compute_s=0.0), cal.Calibration("box", "cpu", {})
+    for front_end in ("horovod", "ddp"):
+        step = _one_step(INT8, profile, calibration, front_end) - _one_step(INT8, profile, bare, front_end)
+        assert step == pytest.approx(4 * 3e-4), front_end
+    bucket = fused(profile, 1 << 20)
+    assert [t.members for t in bucket.tensors] == [4]
+    step = _one_step(INT8, bucket, calibration, "horovod") - _one_step(INT8, bucket, bare, "horovod")
+    assert step == pytest.approx(3e-4 + 3 * 5e-5)
+    assert _one_step(NONE, profile, calibration, "horovod") - _one_step(NONE, profile, bare, "horovod") \
+        == pytest.approx(4 * 1e-4)
+    assert _one_step(NONE, profile, calibration, "ddp") == _one_step(NONE, profile, bare, "ddp")
+
+
 def test_compressed_allreduce_is_two_rounds_with_the_engines_bytes():
     ranks, b = 8, 8e6
     scatter, gather = coll.compressed_allreduce(b, ranks, LINK)
@@ -216,15 +265,20 @@ def test_from_sizes_ready_times():
 
 
 # ---- calibration -------------------------------------------------------------------------------------
-def test_fit_line_keeps_the_fixed_cost_when_big_tensors_run_slower_per_element():
+def test_fit_line_keeps_the_fixed_cost_and_the_big_tensors_slope():
     """100 us per call + 1 ns per element in cache, 1.3 ns past it (the 16M point, as memory-
     bound codecs run): the fixed cost stays within 10%, where an unweighted fit reads it
-    negative (clipped to 0, every small tensor then free)."""
+    negative (clipped to 0, every small tensor then free), and the slope is the big tensors'
+    (between the two largest sizes), where a fit in relative error takes the cache's."""
     sizes = [64 * 64, 256 * 256, 1024 * 1024, 16 * 1024 * 1024]
     seconds = [1e-4 + 1e-9 * n for n in sizes[:3]] + [1e-4 + 1.3e-9 * sizes[3]]
     assert np.polyfit(sizes, seconds, 1)[1] < 0
     fit = cal.fit_line(sizes, seconds)
-    assert abs(fit.a - 1e-4) < 1e-5 and 1e-9 <= fit.b <= 1.3e-9
+    assert abs(fit.a - 1e-4) < 1e-5
+    assert fit.b == pytest.approx((seconds[3] - seconds[2]) / (sizes[3] - sizes[2]))
+    assert fit.at(sizes[3]) == pytest.approx(seconds[3], rel=0.02)
+    with pytest.raises(ValueError, match="two sizes"):
+        cal.fit_line([10], [1.0])
 
 
 def test_fit_line_recovers_a_line():

@@ -4,6 +4,7 @@
         --inter 25gbit --intra 300gbyte --latency 10us [--compressors none fp16 "compressor=topk,k=0.001"]
     python -m hvdcompress.plan --model torchvision.models:resnet50 --input-shape 32,3,224,224 ...
     python -m hvdcompress.plan --calibrate          # codec times of this machine, cached
+    horovodrun -np 2 python -m hvdcompress.plan --calibrate-job   # then: the cost per tensor in a job
 """
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from pathlib import Path
 from typing import Optional
 
 from ..registry import from_params, parse_params
-from . import calibration as cal
+from . import calibration as cal, job_costs
 from .exchanges import COLLECTIVES, LEVELS
 from .links import Cluster, Link, cpu_share, parse_bandwidth, parse_latency
 from .device import torch_device
+from .front_ends import FRONT_ENDS
 from .model import predict, recommend
 from .payloads import DEFAULT_COMPRESSORS, FP16
 from .pipeline import Fusion
@@ -59,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--collectives", nargs="+", choices=COLLECTIVES, default=list(COLLECTIVES))
     what.add_argument("--levels", nargs="+", choices=LEVELS, default=list(LEVELS))
     what.add_argument("--intra-node", default=FP16, help="two-level's node compressor (label or spec)")
+    what.add_argument("--front-end", choices=sorted(FRONT_ENDS), default="horovod",
+                      help="ddp: the DDP hook, whose buckets copy every gradient (hvdcompress.plan.front_ends)")
     hvd = ap.add_argument_group("Horovod (defaults: HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME or 128 MiB, 1 ms)")
     defaults = Fusion.from_env()
     hvd.add_argument("--fusion-threshold", type=int, default=defaults.threshold_bytes, help="bytes")
@@ -69,6 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     codec = ap.add_argument_group("codec time")
     codec.add_argument("--calibrate", action="store_true",
                        help="measure this machine's codec times, cache them and exit")
+    codec.add_argument("--calibrate-job", action="store_true",
+                       help="under horovodrun: measure the front end's cost per tensor in this job "
+                            "(hvdcompress.plan.job_costs), add it to the cached calibration (run "
+                            "--calibrate first) and exit")
+    codec.add_argument("--job-tensors", type=int, default=job_costs.TENSORS,
+                       help="--calibrate-job: tensors per measurement")
+    codec.add_argument("--job-steps", type=int, default=job_costs.STEPS, help="--calibrate-job: steps timed")
     codec.add_argument("--device", default="", help="cpu or cuda (default: cuda when available)")
     codec.add_argument("--processes", type=int, default=1,
                        help="calibrate in this many processes at once (CPU ranks per node, at most "
@@ -141,8 +152,31 @@ def _calibration(args: argparse.Namespace, specs: list) -> tuple:
         return calibration, ""
     calibration = cal.load(path)
     if calibration is None:
+        if args.calibrate_job:
+            raise ValueError(f"--calibrate-job: no {path} to add to; run with --calibrate first")
         return None, f"codec time not modelled (no {path.name}; run with --calibrate)"
-    return calibration, f"codec time from {path.name}"
+    if args.calibrate_job:
+        return _calibrate_job(args, specs, calibration, path), ""
+    measured = "" if calibration.per_tensor else " (cost per tensor not measured: --calibrate-job)"
+    return calibration, f"codec time from {path.name}{measured}"
+
+
+def _calibrate_job(args: argparse.Namespace, specs: list, calibration: cal.Calibration, path: Path) -> cal.Calibration:
+    """--calibrate-job: every rank measures (:func:`job_costs.measure`); rank 0 saves."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    if hvd.size() < 2:
+        raise ValueError(f"--calibrate-job: {hvd.size()} rank; run it under horovodrun with at least 2 "
+                         "(e.g. horovodrun -np 2 python -m hvdcompress.plan --calibrate-job)")
+    costs = job_costs.measure({cal.spec_key(s): s for s in specs}, calibration, args.job_tensors,
+                              steps=args.job_steps)
+    calibration = replace(calibration, per_tensor={**calibration.per_tensor, **costs["per_tensor"]},
+                          per_member={**calibration.per_member, **costs["per_member"]})
+    if hvd.rank() == 0:
+        print(f"measured the cost per tensor of {len(costs['per_tensor'])} compressors in a job of "
+              f"{hvd.size()} ranks: {cal.save(calibration, path)}")
+    return calibration
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -152,7 +186,7 @@ def main(argv: Optional[list] = None) -> int:
         specs = dict(_spec(c) for c in args.compressors)
         intra = _spec(args.intra_node)[1]
         calibration, note = _calibration(args, [*specs.values(), intra])
-        if args.calibrate:
+        if args.calibrate or args.calibrate_job:
             return 0
         profile = _profile(args)
         inter = Link(parse_latency("--latency", args.latency), parse_bandwidth("--inter", args.inter),
@@ -172,10 +206,11 @@ def main(argv: Optional[list] = None) -> int:
 
     def run(nodes: int) -> list:
         at = replace(cluster, nodes=nodes)
+        front_end = FRONT_ENDS[args.front_end]
         rows = predict(bucketed, at, fusable, args.collectives, args.levels, intra, calibration, fusion,
-                       baseline=profile) if fusable else []
-        return rows + (predict(profile, at, alone, args.collectives, args.levels, intra, calibration, fusion)
-                       if alone else [])
+                       baseline=profile, front_end=front_end) if fusable else []
+        return rows + (predict(profile, at, alone, args.collectives, args.levels, intra, calibration, fusion,
+                               front_end=front_end) if alone else [])
 
     rows = run(cluster.nodes)
     if args.fused:

@@ -8,7 +8,7 @@ the best of a few runs of
 * decode4: decompressing four gathered payloads (``decompress_gathered`` at world 4; the same
   as decode for summable payloads),
 
-each fitted as ``t(n) = a + b·n`` by least squares (a and b clipped at 0). Decoding P gathered
+each fitted as ``t(n) = a + b·n`` through the ends of the sizes (:func:`fit_line`). Decoding P gathered
 payloads is taken as linear in P between one payload and four: ``d(n) + (P-1)/3·(d4(n) - d(n))``
 (a dense-format decoder pays ~d per payload, a scatter-add of sparse payloads much less).
 
@@ -69,13 +69,19 @@ class Fit(NamedTuple):
 
 
 def fit_line(sizes: Iterable[float], seconds: Iterable[float]) -> Fit:
-    """Least-squares ``a + b·n`` through the points in relative error (each residual divided by
-    its time), a and b clipped at 0. Unweighted, 1% of noise on a 64 MB codec (a few hundred
-    microseconds) outweighed the fixed cost of a call, which a model of many small tensors
-    (biases, norms) pays once per tensor: the small sizes set ``a``, the large ones ``b``."""
-    n, t = np.asarray(list(sizes), float), np.asarray(list(seconds), float)
-    b, a = np.polyfit(n, t, 1, w=1.0 / np.maximum(t, 1e-12))
-    return Fit(max(float(a), 0.0), max(float(b), 0.0))
+    """``a + b·n`` through the ends of the measured sizes: ``b`` the slope between the two
+    largest (the per-element cost past the last-level cache, where big tensors run), ``a`` what
+    is left of the smallest's time (the fixed cost of a call, which a model of many small
+    tensors, biases and norms, pays once per tensor); both clipped at 0. A least-squares line
+    serves neither end: unweighted, 1% of noise on a 64 MB codec outweighs the fixed cost (read
+    negative, every small tensor then free); in relative error, the sizes in cache, faster per
+    element, pulled the slope down by up to 2x. Sizes in between are interpolated."""
+    points = sorted(zip(sizes, seconds))
+    if len(points) < 2:
+        raise ValueError(f"fit_line: needs at least two sizes, got {len(points)}")
+    (n0, t0), (n1, t1), (n2, t2) = points[0], points[-2], points[-1]
+    b = max((t2 - t1) / (n2 - n1), 0.0) if n2 > n1 else 0.0
+    return Fit(max(t0 - b * n0, 0.0), b)
 
 
 @dataclass(frozen=True)
@@ -103,16 +109,30 @@ class CodecTimes:
 class Calibration:
     """Codec times of this ``host`` and ``device``, by compressor spec key; ``reduce``: seconds
     per byte of the local sum by dtype (empty: not measured, gamma 0); ``processes``: how many
-    calibrated at once (see the module doc)."""
+    calibrated at once (see the module doc); ``copy_s_per_byte``: a memory copy's seconds per
+    byte (:mod:`hvdcompress.plan.front_ends`; 0: not measured); ``per_tensor`` and
+    ``per_member``: the front end's seconds per tensor and per further member of a fused bucket
+    in a job, by spec key (:mod:`hvdcompress.plan.job_costs`; empty: not measured)."""
 
     host: str
     device: str
     codecs: dict
     reduce: dict = field(default_factory=dict)
     processes: int = 1
+    copy_s_per_byte: float = 0.0
+    per_tensor: dict = field(default_factory=dict)
+    per_member: dict = field(default_factory=dict)
 
     def times(self, spec: Mapping[str, str]) -> Optional[CodecTimes]:
         return self.codecs.get(spec_key(spec))
+
+    def tensor_s(self, spec: Mapping[str, str], members: int = 1) -> float:
+        """The front end's seconds per step for one tensor of ``spec`` (a fused bucket of
+        ``members``): ``per_tensor`` + (members - 1) · ``per_member`` (``per_tensor`` where that
+        was not measured); 0 where nothing was."""
+        key = spec_key(spec)
+        one = self.per_tensor.get(key, 0.0)
+        return one + (members - 1) * self.per_member.get(key, one)
 
     def scaled(self, factor: float) -> "Calibration":
         """Every codec time times ``factor`` (``auto``'s re-plan: the codecs ran that much
@@ -128,7 +148,8 @@ class Calibration:
 
     def to_json(self) -> str:
         return json.dumps({"host": self.host, "device": self.device, "processes": self.processes,
-                           "reduce": self.reduce,
+                           "reduce": self.reduce, "copy": self.copy_s_per_byte,
+                           "per_tensor": self.per_tensor, "per_member": self.per_member,
                            "codecs": {k: asdict(v) for k, v in self.codecs.items()}}, indent=1)
 
     @classmethod
@@ -136,7 +157,8 @@ class Calibration:
         data = json.loads(text)
         codecs = {k: CodecTimes(*(Fit(*v[part]) for part in ("compress", "decode", "decode4")))
                   for k, v in data["codecs"].items()}
-        return cls(data["host"], data["device"], codecs, data.get("reduce", {}), data.get("processes", 1))
+        return cls(data["host"], data["device"], codecs, data.get("reduce", {}), data.get("processes", 1),
+                   data.get("copy", 0.0), data.get("per_tensor", {}), data.get("per_member", {}))
 
 
 def cache_path(device: str, cache_dir: Optional[Path] = None, host: Optional[str] = None,
@@ -224,6 +246,14 @@ def measure_reduction(dtypes: Iterable[str] = REDUCED, numel: int = REDUCE_ELEME
     return gamma
 
 
+def measure_copy(numel: int = REDUCE_ELEMENTS, repeats: int = 3) -> float:
+    """Seconds per byte of numpy's ``np.copyto`` of ``numel`` float32 elements (past the
+    last-level cache): a front end's pass over a gradient (:mod:`hvdcompress.plan.front_ends`)."""
+    a = np.random.default_rng(0).standard_normal(numel).astype(np.float32)
+    b = np.empty_like(a)
+    return _best(_HOST, lambda: np.copyto(b, a), repeats) / a.nbytes
+
+
 def calibrate(specs: Iterable[Mapping[str, str]], sizes: Iterable[int] = SIZES, repeats: int = 3,
               device: Union[str, Device] = "", processes: int = 1) -> Calibration:
     """Measure and fit the codec times of ``specs`` on ``device``: a torch device name ('' :
@@ -260,9 +290,12 @@ def _calibrate(specs: list, sizes: list, repeats: int, device: Union[str, Device
             wait()
             points.append(_codec_seconds(dev, spec, n, repeats))
         codecs[spec_key(spec)] = CodecTimes(*(fit_line(sizes, [p[i] for p in points]) for i in range(3)))
+    on_cpu = dev.name.endswith("cpu")
     wait()
-    reduce = measure_reduction(repeats=repeats) if dev.name.endswith("cpu") else {}
-    return Calibration(socket.gethostname(), dev.name, codecs, reduce)
+    reduce = measure_reduction(repeats=repeats) if on_cpu else {}
+    wait()
+    copy = measure_copy(repeats=repeats) if on_cpu else 0.0
+    return Calibration(socket.gethostname(), dev.name, codecs, reduce, copy_s_per_byte=copy)
 
 
 def _worker(specs: list, sizes: list, repeats: int, device: str, barrier: Any, queue: Any) -> None:
@@ -280,4 +313,5 @@ def _average(results: list) -> Calibration:
                                 for part in ("compress", "decode", "decode4")))
               for key in first.codecs}
     reduce = {dtype: float(np.mean([r.reduce[dtype] for r in results])) for dtype in first.reduce}
-    return Calibration(first.host, first.device, codecs, reduce, len(results))
+    copy = float(np.mean([r.copy_s_per_byte for r in results]))
+    return Calibration(first.host, first.device, codecs, reduce, len(results), copy)

@@ -23,6 +23,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from .calibration import Calibration
 from .exchanges import COLLECTIVES, LEVELS, exchange
+from .front_ends import HOROVOD, FrontEnd
 from .links import Cluster
 from .payloads import DEFAULT_COMPRESSORS, DENSE, FP16
 from .pipeline import Fusion, Job, simulate
@@ -50,17 +51,23 @@ class Prediction:
 
 def _step(profile: ModelProfile, cluster: Cluster, spec: Mapping[str, str], collective: str,
           level: str, intra_node: Mapping[str, str], calibration: Optional[Calibration],
-          fusion: Fusion) -> Optional[tuple]:
+          fusion: Fusion, front_end: FrontEnd = HOROVOD) -> Optional[tuple]:
     """(step seconds, wire bytes, collective label, codec seconds, node bytes) of one combination."""
     jobs, used, wire, node, share = [], set(), 0.0, 0.0, cluster.cpu_share
+    copy_s = share * (calibration.copy_s_per_byte if calibration is not None else 0.0)
+    hook_copies, sync_copies = front_end.copies(dense=spec.get("compressor") == DENSE)
+    native = len(spec) == 1 and spec.get("compressor") in (DENSE, FP16)
+    per_tensor = calibration is not None and (front_end.native_per_tensor or not native)
     for tensor in profile.tensors:
         plan = exchange(spec, tensor.shape, collective, level, cluster, intra_node, calibration)
         if plan is None:
             return None
         used.add(plan.collective)
         wire, node = wire + plan.wire_bytes, node + plan.node_bytes
+        gradient_s = copy_s * 4 * tensor.numel   # one pass over a float32 gradient
+        front_s = share * calibration.tensor_s(spec, tensor.members) if per_tensor else 0.0
         jobs.append(Job(tensor.name, share * tensor.ready_s, plan.rounds, plan.fusion_bytes,
-                        plan.hook_s, plan.sync_s))
+                        plan.hook_s + hook_copies * gradient_s + front_s, plan.sync_s + sync_copies * gradient_s))
     timeline = simulate(jobs, share * profile.backward_s, share * profile.optimizer_s, fusion)
     label = collective if collective in used else "allreduce"
     return timeline.step_s, wire, label, sum(j.hook_s + j.sync_s for j in jobs), node
@@ -71,19 +78,22 @@ def predict(profile: ModelProfile, cluster: Cluster,
             collectives: Sequence[str] = COLLECTIVES, levels: Sequence[str] = LEVELS,
             intra_node: Mapping[str, str] = DEFAULT_COMPRESSORS[FP16],
             calibration: Optional[Calibration] = None, fusion: Fusion = Fusion(),
-            baseline: Optional[ModelProfile] = None) -> list:
+            baseline: Optional[ModelProfile] = None, front_end: FrontEnd = HOROVOD) -> list:
     """A :class:`Prediction` per existing combination, in the order of ``compressors`` (labels
     to specs for :func:`hvdcompress.from_params`), then ``collectives``, then ``levels``.
     A compressor whose payloads are all summable gives one 'allreduce' row per level.
     ``baseline``: the profile Horovod's dense and fp16 run on, for the speed-ups (default
-    ``profile``; a fused profile, :func:`hvdcompress.plan.profile.fused`, passes the original)."""
+    ``profile``; a fused profile, :func:`hvdcompress.plan.profile.fused`, passes the original).
+    ``front_end``: the gradient copies it makes beside the exchange (:mod:`hvdcompress.plan.front_ends`);
+    the speed-ups are against the same front end's dense and fp16."""
     reference = {name: _step(baseline or profile, cluster, DEFAULT_COMPRESSORS[name], "allgather", "flat",
-                             intra_node, calibration, fusion)[0] for name in (DENSE, FP16)}
+                             intra_node, calibration, fusion, front_end)[0] for name in (DENSE, FP16)}
     rows, seen = [], set()
     for label, spec in compressors.items():
         for collective in collectives:
             for level in levels:
-                result = _step(profile, cluster, spec, collective, level, intra_node, calibration, fusion)
+                result = _step(profile, cluster, spec, collective, level, intra_node, calibration, fusion,
+                               front_end)
                 if result is None or (label, result[2], level) in seen:
                     continue
                 seen.add((label, result[2], level))

@@ -28,11 +28,13 @@ BACKWARD_SHARE = 2 / 3
 
 @dataclass(frozen=True)
 class TensorProfile:
-    """One gradient: ``name``, ``shape`` and ``ready_s`` (seconds after the step's start)."""
+    """One gradient: ``name``, ``shape`` and ``ready_s`` (seconds after the step's start);
+    ``members``: the tensors of a fused bucket (:func:`fused`), 1 for a tensor."""
 
     name: str
     shape: tuple
     ready_s: float
+    members: int = 1
 
     @property
     def numel(self) -> int:
@@ -92,7 +94,7 @@ def fused(profile: ModelProfile, threshold_bytes: int, itemsize: int = 4) -> Mod
     member = {m: b for b in cut for m in b.members}
     ready = {b.name: max(t.ready_s for t in profile.tensors if t.name in b.members) for b in cut}
     tensors = [t for t in profile.tensors if t.name not in member] + \
-        [TensorProfile(b.name, (b.numel,), ready[b.name]) for b in cut]
+        [TensorProfile(b.name, (b.numel,), ready[b.name], len(b.members)) for b in cut]
     return ModelProfile(tuple(tensors), profile.backward_s, profile.optimizer_s)
 
 

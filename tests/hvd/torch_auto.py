@@ -44,3 +44,16 @@ for case, kwargs in CASES.items():
            shapes={n: list(p.shape) for n, p in model.named_parameters()},
            predicted=auto.predicted_exchange_s,
            params=hashlib.sha256(params.numpy().tobytes()).hexdigest())
+
+# the cost per tensor in a job (python -m hvdcompress.plan --calibrate-job), on this machine's
+# calibration that the "measured" case cached, with few tensors and steps (what it reports, not how fast)
+from hvdcompress.plan.__main__ import main as plan_main  # noqa: E402
+
+plan_main(["--calibrate-job", "--device", "cpu", "--job-tensors", "3", "--job-steps", "2",
+           "--compressors", "none", "fp16", "int8", "powersgd r4"])
+hvd.barrier()   # rank 0 has saved it
+from hvdcompress.plan import calibration as cal  # noqa: E402
+
+saved = cal.load(cal.cache_path("cpu"))
+result(hvd.rank(), case="job_costs", per_tensor=saved.per_tensor, per_member=saved.per_member,
+       codecs=sorted(saved.codecs))

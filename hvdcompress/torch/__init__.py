@@ -15,7 +15,7 @@ from typing import Any
 from ..schedule import SparsityScheduler
 from .backend import TorchOps
 
-_HOROVOD_ATTRIBUTES = {"DistributedOptimizer": "optimizer", "broadcast_optimizer_state": "optimizer",
+_HOROVOD_ATTRIBUTES = {"DistributedOptimizer": "optimizer", "broadcast_optimizer_state": "checkpoints",
                        "node_process_sets": "collectives"}
 
 __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "SparsityScheduler", "TorchOps",

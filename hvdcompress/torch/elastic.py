@@ -45,7 +45,7 @@ import copy
 import horovod.torch as hvd
 from horovod.torch.elastic.state import StateHandler
 
-from .optimizer import broadcast_optimizer_state
+from .checkpoints import broadcast_optimizer_state
 
 
 def _compressed(value) -> bool:

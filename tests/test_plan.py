@@ -368,3 +368,24 @@ def _cli(args: list) -> list:
     out = Path(args[args.index("--json") + 1])
     assert main(args) == 0
     return json.loads(out.read_text())
+
+
+def test_the_cli_front_end_and_calibrate_job_errors(tmp_path, capsys):
+    """--front-end ddp adds DDP's gradient copies from the cached calibration (dense: 2 passes);
+    --calibrate-job without a calibration to add to says to calibrate first (exit 2)."""
+    sizes = tmp_path / "sizes.json"
+    sizes.write_text(json.dumps([[512, 512]]))
+    calibration = cal.Calibration("box", "cpu", {}, copy_s_per_byte=1e-9, per_tensor={cal.spec_key(INT8): 1e-3})
+    cal.save(calibration, cal.cache_path("cpu", tmp_path))
+    out = tmp_path / "rows.json"
+    args = ["--sizes", str(sizes), "--nodes", "2", "--gpus-per-node", "1", "--inter", "1gbit", "--device", "cpu",
+            "--cache-dir", str(tmp_path), "--levels", "flat", "--cycle-ms", "0", "--compressors", "none", "int8",
+            "--json", str(out)]   # no cycle: the copies add up exactly
+    horovod = {r["compressor"]: r["step_time_s"] for r in _cli(args)}
+    ddp = {r["compressor"]: r["step_time_s"] for r in _cli(args + ["--front-end", "ddp"])}
+    assert ddp["none"] - horovod["none"] == pytest.approx(2 * 4 * 512 * 512 * 1e-9)
+    assert ddp["int8"] > horovod["int8"]
+    from hvdcompress.plan.__main__ import main
+    with pytest.raises(SystemExit) as exit_:
+        main(["--calibrate-job", "--device", "cpu", "--cache-dir", str(tmp_path / "empty")])
+    assert exit_.value.code == 2 and "run with --calibrate first" in capsys.readouterr().err

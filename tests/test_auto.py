@@ -351,3 +351,19 @@ def test_horovod_tensorflow_tape_and_keras_plan_alike(tmp_path):
     this machine calibrated. Every rank holds the same plan and weights."""
     got = _launch("tf_auto.py", tmp_path, ("tape", "keras"), ("first", "plan", "checks", "params"))
     assert got["tape"]["first"] == _given_link_plan(got["tape"]["shapes"])
+
+
+def test_the_cost_per_tensor_weighs_in_the_pick():
+    """100 Mbit/s, P = 4, the big tensor: int8's compressed allreduce (~134 ms) beats fp16
+    (~252 ms) until the calibration says int8 costs the front end 0.2 s per tensor in a job
+    (``--calibrate-job``); fp16 then wins (bf16, the same bytes and codec, 1 ms dearer per
+    tensor), and its seconds hold its own cost per tensor."""
+    beta = 12.5e6
+    plain = slow_codecs()
+    assert choose(BIG, cluster(beta), SPECS, plain).label == "int8"
+    costly = replace(plain, per_tensor={spec_key(CHOICES["int8"]): 0.2, spec_key(CHOICES["fp16"]): 1e-3,
+                                        spec_key(CHOICES["bf16"]): 2e-3})
+    fp16 = choose(BIG, cluster(beta), SPECS, costly)
+    assert fp16.label == "fp16"   # bf16 sends as many bytes at the same codec cost: 1 ms more per tensor
+    bare = choose(BIG, cluster(beta), {"fp16": SPECS["fp16"]}, plain)
+    assert fp16.seconds == pytest.approx(bare.seconds + 1e-3)

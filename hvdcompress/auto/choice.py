@@ -9,6 +9,8 @@ the formulas of :mod:`hvdcompress.plan` (measured payloads, alpha-beta collectiv
 codec time), what it adds to a step::
 
     t(c, k) = sum over the rounds of the transfer (bytes / beta)  +  codec time (hook + sync)
+              + the front end's cost per tensor of c (where the calibration holds one:
+                ``python -m hvdcompress.plan --calibrate-job``, :mod:`hvdcompress.plan.job_costs`)
 
 e.g. ``none``: 2(P-1)/P · 4n/beta; ``fp16``: 2(P-1)/P · 2n/beta + compress(n) + decode(n);
 ``int8`` by the compressed allreduce: 2(P-1)/P · B/beta (B its P segments' payloads) + P
@@ -149,14 +151,17 @@ def _seconds(plan: Exchange) -> float:
 def choose(shape: tuple, cluster: Cluster, allowed: Mapping[str, Mapping[str, Any]],
            calibration: Optional[Calibration] = None, device: Optional[Device] = None) -> Choice:
     """The cheapest (compressor, collective) for one tensor of ``shape`` (see the module doc);
-    payloads measured on ``device`` (default torch's; sizes do not depend on it)."""
+    payloads measured on ``device`` (default torch's; sizes do not depend on it). The cost per
+    tensor weighs in the pick only: the step's prediction (:func:`predict_exchange`) and the
+    re-plan check keep to the network and the codecs, whose ratios they measure."""
     best, best_key = None, None
     for order, (label, spec) in enumerate(allowed.items()):
         for collective in COLLECTIVES:
             plan = exchange(spec, shape, collective, "flat", cluster, CHOICES[FP16], calibration, device)
             if plan is None:
                 continue
-            choice = Choice(label, plan.collective, _seconds(plan), plan.wire_bytes, plan)
+            front = calibration.tensor_s(spec) if calibration is not None else 0.0
+            choice = Choice(label, plan.collective, _seconds(plan) + front, plan.wire_bytes, plan)
             key = (choice.seconds, choice.wire_bytes, order)
             if best_key is None or key < best_key:
                 best, best_key = choice, key

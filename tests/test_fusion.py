@@ -16,7 +16,8 @@ from hvdcompress.fusion import DEFAULT_BYTES, Bucket, FusedKey, buckets, check_f
 from hvdcompress.options import parse_options
 from hvdcompress.torch.backend import TorchOps
 from hvd.fusion_data import SIZES, grads
-from simulator import run_ranks
+from hvdcompress.two_level import TwoLevelExchange
+from simulator import run_nodes, run_ranks
 from test_exchange import onebit
 
 OPS = TorchOps()
@@ -175,6 +176,36 @@ def test_a_fused_bucket_is_exchanged_as_one_tensor_of_its_concatenation(collecti
         assert [c for c, _, _ in fused[r][1]] == [c for c, _, _ in log]
     assert [c for c, _, _ in fused[0][1]][:2] == (["alltoall", "allgather"] if collective == "alltoall"
                                                   else ["allgather", "allgather"])
+
+
+def test_a_fused_bucket_through_two_levels_is_one_tensor_of_its_concatenation():
+    """Two-level (2 nodes x 2 ranks; fp16 inside nodes, error-fed onebit between them): the fused
+    bucket's results are those of one tensor holding the concatenation, bit for bit, over two
+    steps, and its state (the node shard's residual) sits in the bucket's state."""
+    bucket = buckets(tensors(), 10 ** 6)[0]
+
+    def engine(node, cross):
+        return TwoLevelExchange(hc.ErrorFeedback(hc.OneBit()), hc.FP16(), OPS, node, cross)
+
+    def body(world, node, cross):
+        fused, plain = engine(node, cross), engine(node, cross)
+        fused_state, plain_state, got, want = {}, {}, [], []
+        for step in range(2):
+            items = [(n, torch.from_numpy(g), TensorInfo(name=n, numel=g.size, world=4, rank=world.rank,
+                                                         shape=g.shape))
+                     for n, g in grads(world.rank, step).items()]
+            done = fused.finish(fused.start([compress_bucket(fused, bucket, items, fused_state)]))
+            got.append(np.concatenate([t.numpy() for _, t in totals(OPS, done[0])]))
+            flat = torch.from_numpy(np.concatenate(list(grads(world.rank, step).values())))
+            info = TensorInfo(name=bucket.name, numel=flat.numel(), world=4, rank=world.rank, shape=(flat.numel(),))
+            want.append(plain.finish(plain.start([plain.compress("b", flat, plain_state, info)]))[0].total.numpy())
+            fused.end_step()
+            plain.end_step()
+        return got, want, sorted(fused_state), sorted(plain_state)
+    for got, want, fused_keys, plain_keys in run_nodes(2, 2, body):
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        assert fused_keys == plain_keys and any(k.startswith("cross.") for k in fused_keys)
 
 
 def test_auto_plans_a_bucket_as_one_tensor():

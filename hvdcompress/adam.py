@@ -74,17 +74,19 @@ Adam warmed up for 15-25% of BERT's training), the coarser the compressor's per-
 later:
 
 * q = 1/4 (250 steps for b2 = 0.999): int8, the quantisers, PowerSGD;
-* q = 1/2 (500): a sparsifier (top-k, random-k, threshold), whose error feedback delivers a
-  coordinate's mass after many steps at once through the frozen 1/sqrt(v), so v must be
-  estimated better;
-* q = 3/4 (750): the 1-bit family (onebit, EF-signSGD), one bit per coordinate.
+* q = 1/2 (500): a sparsifier that picks by magnitude (top-k, threshold), whose error feedback
+  delivers a coordinate's mass after many steps at once through the frozen 1/sqrt(v), so v must
+  be estimated better;
+* q = 3/4 (750): the 1-bit family (onebit, EF-signSGD), one bit per coordinate, and random-k,
+  which sends a coordinate once per 1/k steps whatever its size (its whole residual at once).
 
 Measured (benchmarks/README.md section 8, gap to dense AdamW): top-k 1% on the transformer
 +0.066 frozen at 250, +0.048 / +0.049 (two seeds) at 500; on the LSTM +0.027 -> +0.011. Onebit
 at 8 ranks: on the LSTM +0.011 / +0.080 (two seeds) at 250, +0.001 / +0.003 at 750; on a second,
 untuned LSTM task +0.043 at 250, +0.008 at 750 (1,000-step runs: 250 compressed steps); over
-2,000 steps (1,250 compressed) +0.035 at 750 with the old c·sqrt(N) clip, +0.021 with the clip to c. PowerSGD does better frozen early (-0.002 /
--0.017 at 250 against +0.004 / +0.005 at 500).
+2,000 steps (1,250 compressed) +0.035 at 750 with the old c·sqrt(N) clip, +0.021 / +0.023 (two seeds) with the
+clip to c. Random-k 1% on the LSTM at 2 ranks: +0.108 / +0.226 (two seeds) at 500, +0.005 / +0.013 at 750. PowerSGD
+does better frozen early (-0.002 / -0.017 at 250 against +0.004 / +0.005 at 500).
 
 The wrapper (torch optimizer) replaces the wrapped optimizer's step with :meth:`after_exchange`;
 the user's param groups, schedulers and checkpoints keep their values; m and v live in the
@@ -100,6 +102,7 @@ from typing import Any, Mapping, Optional, Sequence
 from .backend import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo
 from .compressors.onebit import OneBit
+from .compressors.randomk import RandomK
 from .compressors.sparse import SparseCompressor
 from .memory import Decorator
 from .validation import check_int
@@ -142,7 +145,8 @@ class FrozenAdam(Decorator):
     ``inner``: any compressor that does not apply momentum itself (onebit, EF-signSGD, top-k,
     random-k, int8, the quantisers, PowerSGD; with ``ErrorFeedback`` where it keeps no residual
     of its own). ``freeze_steps``: T0, the full-precision warm-up; None: ``ceil(q / (1-b2))``,
-    q = 3/4 for the 1-bit family, 1/2 for a sparsifier, 1/4 otherwise (see the module doc).
+    q = 3/4 for the 1-bit family and random-k, 1/2 for another sparsifier, 1/4 otherwise (see the
+    module doc).
     ``send``: what each rank compresses after the freeze, ``"gradient"`` (default) or
     ``"momentum"`` (1-bit Adam's placement). From strings: ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen",
     "freeze_steps": "100", "adam_send": "gradient"}``.
@@ -176,7 +180,8 @@ class FrozenAdam(Decorator):
         if self.freeze_steps is not None:
             return self.freeze_steps
         inner = self.inner.unwrap()
-        share = 0.75 if isinstance(inner, OneBit) else 0.5 if isinstance(inner, SparseCompressor) else 0.25
+        share = 0.75 if isinstance(inner, (OneBit, RandomK)) else 0.5 if isinstance(inner, SparseCompressor) \
+            else 0.25
         return math.ceil(share / (1.0 - beta2)) if beta2 < 1.0 else 0
 
     def frozen(self, settings: AdamSettings) -> bool:

@@ -10,14 +10,18 @@ ddp-powersgd,ddp:powersgd,ddp:int8,ddp:onebit-ef,ddp:dgc \\
 then predict and compare::
 
     .venv/bin/python benchmarks/plan_validation.py [--e2e benchmarks/results/e2e_validation.json]
+    .venv/bin/python benchmarks/plan_validation.py --e2e benchmarks/results/e2e_fusion.json \
+        --json benchmarks/results/plan_validation_deep.json      # 98 tensors, fused (M@fusion=B) or not
 
 What the model is given, per setting (model, ranks or hosts x slots, rate): the model's tensor
 shapes; the compute floor (``nocomm``: forward + backward, then the optimizer step; the
 backward's share of it spread over the tensors as :func:`hvdcompress.plan.profile.from_sizes`
 does) measured at the probe (below), where every rank has a core; this machine's calibration
 at one thread per process, run by min(ranks, cores) processes at once as the ranks share the
-memory (cached apart from the plan's own): codec times and the reduction's gamma per dtype;
-for the Horovod front end, its float16 gamma solved from a 2-rank ``hvd.allreduce`` on
+memory (cached apart from the plan's own): codec times, the reduction's gamma per dtype and a
+memory copy's cost (DDP's gradient copies, :mod:`hvdcompress.plan.front_ends`); the front ends'
+cost per tensor and per fused-bucket member, measured in the probe's job
+(:mod:`hvdcompress.plan.job_costs`, :func:`job_calibration`); for the Horovod front end, its float16 gamma solved from a 2-rank ``hvd.allreduce`` on
 loopback, float32 against float16 (:func:`horovod_gamma`: Horovod's float16 sum converts in
 software, about 11x numpy's float16 add here; torch's Gloo, the DDP hook's, sums at about
 numpy's speed);
@@ -107,7 +111,7 @@ def horovod_gamma(ranks: int) -> cal.Calibration:
     gamma stays numpy's: the probe's premise).
 
     The probe (:func:`_probe_allreduce`, cached in :data:`PROBE_CACHE`, so the validation
-    launches it once): ``hvd.allreduce`` with ``op=hvd.Sum`` (gamma is the sum's cost, and the
+    launches it once; its job then measures the costs per tensor, :func:`job_calibration`): ``hvd.allreduce`` with ``op=hvd.Sum`` (gamma is the sum's cost, and the
     engine's allreduces are sums) of N = 16M elements on P = 2 ranks over loopback
     (``horovodrun --gloo``), float32 (B32 = 4N bytes) then float16 (B16 = 2N), best of
     :data:`PROBE_REPEATS` after a warm-up. (``op=hvd.Average``, as ``DistributedOptimizer`` runs

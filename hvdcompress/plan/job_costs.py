@@ -8,12 +8,14 @@ benchmarks' ``deep`` model (3.6M parameters, 20 ms of compute) cost onebit+EF 0.
 step on this project's 2-core CPU, where its calibrated codec takes 0.15 ms.
 
 Measured in a job (:func:`measure`, on every rank of a ``horovodrun``; the benchmarks launch it
-beside their Horovod probe): ``tensors`` parameters of ``elements`` each, per step
+beside their Horovod probe): ``tensors`` parameters of ``shape`` (16 x 16: a matrix that
+PowerSGD compresses, as it does a model's weights; DGC and CSC send it dense, as they do every
+tensor under 16,384 elements), per step
 ``zero_grad``, a backward and the optimizer's step, the median of ``steps`` steps after a
 warm-up, every rank starting together. Per compressor spec:
 
 * ``per_tensor`` = (median step with K tensors − with one) / (K − 1) − the calibrated codec
-  time at ``elements`` (which the model adds by itself), at least 0;
+  time at the shape's elements (which the model adds by itself), at least 0;
 * ``per_member`` (fusable compressors): the same with ``fusion=True`` (one bucket of the K): what
   each further member of a fused bucket costs (its hook, its copy in and out of the bucket).
 
@@ -24,6 +26,7 @@ in a loop keep the caches warm, which a real backward does not (there Horovod's 
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any, Callable, Mapping, Optional
@@ -31,14 +34,14 @@ from typing import Any, Callable, Mapping, Optional
 from .calibration import Calibration
 from .payloads import spec_key
 
-TENSORS, ELEMENTS, STEPS, WARMUP = 97, 64, 30, 5
+TENSORS, SHAPE, STEPS, WARMUP = 97, (16, 16), 30, 5
 
 
-def _median_step(make: Callable[[Any, list], Any], tensors: int, elements: int, steps: int) -> float:
+def _median_step(make: Callable[[Any, list], Any], tensors: int, shape: tuple, steps: int) -> float:
     import horovod.torch as hvd
     import torch
 
-    params = [torch.nn.Parameter(torch.randn(elements)) for _ in range(tensors)]
+    params = [torch.nn.Parameter(torch.randn(shape)) for _ in range(tensors)]
     optimizer = make(torch.optim.SGD(params, lr=0.0), [(f"p{i:04d}", p) for i, p in enumerate(params)])
     times = []
     for _ in range(WARMUP + steps):
@@ -65,7 +68,7 @@ def _optimizer(spec: Mapping[str, str], fusion: bool) -> Callable[[Any, list], A
 
 
 def measure(specs: Mapping[str, Mapping[str, str]], calibration: Optional[Calibration] = None,
-            tensors: int = TENSORS, elements: int = ELEMENTS, steps: int = STEPS) -> dict:
+            tensors: int = TENSORS, shape: tuple = SHAPE, steps: int = STEPS) -> dict:
     """``{"per_tensor": {spec key: s}, "per_member": {spec key: s}}`` for ``specs`` (labels to
     specs), on every rank of an initialised Horovod job (see the module doc); ``calibration``:
     the codec times to take out (None: none taken out)."""
@@ -75,7 +78,7 @@ def measure(specs: Mapping[str, Mapping[str, str]], calibration: Optional[Calibr
 
     if tensors < 2:
         raise ValueError(f"measure: tensors={tensors} must be at least 2 (a slope between 1 and K)")
-    per_tensor, per_member = {}, {}
+    per_tensor, per_member, elements = {}, {}, math.prod(shape)
     for spec in specs.values():
         key = spec_key(spec)
         times = calibration.times(spec) if calibration is not None else None
@@ -84,8 +87,8 @@ def measure(specs: Mapping[str, Mapping[str, str]], calibration: Optional[Calibr
         if spec.get("compressor") not in ("none", "fp16") and from_params(dict(spec)).fusable:
             variants["per_member"] = True
         for out, fusion in variants.items():
-            one = _median_step(_optimizer(spec, fusion), 1, elements, steps)
-            many = _median_step(_optimizer(spec, fusion), tensors, elements, steps)
+            one = _median_step(_optimizer(spec, fusion), 1, shape, steps)
+            many = _median_step(_optimizer(spec, fusion), tensors, shape, steps)
             slope = (many - one) / (tensors - 1)
             (per_tensor if out == "per_tensor" else per_member)[key] = max(
                 slope - (codec if out == "per_tensor" else 0.0), 0.0)

@@ -55,6 +55,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))   # hvdrun
 CACHE = Path.home() / ".cache" / "hvdcompress" / "one-thread"
 
+from hvdcompress import from_params  # noqa: E402
+from hvdcompress.fusion import check_fusion  # noqa: E402
 from hvdcompress.plan import calibration as cal, job_costs  # noqa: E402
 from hvdcompress.plan.front_ends import FRONT_ENDS as GRADIENT_COPIES  # noqa: E402
 from hvdcompress.plan.links import Cluster, Link, cpu_share  # noqa: E402
@@ -71,6 +73,8 @@ FRONT_ENDS = {
     "ddp": {"ddp-dense": "none", "ddp-fp16": "fp16", "ddp:int8": "int8", "ddp:onebit-ef": "onebit+ef",
             "ddp:dgc": "dgc 0.999", "ddp:powersgd": "powersgd r4"},
 }
+#: the plan's label -> spec of every compressor validated (calibrated, and measured in the probe's job)
+VALIDATED = {label: DEFAULT_COMPRESSORS[label] for methods in FRONT_ENDS.values() for label in methods.values()}
 #: this machine's cores: with more ranks than cores the ranks time-slice, outside the model's
 #: premise of a core (or a GPU) per rank; reported apart
 CORES = os.cpu_count() or 1
@@ -89,7 +93,7 @@ def calibration_for(ranks: int) -> cal.Calibration:
     at once (every rank on this machine, at most one per core)."""
     import torch
     torch.set_num_threads(1)
-    specs = [DEFAULT_COMPRESSORS[m] for methods in FRONT_ENDS.values() for m in methods.values()]
+    specs = list(VALIDATED.values())
     processes = min(ranks, os.cpu_count() or 1)
     path = cal.cache_path("cpu", CACHE, processes=processes)
     base = cal.load(path)
@@ -197,8 +201,7 @@ def _probe_worker(numel: int, repeats: int) -> None:
             hvd.allreduce(x, op=op, name=f"probe.{key}.{i}")
             if i >= 0:
                 best[key] = min(best.get(key, math.inf), time.perf_counter() - begin)
-    specs = {label: DEFAULT_COMPRESSORS[label] for methods in FRONT_ENDS.values() for label in methods.values()}
-    costs = job_costs.measure(specs, cal.load(cal.cache_path("cpu", CACHE, processes=min(hvd.size(), CORES))))
+    costs = job_costs.measure(VALIDATED, cal.load(cal.cache_path("cpu", CACHE, processes=min(hvd.size(), CORES))))
     if hvd.rank() == 0:
         write_result(0, {**best, **costs})
     hvd.shutdown()
@@ -221,13 +224,12 @@ def rows_of(entry: dict) -> dict:
                      for key, value in rows[0].items()} for method, rows in runs.items()}
 
 
-FUSED = "@fusion="
-
-
 def split_method(method: str) -> tuple:
-    """``"int8@fusion=4194304"`` -> ("int8", 4194304): e2e's fused variant of a method."""
-    name, _, fusion = method.partition(FUSED)
-    return name, int(fusion) if fusion else None
+    """(the method before ``@``, its ``fusion`` option as e2e reads it or None):
+    ``"int8@fusion=4194304"`` -> ("int8", 4194304)."""
+    from e2e import optimizer_options
+    name, at, _ = method.partition("@")
+    return name, optimizer_options(method).get("fusion") if at else None
 
 
 def known(method: str, front_end: str) -> bool:
@@ -249,7 +251,8 @@ def predict_setting(entry: dict, link: Link, floor_entry: dict, methods: list, f
     for method in methods:
         name, fusion = split_method(method)
         label = FRONT_ENDS[front_end][name]
-        rows = predict(profile if fusion is None else fused(profile, fusion), cluster(entry, link),
+        threshold = check_fusion(fusion, from_params(DEFAULT_COMPRESSORS[label]))   # bytes (True: the default)
+        rows = predict(profile if threshold is None else fused(profile, threshold), cluster(entry, link),
                        {label: DEFAULT_COMPRESSORS[label]}, levels=("flat",), calibration=calibration,
                        baseline=profile, front_end=GRADIENT_COPIES[front_end])
         out[method] = min(rows, key=lambda row: row.wire_bytes_per_rank)

@@ -156,11 +156,11 @@ def choose(shape: tuple, cluster: Cluster, allowed: Mapping[str, Mapping[str, An
     re-plan check keep to the network and the codecs, whose ratios they measure."""
     best, best_key = None, None
     for order, (label, spec) in enumerate(allowed.items()):
+        front = calibration.tensor_s(spec) if calibration is not None else 0.0
         for collective in COLLECTIVES:
             plan = exchange(spec, shape, collective, "flat", cluster, CHOICES[FP16], calibration, device)
             if plan is None:
                 continue
-            front = calibration.tensor_s(spec) if calibration is not None else 0.0
             choice = Choice(label, plan.collective, _seconds(plan) + front, plan.wire_bytes, plan)
             key = (choice.seconds, choice.wire_bytes, order)
             if best_key is None or key < best_key:

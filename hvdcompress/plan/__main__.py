@@ -23,7 +23,7 @@ from .links import Cluster, Link, cpu_share, parse_bandwidth, parse_latency
 from .device import torch_device
 from .front_ends import FRONT_ENDS
 from .model import predict, recommend
-from .payloads import DEFAULT_COMPRESSORS, FP16
+from .payloads import DEFAULT_COMPRESSORS, FP16, spec_key
 from .pipeline import Fusion
 from .plot import plot_lines
 from .profile import ModelProfile, from_sizes, fused, trace_keras, trace_torch
@@ -169,7 +169,7 @@ def _calibrate_job(args: argparse.Namespace, specs: list, calibration: cal.Calib
     if hvd.size() < 2:
         raise ValueError(f"--calibrate-job: {hvd.size()} rank; run it under horovodrun with at least 2 "
                          "(e.g. horovodrun -np 2 python -m hvdcompress.plan --calibrate-job)")
-    costs = job_costs.measure({cal.spec_key(s): s for s in specs}, calibration, args.job_tensors,
+    costs = job_costs.measure({spec_key(s): s for s in specs}, calibration, args.job_tensors,
                               steps=args.job_steps)
     calibration = replace(calibration, per_tensor={**calibration.per_tensor, **costs["per_tensor"]},
                           per_member={**calibration.per_member, **costs["per_member"]})
@@ -203,10 +203,10 @@ def main(argv: Optional[list] = None) -> int:
     fusable = {k: v for k, v in specs.items() if from_params(v).unwrap().fusable} if args.fused else {}
     alone = {k: v for k, v in specs.items() if k not in fusable}
     bucketed = fused(profile, args.fused) if args.fused else profile
+    front_end = FRONT_ENDS[args.front_end]
 
     def run(nodes: int) -> list:
         at = replace(cluster, nodes=nodes)
-        front_end = FRONT_ENDS[args.front_end]
         rows = predict(bucketed, at, fusable, args.collectives, args.levels, intra, calibration, fusion,
                        baseline=profile, front_end=front_end) if fusable else []
         return rows + (predict(profile, at, alone, args.collectives, args.levels, intra, calibration, fusion,

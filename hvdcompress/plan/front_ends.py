@@ -22,6 +22,7 @@ False) run in its C++ reducer, per bucket: nothing per tensor.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,13 @@ class FrontEnd:
     def copies(self, dense: bool) -> tuple:
         """(passes in the hook, passes after the exchange) for a dense or a compressed exchange."""
         return self.hook_copies, self.sync_copies + (0 if dense else self.decode_copies)
+
+
+def native(spec: Mapping[str, str]) -> bool:
+    """Whether ``spec`` is the front end's own exchange, the references of the speed-ups:
+    ``none`` or ``fp16`` alone (Horovod's optimizer, DDP's reducer and fp16 hook), not one of
+    hvdcompress's compressors."""
+    return len(spec) == 1 and spec.get("compressor") in ("none", "fp16")
 
 
 HOROVOD = FrontEnd("horovod")

@@ -32,6 +32,7 @@ import time
 from typing import Any, Callable, Mapping, Optional
 
 from .calibration import Calibration
+from .front_ends import native
 from .payloads import spec_key
 
 TENSORS, SHAPE, STEPS, WARMUP = 97, (16, 16), 30, 5
@@ -59,9 +60,8 @@ def _optimizer(spec: Mapping[str, str], fusion: bool) -> Callable[[Any, list], A
 
     from .. import torch as hvdc
 
-    name = spec.get("compressor")
-    if name in ("none", "fp16") and len(spec) == 1:   # Horovod's own: the speed-ups' references
-        compression = hvd.Compression.fp16 if name == "fp16" else hvd.Compression.none
+    if native(spec):   # Horovod's own: the speed-ups' references
+        compression = hvd.Compression.fp16 if spec["compressor"] == "fp16" else hvd.Compression.none
         return lambda opt, named: hvd.DistributedOptimizer(opt, named_parameters=named, compression=compression)
     return lambda opt, named: hvdc.DistributedOptimizer(opt, named_parameters=named, compression=dict(spec),
                                                        fusion=fusion)
@@ -78,18 +78,16 @@ def measure(specs: Mapping[str, Mapping[str, str]], calibration: Optional[Calibr
 
     if tensors < 2:
         raise ValueError(f"measure: tensors={tensors} must be at least 2 (a slope between 1 and K)")
+    def slope(spec: Mapping[str, str], fusion: bool) -> float:
+        one = _median_step(_optimizer(spec, fusion), 1, shape, steps)
+        return (_median_step(_optimizer(spec, fusion), tensors, shape, steps) - one) / (tensors - 1)
+
     per_tensor, per_member, elements = {}, {}, math.prod(shape)
     for spec in specs.values():
         key = spec_key(spec)
         times = calibration.times(spec) if calibration is not None else None
         codec = 0.0 if times is None else times.compress_s(elements) + times.decode_s(elements, hvd.size())
-        variants = {"per_tensor": False}
-        if spec.get("compressor") not in ("none", "fp16") and from_params(dict(spec)).fusable:
-            variants["per_member"] = True
-        for out, fusion in variants.items():
-            one = _median_step(_optimizer(spec, fusion), 1, shape, steps)
-            many = _median_step(_optimizer(spec, fusion), tensors, shape, steps)
-            slope = (many - one) / (tensors - 1)
-            (per_tensor if out == "per_tensor" else per_member)[key] = max(
-                slope - (codec if out == "per_tensor" else 0.0), 0.0)
+        per_tensor[key] = max(slope(spec, False) - codec, 0.0)
+        if not native(spec) and from_params(dict(spec)).fusable:
+            per_member[key] = max(slope(spec, True), 0.0)
     return {"per_tensor": per_tensor, "per_member": per_member}

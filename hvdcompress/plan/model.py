@@ -23,7 +23,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from .calibration import Calibration
 from .exchanges import COLLECTIVES, LEVELS, exchange
-from .front_ends import HOROVOD, FrontEnd
+from .front_ends import HOROVOD, FrontEnd, native
 from .links import Cluster
 from .payloads import DEFAULT_COMPRESSORS, DENSE, FP16
 from .pipeline import Fusion, Job, simulate
@@ -56,8 +56,7 @@ def _step(profile: ModelProfile, cluster: Cluster, spec: Mapping[str, str], coll
     jobs, used, wire, node, share = [], set(), 0.0, 0.0, cluster.cpu_share
     copy_s = share * (calibration.copy_s_per_byte if calibration is not None else 0.0)
     hook_copies, sync_copies = front_end.copies(dense=spec.get("compressor") == DENSE)
-    native = len(spec) == 1 and spec.get("compressor") in (DENSE, FP16)
-    per_tensor = calibration is not None and (front_end.native_per_tensor or not native)
+    per_tensor = calibration is not None and (front_end.native_per_tensor or not native(spec))
     for tensor in profile.tensors:
         plan = exchange(spec, tensor.shape, collective, level, cluster, intra_node, calibration)
         if plan is None:

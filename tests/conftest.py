@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -87,8 +88,9 @@ def run_elastic(work: Path, script: Path, timeout: int) -> list:
     """Every record of one elastic launch of ``script`` (rank files 0..2 under ``work``): 2 ranks
     that may grow to 3, through ``tests/hvd/elastic_discovery.sh`` reading ``work/hosts``. The test
     fails with horovodrun's output on a non-zero exit or after ``timeout`` seconds, when the
-    process group is killed. ``--network-interface lo``: without it an elastic horovodrun waits
-    for a second host to find common network interfaces."""
+    process group is killed: then with each rank's last record and the stacks every rank printed
+    20 s before (tests/hvd/common.dump_stacks_before_kill). ``--network-interface lo``: without it
+    an elastic horovodrun waits for a second host to find common network interfaces."""
     hosts, results = work / "hosts", work / "results"
     results.mkdir()
     hosts.write_text("localhost:2\n")
@@ -96,7 +98,8 @@ def run_elastic(work: Path, script: Path, timeout: int) -> list:
            "--network-interface", "lo", "--host-discovery-script", str(HVD_SCRIPTS / "elastic_discovery.sh"),
            sys.executable, str(script), str(work)]
     env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           RESULTS_ENV: str(results), "HVDCOMPRESS_ELASTIC_HOSTS": str(hosts)}
+           RESULTS_ENV: str(results), "HVDCOMPRESS_ELASTIC_HOSTS": str(hosts),
+           "HVDCOMPRESS_TEST_STACKS_AT": str(time.time() + timeout - 20)}
     log = work / "horovodrun.log"
     proc = start_horovodrun(cmd, env, log)
     try:
@@ -104,7 +107,9 @@ def run_elastic(work: Path, script: Path, timeout: int) -> list:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        pytest.fail(f"elastic launch timed out after {timeout} s:\n{log.read_text()[-4000:]}")
+        last = {path.name: (path.read_text().splitlines() or ["(none)"])[-1] for path in sorted(results.glob("rank*"))}
+        pytest.fail(f"elastic launch timed out after {timeout} s; each rank's last record: {last}\n"
+                    f"{log.read_text()[-12000:]}")
     if proc.returncode != 0:
         pytest.fail(f"elastic launch failed ({proc.returncode}):\n{log.read_text()[-4000:]}")
     return [rec for per_rank in read_results(results, 3) for rec in per_rank]

@@ -1,4 +1,5 @@
 """Helpers for scripts that run under horovodrun (or the netem launcher)."""
+import faulthandler
 import os
 import sys
 import time
@@ -7,6 +8,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # hvdrun
 from hvdrun import write_result  # noqa: E402
 
+
+#: epoch seconds at which a launch's test prints every rank's stacks (tests/conftest.run_elastic)
+STACKS_AT_ENV = "HVDCOMPRESS_TEST_STACKS_AT"
 
 #: the script a record comes from, where one launch runs several (torch_scripts.py)
 SOURCE = None
@@ -33,3 +37,12 @@ def wait_for_world(state, batch: int, rank: int, world: int, wanted: int, waited
                            f"{wait_s:.0f} s after asking for {wanted}")
     time.sleep(0.5)
     state.check_host_updates()
+
+
+def dump_stacks_before_kill() -> None:
+    """Print every thread's stack to stderr at $HVDCOMPRESS_TEST_STACKS_AT (epoch seconds, set by
+    the test a little before it kills a launch that hangs), so its failure shows where each rank
+    waited. Nothing when the variable is unset."""
+    at = os.environ.get(STACKS_AT_ENV)
+    if at:
+        faulthandler.dump_traceback_later(max(1.0, float(at) - time.time()))

@@ -22,7 +22,7 @@ import torch
 
 import hvdcompress
 import hvdcompress.torch as hvc
-from common import result, wait_for_world
+from common import dump_stacks_before_kill, result, wait_for_world
 from hvdcompress.torch.elastic import TorchState
 
 BATCHES = 16
@@ -35,6 +35,7 @@ def world_wanted(batch: int) -> int:
 
 
 hvd.init()
+dump_stacks_before_kill()
 torch.set_num_threads(1)
 torch.manual_seed(1)  # every rank the same; a joining rank gets rank 0's parameters in sync()
 model = torch.nn.Sequential(torch.nn.Linear(20, 50), torch.nn.ReLU(), torch.nn.Linear(50, 4))

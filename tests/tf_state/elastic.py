@@ -30,7 +30,7 @@ import tensorflow as tf  # noqa: E402
 import hvdcompress as hc  # noqa: E402
 import hvdcompress.tensorflow.keras as hvck  # noqa: E402
 from hvdcompress.tensorflow.elastic import TensorFlowKerasState  # noqa: E402
-from common import wait_for_world  # noqa: E402
+from common import dump_stacks_before_kill, wait_for_world  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
 BATCHES = 8
@@ -43,8 +43,9 @@ def world_wanted(batch: int) -> int:
 
 
 hvd.init()
+dump_stacks_before_kill()
 tf.keras.utils.set_random_seed(1)   # every rank the same; a joining rank gets rank 0's weights in sync()
-model = tf.keras.Sequential([tf.keras.layers.Dense(50, activation="relu", input_shape=(20,)),
+model = tf.keras.Sequential([tf.keras.Input(shape=(20,)), tf.keras.layers.Dense(50, activation="relu"),
                              tf.keras.layers.Dense(4)])
 variables = model.trainable_variables
 opt = hvck.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), check_replicas=1,

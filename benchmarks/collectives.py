@@ -19,7 +19,7 @@ import torch
 
 import hvdcompress as hc
 from hvdcompress.compressor import TensorInfo, payload_bytes
-from hvdcompress.exchange import choose_collective, wire_bytes
+from hvdcompress.collectives import choose_collective, wire_bytes
 from hvdcompress.torch.backend import TorchOps
 
 OPS = TorchOps()

@@ -3,7 +3,7 @@
 A rank that differs in its tensors (names, shapes, dtypes), compressor, accumulation or
 collective would hang or corrupt the exchange. :func:`check_ranks_agree` gathers each rank's
 description once (two allgathers of a few hundred bytes, through the front end's
-:class:`~hvdcompress.exchange.Collectives`) and fails on every rank, naming the first
+:class:`~hvdcompress.collectives.Collectives`) and fails on every rank, naming the first
 difference. The torch optimizer runs it at construction, the TF tape and Keras optimizer at
 their first exchange (their variables are known then).
 """
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .backend import Ops, Tensor
-from .exchange import Collectives
+from .collectives import Collectives
 
 
 def allgather_object(obj: Any, comm: Collectives, ops: Ops, like: Tensor) -> list:

@@ -27,7 +27,7 @@ import sys
 import threading
 from typing import Any
 
-from .exchange import Collectives
+from .collectives import Collectives
 
 log = logging.getLogger("hvdcompress")
 WAIT_VARIABLE = "HVDCOMPRESS_EXIT_WAIT_SECONDS"

@@ -49,7 +49,7 @@ from collections.abc import MutableMapping
 from typing import Any, Callable, Optional
 
 from .backend import Ops, Tensor
-from .exchange import Collectives
+from .collectives import Collectives
 
 #: the name of the collective that sums the ranks' overflow flags
 OVERFLOW_TAG = "hvdc.loss_scale.overflow"

@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from .backend import Ops
-from .exchange import Collectives
+from .collectives import Collectives
 
 ENV_VAR = "HVDCOMPRESS_CHECK_REPLICAS"
 COUNTERS = "<compressor counters>"

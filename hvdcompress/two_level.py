@@ -45,7 +45,8 @@ from typing import Any, Callable, Optional
 from .accounting import ByteCount
 from .backend import Ops, Tensor
 from .compressor import Compressor, TensorInfo
-from .exchange import Collectives, Entry, Exchange, PrefixedState, Send, wire_bytes
+from .collectives import Collectives, wire_bytes
+from .exchange import Entry, Exchange, PrefixedState, Send
 from .exit_guard import guard_exit
 from .process_sets import registered_node_sets
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from hvdcompress.exchange import Collectives
+from hvdcompress.collectives import Collectives
 
 
 class World:

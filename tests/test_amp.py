@@ -19,7 +19,7 @@ import torch
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from hvdcompress.exchange import Collectives
+from hvdcompress.collectives import Collectives
 from hvdcompress.loss_scale import OverflowGuard
 from hvdcompress.torch.backend import TorchOps
 

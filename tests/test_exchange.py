@@ -10,7 +10,8 @@ import torch
 
 import hvdcompress as hc
 from hvdcompress.compressor import TensorInfo
-from hvdcompress.exchange import Exchange, check_collective, choose_collective, wire_bytes
+from hvdcompress.collectives import check_collective, choose_collective, wire_bytes
+from hvdcompress.exchange import Exchange
 from hvdcompress.torch.backend import TorchOps
 from simulator import run_ranks
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvdcompress.exchange import wire_bytes
+from hvdcompress.collectives import wire_bytes
 from hvdcompress.plan import calibration as cal
 from hvdcompress.plan import collectives as coll
 from hvdcompress.plan import (Cluster, Fusion, Job, Link, from_sizes, measure, parse_bandwidth,

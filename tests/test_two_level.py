@@ -13,7 +13,6 @@ import hvdcompress as hc
 from hvdcompress.compressor import TensorInfo
 from hvdcompress.exchange import Exchange
 from hvdcompress.torch.backend import TorchOps
-from hvdcompress import two_level as tl
 from hvdcompress.options import check_intra_node, parse_options
 from hvdcompress import process_sets as psets
 from hvdcompress.process_sets import node_layout

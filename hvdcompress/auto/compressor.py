@@ -2,7 +2,7 @@
 the cost model picks for it (:mod:`hvdcompress.auto.choice`), planned at the first exchange.
 
 **When.** At the first exchange, when the engine asks for the first tensor's collective
-(:class:`hvdcompress.exchange.Planner`): the link is measured then (or taken from ``link=``) and
+(:class:`hvdcompress.collectives.Planner`): the link is measured then (or taken from ``link=``) and
 the calibration loaded, rank 0's both handed to every rank; each tensor is then picked the
 first time it is exchanged, from its shape alone. The first exchange is where every front end
 knows its tensors and has its collectives (the TF tape and Keras optimizer do not know their
@@ -61,7 +61,8 @@ import numpy as np
 from ..agreement import check_ranks_agree
 from ..backend import Ops, Tensor
 from ..compressor import Compressor, Packet, TensorInfo
-from ..exchange import Exchange, Planner, PrefixedState
+from ..collectives import Planner
+from ..exchange import Exchange, PrefixedState
 from ..plan.calibration import Calibration
 from ..plan.links import Link
 from ..plan.pipeline import Fusion

@@ -2,7 +2,7 @@
 process set, and the codec calibration; then rank 0's, handed to every rank.
 
 **The link** is fitted from timed ring allreduces through the engine's own
-:class:`~hvdcompress.exchange.Collectives` (the best of :data:`REPEATS` after one untimed call,
+:class:`~hvdcompress.collectives.Collectives` (the best of :data:`REPEATS` after one untimed call,
 which pays Horovod's negotiation and buffer set-up): a tiny buffer gives the latency, a large
 one the bandwidth::
 
@@ -32,7 +32,7 @@ import numpy as np
 
 from ..agreement import allgather_object
 from ..backend import Ops, Tensor
-from ..exchange import Collectives, wire_bytes
+from ..collectives import Collectives, wire_bytes
 from ..plan import calibration as cal
 from ..plan.device import Device, torch_device
 from ..plan.links import Link

@@ -1,5 +1,5 @@
 """Horovod's TensorFlow collectives over one process set, for the exchange engine
-(:class:`hvdcompress.exchange.Collectives`). They run eagerly inside the exchange's
+(:class:`hvdcompress.collectives.Collectives`). They run eagerly inside the exchange's
 ``tf.py_function``, so each call completes at once and is its own handle."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from .. import process_sets
-from ..exchange import Collectives
+from ..collectives import Collectives
 
 
 class HorovodCollectives(Collectives):

@@ -40,7 +40,7 @@ there is no gathered state to lay out for the new world.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import horovod.tensorflow as hvd
 import tensorflow as tf

@@ -51,7 +51,7 @@ from ..adam import AdamSettings
 from ..clipping import local_clip_limit
 from ..compressor import TensorInfo
 from ..loss_scale import any_overflow
-from ..exchange import Planner
+from ..collectives import Planner
 from ..fusion import bucket_info, compress_bucket, totals as fused_totals
 from ..options import Options, parse_options
 from ..replicas import ReplicaCheck, counters_checksum

@@ -1,5 +1,5 @@
 """Horovod's torch collectives over one process set, for the exchange engine
-(:class:`hvdcompress.exchange.Collectives`): asynchronous grouped calls, waited on in
+(:class:`hvdcompress.collectives.Collectives`): asynchronous grouped calls, waited on in
 ``synchronize()``, so communication overlaps the backward pass."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Optional
 import horovod.torch as hvd
 
 from .. import process_sets
-from ..exchange import Collectives
+from ..collectives import Collectives
 
 
 class HorovodCollectives(Collectives):

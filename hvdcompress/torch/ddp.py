@@ -58,7 +58,8 @@ import torch.distributed as dist
 from ..adam import adam_settings
 from ..agreement import check_ranks_agree
 from ..compressor import Compressor, TensorInfo
-from ..exchange import Exchange, check_collective
+from ..collectives import check_collective
+from ..exchange import Exchange
 from ..fusion import FusedKey, compress_bucket, totals
 from ..options import parse_options
 from ..process_sets import node_layout

@@ -1,5 +1,5 @@
 """torch.distributed's collectives over one process group, for the exchange engine
-(:class:`hvdcompress.exchange.Collectives`): the adapter of the DDP communication hook
+(:class:`hvdcompress.collectives.Collectives`): the adapter of the DDP communication hook
 (:mod:`hvdcompress.torch.ddp`), written for Gloo (CPU) and NCCL (GPU).
 
 Every call launches asynchronous work (``async_op=True``) and returns a handle; :meth:`wait`
@@ -29,7 +29,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
-from ..exchange import Collectives
+from ..collectives import Collectives
 
 #: all_gather_into_tensor's new name (torch 2.13 deprecates the old one)
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

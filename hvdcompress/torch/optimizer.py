@@ -42,7 +42,7 @@ from ..adam import adam_settings
 from ..agreement import check_ranks_agree
 from ..clipping import what_it_keeps
 from ..compressor import Compressor, TensorInfo
-from ..exchange import Planner
+from ..collectives import Planner
 from ..fusion import compress_bucket, totals
 from ..options import Options, parse_options
 from ..replicas import ReplicaCheck, counters_checksum

@@ -14,7 +14,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_two_level import gradient  # noqa: E402
 
 import horovod.tensorflow as hvd  # noqa: E402
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdcompress as hc  # noqa: E402

@@ -73,12 +73,16 @@ too early a freeze keeps a v estimated from few gradients. The default T0 is
 Adam warmed up for 15-25% of BERT's training), the coarser the compressor's per-step error, the
 later:
 
-* q = 1/4 (250 steps for b2 = 0.999): int8, the quantisers, PowerSGD;
-* q = 3/4 (750): the 1-bit family (onebit, EF-signSGD), one bit per coordinate, and the
+* q = 1/4 (250 steps for b2 = 0.999): int8 and the quantisers, whose error per coordinate is
+  small and unbiased or repaid the next step;
+* q = 3/4 (750): the 1-bit family (onebit, EF-signSGD), one bit per coordinate, the
   sparsifiers (top-k, random-k, threshold), whose error feedback delivers a coordinate's mass
-  after many steps at once through the frozen 1/sqrt(v), so v must be estimated better. (Half,
+  after many steps at once through the frozen 1/sqrt(v), and PowerSGD, whose rank-r
+  approximation drops whole directions for as long: v must be estimated better. (Half,
   500 steps, served top-k at 2 ranks; at 8 ranks it jumped at the freeze on the transformer,
-  +0.074 against +0.004 at 750, and random-k missed at 2 ranks already.)
+  +0.074 against +0.004 at 750, and random-k missed at 2 ranks already. PowerSGD at 250 did
+  best at 2 ranks, -0.017 / -0.024, but jumped at 8 ranks on the transformer, +0.107 against
+  +0.005 at 750.)
 
 Measured (benchmarks/README.md section 8, gap to dense AdamW): top-k 1% on the transformer
 +0.066 frozen at 250, +0.048 / +0.049 (two seeds) at 500; on the LSTM +0.027 -> +0.011. Onebit
@@ -102,6 +106,7 @@ from typing import Any, Mapping, Optional, Sequence
 from .backend import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo
 from .compressors.onebit import OneBit
+from .compressors.powersgd import PowerSGD
 from .compressors.sparse import SparseCompressor
 from .memory import Decorator
 from .validation import check_int
@@ -144,7 +149,7 @@ class FrozenAdam(Decorator):
     ``inner``: any compressor that does not apply momentum itself (onebit, EF-signSGD, top-k,
     random-k, int8, the quantisers, PowerSGD; with ``ErrorFeedback`` where it keeps no residual
     of its own). ``freeze_steps``: T0, the full-precision warm-up; None: ``ceil(q / (1-b2))``,
-    q = 3/4 for the 1-bit family and the sparsifiers, 1/4 otherwise (see the module doc).
+    q = 1/4 for int8 and the quantisers, 3/4 otherwise (see the module doc).
     ``send``: what each rank compresses after the freeze, ``"gradient"`` (default) or
     ``"momentum"`` (1-bit Adam's placement). From strings: ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen",
     "freeze_steps": "100", "adam_send": "gradient"}``.
@@ -178,7 +183,7 @@ class FrozenAdam(Decorator):
         if self.freeze_steps is not None:
             return self.freeze_steps
         inner = self.inner.unwrap()
-        share = 0.75 if isinstance(inner, (OneBit, SparseCompressor)) else 0.25
+        share = 0.75 if isinstance(inner, (OneBit, SparseCompressor, PowerSGD)) else 0.25
         return math.ceil(share / (1.0 - beta2)) if beta2 < 1.0 else 0
 
     def frozen(self, settings: AdamSettings) -> bool:

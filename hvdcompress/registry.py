@@ -13,7 +13,7 @@ Values may be strings (as from a command line or a config file) or typed. Keys:
   For compressors with momentum built in (DGC) it sets their ``nesterov`` instead of wrapping,
   and ``momentum_mu`` their ``momentum``.
 * ``adam``: ``"none"`` or ``"frozen"`` (wrap in :class:`~hvdcompress.adam.FrozenAdam`, outermost:
-  the Adam/AdamW take-over), with ``freeze_steps`` (default: ``ceil(q / (1 - beta2))``, q = 3/4 for the 1-bit family and the sparsifiers, 1/4 otherwise) and
+  the Adam/AdamW take-over), with ``freeze_steps`` (default: ``ceil(q / (1 - beta2))``, q = 1/4 for int8 and the quantisers, 3/4 otherwise) and
   ``adam_send``: what is compressed after the freeze, ``"gradient"`` (default) or ``"momentum"``.
 * ``seed``: the seed of compressors that draw random numbers; checked and unused by the others.
 * ``compressor="auto"``: :class:`hvdcompress.auto.Auto`, which picks one of the others per

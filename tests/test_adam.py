@@ -145,10 +145,11 @@ def test_from_params_errors(params, message):
 def test_from_params_and_default_freeze_point():
     c = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
     assert isinstance(c, hc.FrozenAdam) and isinstance(c.inner, hc.ErrorFeedback)
-    # the 1-bit family and the sparsifiers wait for 3/4 of v's time constant, the others a quarter
+    # int8 and the quantisers wait for a quarter of v's time constant, the others 3/4
     assert c.freeze_point(0.999) == 750 and c.freeze_point(0.99) == 75
-    assert hc.FrozenAdam(hc.ErrorFeedback(hc.RandomK(0.01))).freeze_point(0.999) == 750
-    for dense in (hc.PowerSGD(2), hc.Int8(), hc.TwoBit()):
+    for coarse in (hc.ErrorFeedback(hc.RandomK(0.01)), hc.PowerSGD(2)):
+        assert hc.FrozenAdam(coarse).freeze_point(0.999) == 750
+    for dense in (hc.Int8(), hc.TwoBit(), hc.QSGD()):
         assert hc.FrozenAdam(dense).freeze_point(0.999) == 250 and hc.FrozenAdam(dense).freeze_point(0.99) == 25
     for sign in (hc.ErrorFeedback(hc.OneBit()), hc.from_params({"compressor": "efsignsgd"})):
         assert hc.FrozenAdam(sign).freeze_point(0.999) == 750 and hc.FrozenAdam(sign).freeze_point(0.99) == 75

@@ -112,6 +112,8 @@ def run_elastic(work: Path, script: Path, timeout: int) -> list:
                     f"{log.read_text()[-12000:]}")
     if proc.returncode != 0:
         pytest.fail(f"elastic launch failed ({proc.returncode}):\n{log.read_text()[-4000:]}")
+    assert (work / "hosts.missed").is_dir(), \
+        "tests/hvd/elastic_discovery.sh never answered no host: the launch did not test a missed discovery"
     return [rec for per_rank in read_results(results, 3) for rec in per_rank]
 
 

@@ -1,7 +1,9 @@
 """Compression under Horovod elastic (tests/hvd/torch_elastic.py): one launch of
 ``horovodrun -np 2 --min-np 2 --max-np 3 --host-discovery-script tests/hvd/elastic_discovery.sh``
 on this host, grown to 3 ranks and shrunk back to 2 by the script's rank 0 through the hosts
-file. Checked: it finishes within the launch's time-out (no hang), the replicas are identical
+file, with one discovery on the way that finds no host (tests/hvd/elastic_discovery.sh: a removal
+Horovod would skip the sync for, hvdcompress/elastic.py). Checked: it finishes within the
+launch's time-out (no hang), the replicas are identical
 at every batch (the script's replica guard raises otherwise, and the digests are compared
 here), the large tensor's collective follows the world size, and after each reset every rank
 holds the share of the last commit's compressor state that hvdcompress.reshard defines
@@ -13,6 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from horovod.common.exceptions import HostsUpdatedInterrupt
+
+from hvdcompress.elastic import SyncEveryReset
 
 from conftest import HVD_SCRIPTS, run_elastic
 from test_reshard import delivered, rank_states, whole
@@ -67,3 +72,18 @@ def test_compressor_state_follows_the_rule_at_each_reset(elastic):
                     (batch, name, key, np.abs(got - want).max())
                 for r in range(1, new_world):
                     np.testing.assert_array_equal(whole(new[r][name], key, n), whole(new[0][name], key, n))
+
+
+@pytest.mark.parametrize("skip_sync", [True, False])
+def test_every_host_update_syncs(skip_sync):
+    """SyncEveryReset keeps Horovod's decision to reset and drops its skip of the sync."""
+    class Horovods:
+        def check_host_updates(self):
+            raise HostsUpdatedInterrupt(skip_sync)
+
+    class State(SyncEveryReset, Horovods):
+        pass
+
+    with pytest.raises(HostsUpdatedInterrupt) as raised:
+        State().check_host_updates()
+    assert raised.value.skip_sync is False

@@ -31,8 +31,9 @@ What happens, besides Horovod's own handling of the model's and the optimizer's 
   planned again, the replica guard, the rank agreement, which a joining rank makes at its first
   step too), and the last commit is loaded: laid out there for the new world by
   :mod:`hvdcompress.reshard` (Σ_r e_r / P kept with op=Average). Local.
-* ``sync()`` (after ranks were added, or a failure): rank 0's last commit is broadcast and loaded
-  by every rank, so a joining rank gets the same share as the others.
+* ``sync()`` (after every reset, removals included: :mod:`hvdcompress.elastic`): rank 0's last
+  commit is broadcast and loaded by every rank, so a joining rank gets the same share as the
+  others.
 * ``restore()`` (a failure): the last commit.
 
 Commit before the first reset (Horovod's pattern commits every few batches): without a commit
@@ -47,6 +48,7 @@ import tensorflow as tf
 from horovod.common.elastic import ObjectState
 
 from ..compressor import Compressor
+from ..elastic import SyncEveryReset
 from .broadcast import broadcast_variables, optimizer_variables
 from .resume import _resolve, gather_compression_state, load_compression_state
 
@@ -87,7 +89,7 @@ def _targets(optimizer: Any, compression: Any) -> list:
     return found + extra
 
 
-class TensorFlowKerasState(ObjectState):
+class TensorFlowKerasState(SyncEveryReset, ObjectState):
     """Elastic state of a Keras model, its optimizer and their compressor state (module doc).
 
     ``model``: a built Keras model; ``optimizer``: its optimizer (default ``model.optimizer``),

@@ -29,10 +29,10 @@ What the compressed optimizer's state does at each event of ``hvd.elastic.run``:
   gathered state, laid out for the new world by :mod:`hvdcompress.reshard`: every rank then
   holds Σ_r e_r / P of each residual and momentum, so the mass the exchanged mean carries is
   kept (op=Average; Σ_r e_r / P' with op=Sum). Local: no collective besides the agreement.
-* ``sync()`` (after ranks were added, or a failure; Horovod skips it after a removal): the
-  wrapped optimizer's state and the compressor's counters from rank 0
-  (:func:`hvdcompress.torch.broadcast_optimizer_state`), then rank 0's last gathered commit,
-  loaded by every rank: a joining rank gets the same share as the others.
+* ``sync()`` (after every reset; Horovod skips it after a removal, :mod:`hvdcompress.elastic`
+  says why this state does not): the wrapped optimizer's state and the compressor's counters
+  from rank 0 (:func:`hvdcompress.torch.broadcast_optimizer_state`), then rank 0's last gathered
+  commit, loaded by every rank: a joining rank gets the same share as the others.
 * ``restore()`` (a failure): the last commit's state.
 
 ``hvd.elastic.TorchState`` alone handles the wrapped optimizer but not the exchange: after a
@@ -45,6 +45,7 @@ import copy
 import horovod.torch as hvd
 from horovod.torch.elastic.state import StateHandler
 
+from ..elastic import SyncEveryReset
 from .checkpoints import broadcast_optimizer_state
 
 
@@ -82,7 +83,7 @@ class CompressedOptimizerHandler(StateHandler):
         self._saved = copy.deepcopy(state)   # a reset before the next commit starts from it again
 
 
-class TorchState(hvd.elastic.TorchState):
+class TorchState(SyncEveryReset, hvd.elastic.TorchState):
     """``hvd.elastic.TorchState`` whose hvdcompress optimizers (any keyword argument) keep their
     exchange and compressor state across resets (see the module doc)."""
 

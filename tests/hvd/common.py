@@ -28,10 +28,17 @@ def wait_for_world(state, batch: int, rank: int, world: int, wanted: int, waited
     rank 0 writes the hosts file ($HVDCOMPRESS_ELASTIC_HOSTS, read by
     tests/hvd/elastic_discovery.sh); every rank fails once ``wait_s`` seconds passed since
     ``waited`` (time.monotonic()), else sleeps briefly and asks Horovod, which raises
-    HostsUpdatedInterrupt once it noticed the new hosts."""
+    HostsUpdatedInterrupt once it noticed the new hosts.
+
+    The file is replaced whole (written beside it, then renamed), never truncated and written in
+    place: a discovery that read it empty in between would see every host removed, and Horovod
+    would have the old ranks skip the state sync of the reset that the new rank then joins
+    (horovod/horovod#3494), a deadlock."""
     if rank == 0:
-        with open(os.environ["HVDCOMPRESS_ELASTIC_HOSTS"], "w") as f:
-            f.write(f"localhost:{wanted}\n")
+        hosts = Path(os.environ["HVDCOMPRESS_ELASTIC_HOSTS"])
+        written = hosts.with_name(hosts.name + ".new")
+        written.write_text(f"localhost:{wanted}\n")
+        os.replace(written, hosts)
     if time.monotonic() - waited > wait_s:
         raise RuntimeError(f"batch {batch}: the world stayed at {world} ranks for "
                            f"{wait_s:.0f} s after asking for {wanted}")

@@ -84,27 +84,32 @@ def run_scripts(runs, np: int = 2, timeout: int = 600, env=None) -> dict:
     return out
 
 
-def run_elastic(work: Path, script: Path, timeout: int) -> list:
-    """Every record of one elastic launch of ``script`` (rank files 0..2 under ``work``): 2 ranks
-    that may grow to 3, through ``tests/hvd/elastic_discovery.sh`` reading ``work/hosts``. The test
-    fails with horovodrun's output on a non-zero exit or after ``timeout`` seconds, when the
-    process group is killed: then with each rank's last record and the stacks every rank printed
-    20 s before (tests/hvd/common.dump_stacks_before_kill). ``--network-interface lo``: without it
-    an elastic horovodrun waits for a second host to find common network interfaces."""
+def launch_elastic(work: Path, command: list, discovery: Path, env: dict, timeout: int,
+                   during=None) -> list:
+    """Every record of one elastic launch of ``command`` (rank files 0..3 under
+    ``work/results``): 2 ranks that may grow to 4, through the host discovery script
+    ``discovery``, which reads ``work/hosts`` (starting at ``localhost:2``; named in $``env``'s
+    HVDCOMPRESS_ELASTIC_HOSTS and HVDCOMPRESS_HOSTS). ``during(results, hosts)`` is called every
+    half second while the launch runs. The test fails with horovodrun's output on a non-zero
+    exit or after ``timeout`` seconds, when the process group is killed: then with each rank's
+    last record and the stacks every rank printed 20 s before
+    (tests/hvd/common.dump_stacks_before_kill). ``--network-interface lo``: without it an
+    elastic horovodrun waits for a second host to find common network interfaces."""
     hosts, results = work / "hosts", work / "results"
     results.mkdir()
     hosts.write_text("localhost:2\n")
-    cmd = ["-np", "2", "--min-np", "2", "--max-np", "3",
-           "--network-interface", "lo", "--host-discovery-script", str(HVD_SCRIPTS / "elastic_discovery.sh"),
-           sys.executable, str(script), str(work)]
-    env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           RESULTS_ENV: str(results), "HVDCOMPRESS_ELASTIC_HOSTS": str(hosts),
+    cmd = ["-np", "2", "--min-np", "2", "--max-np", "4",
+           "--network-interface", "lo", "--host-discovery-script", str(discovery), *command]
+    env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env,
+           RESULTS_ENV: str(results), "HVDCOMPRESS_ELASTIC_HOSTS": str(hosts), "HVDCOMPRESS_HOSTS": str(hosts),
            "HVDCOMPRESS_TEST_STACKS_AT": str(time.time() + timeout - 20)}
     log = work / "horovodrun.log"
-    proc = start_horovodrun(cmd, env, log)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
+    proc, deadline = start_horovodrun(cmd, env, log), time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if during is not None:
+            during(results, hosts)
+        time.sleep(0.5)
+    if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         last = {path.name: (path.read_text().splitlines() or ["(none)"])[-1] for path in sorted(results.glob("rank*"))}
@@ -112,9 +117,18 @@ def run_elastic(work: Path, script: Path, timeout: int) -> list:
                     f"{log.read_text()[-12000:]}")
     if proc.returncode != 0:
         pytest.fail(f"elastic launch failed ({proc.returncode}):\n{log.read_text()[-4000:]}")
+    return [rec for per_rank in read_results(results, 4) for rec in per_rank]
+
+
+def run_elastic(work: Path, script: Path, timeout: int) -> list:
+    """:func:`launch_elastic` of the worker ``script`` (which writes the hosts file itself,
+    tests/hvd/common.wait_for_world) with tests/hvd/elastic_discovery.sh, which misses every host
+    once on the way to 3 ranks; fails if it never did."""
+    records = launch_elastic(work, [sys.executable, str(script), str(work)],
+                             HVD_SCRIPTS / "elastic_discovery.sh", {}, timeout)
     assert (work / "hosts.missed").is_dir(), \
         "tests/hvd/elastic_discovery.sh never answered no host: the launch did not test a missed discovery"
-    return [rec for per_rank in read_results(results, 3) for rec in per_rank]
+    return records
 
 
 def run_horovod_failing(script: str, np: int = 2, args=(), timeout: int = 120, env=None) -> str:

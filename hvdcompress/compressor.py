@@ -98,7 +98,7 @@ class Compressor(ABC):
       keeps_residual: the compressor keeps what it did not send (error feedback) for later steps.
       supports_alltoall: its per-rank payloads have a size fixed by the tensor's size and can be
         decoded, summed and compressed again, so the exchange may run the compressed allreduce
-        (all-to-all of compressed segments, see :mod:`hvdcompress.exchange`).
+        (all-to-all of compressed segments, see :mod:`hvdcompress.collectives`).
       fusable: the algorithm (:meth:`unwrap`) may compress a bucket of tensors as one flat
         tensor (``fusion=``, :mod:`hvdcompress.fusion`); PowerSGD needs each tensor's shape.
       supports_warmup: the algorithm (:meth:`unwrap`) ramps its sparsity with a ``warmup``

@@ -63,7 +63,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     ``c / sqrt(N)`` for op=Sum) before compression; with a stateless one the exchanged
     gradients are clipped to ``c``, as Horovod's clip (see :mod:`hvdcompress.clipping`).
     ``collective``: ``"auto"`` | ``"allgather"`` | ``"alltoall"``, as on the torch optimizer
-    (see :mod:`hvdcompress.exchange`). ``intra_node`` / ``ranks_per_node``: two-level
+    (see :mod:`hvdcompress.collectives`). ``intra_node`` / ``ranks_per_node``: two-level
     compression, as on the torch optimizer (:mod:`hvdcompress.two_level`; register the process
     sets with ``hvd.init(process_sets=hvdcompress.tensorflow.node_process_sets())``). The tape is
     created every step, its exchange with it: build it with the same arguments on every rank.

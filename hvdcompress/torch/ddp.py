@@ -110,7 +110,7 @@ class CompressionState:
     DGC, CSC and ``Momentum`` take its momentum and weight decay over; ``FrozenAdam`` needs it
     (an Adam or AdamW) and takes its step over (module doc).
     ``collective``: ``"auto"``, ``"allgather"`` or ``"alltoall"`` for per-rank payloads, as for
-    the Horovod front end (:mod:`hvdcompress.exchange`: the compressed allreduce at P >= 3).
+    the Horovod front end (:mod:`hvdcompress.collectives`: the compressed allreduce at P >= 3).
     ``intra_node`` / ``ranks_per_node``: two-level compression (:mod:`hvdcompress.two_level`)
     over the node and cross-node groups of :func:`node_groups` (default group only).
     ``named_parameters``: ``model.named_parameters()``, the names the state is kept under (module

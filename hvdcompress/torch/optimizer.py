@@ -518,7 +518,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     compressed allreduce, all-to-all of compressed segments, for the quantisers at 3 ranks or
     more, where it sends 2(P-1)/P of a payload instead of the allgather's P-1; allgather
     otherwise), ``"allgather"`` or ``"alltoall"`` (a ValueError for a compressor that cannot run
-    it). See :mod:`hvdcompress.exchange` for the cost model; rank 0 logs the plan once.
+    it). See :mod:`hvdcompress.collectives` for the cost model; rank 0 logs the plan once.
 
     ``intra_node``: two-level compression (:mod:`hvdcompress.two_level`). None (default): the
     flat exchange over ``process_set``. A mild compressor (``NoCompression()``: full precision,

@@ -333,7 +333,7 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     ``clipnorm`` / ``global_clipnorm`` / ``clipvalue`` act on the exchanged update, which, with a
     compressor that applies the momentum or keeps a residual, is not the gradient: that warns.
     ``collective``: ``"auto"`` | ``"allgather"`` | ``"alltoall"``, as on the torch optimizer
-    (see :mod:`hvdcompress.exchange`). ``intra_node`` / ``ranks_per_node``: two-level
+    (see :mod:`hvdcompress.collectives`). ``intra_node`` / ``ranks_per_node``: two-level
     compression, as on the torch optimizer (:mod:`hvdcompress.two_level`; register the process
     sets with ``hvd.init(process_sets=hvdcompress.tensorflow.node_process_sets())``).
     ``check_replicas=N``: every N steps, compare a checksum of every variable (and the

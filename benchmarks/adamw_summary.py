@@ -48,6 +48,8 @@ RUNS = [
     ("random-k 1% + EF", "LSTM", 2, 0, "lm_adamw_np2_localclip.json", RANDOMK),
     ("random-k 1% + EF", "LSTM", 2, 1, "lm_adamw_randomk750_seed1.json", RANDOMK),
     ("random-k 1% + EF", "LSTM", 8, 0, "lm_adamw_np8.json", "randomk-ef-adam"),
+    ("random-k 1% + EF", "transformer", 2, 0, "lm_adamw_transformer_np2_default750.json", "randomk-ef-adam"),
+    ("random-k 1% + EF", "transformer", 2, 1, "lm_adamw_transformer_np2_default750_seed1.json", "randomk-ef-adam"),
     ("PowerSGD rank 4", "LSTM", 2, 0, "lm_adamw_np2_default750.json", "powersgd-adam"),
     ("PowerSGD rank 4", "LSTM", 2, 1, "lm_adamw_np2_default750_seed1.json", "powersgd-adam"),
     ("PowerSGD rank 4", "LSTM", 8, 0, "lm_adamw_np8.json", "powersgd-adam"),

@@ -61,6 +61,18 @@ TERMINATE_GRACE_S = 15.0
 it and any rank still alive are killed."""
 
 
+def write_hosts(path: str | os.PathLike, slots: int) -> None:
+    """Offer ``localhost:<slots>`` to an elastic job's host discovery that reads ``path``
+    (examples/discover_hosts.sh): the file is written beside it, then renamed over it, never
+    truncated and written in place. A discovery that read it empty in between would see every
+    host removed, and Horovod would have the old ranks skip the state sync of the reset that a
+    new rank then joins (horovod/horovod#3494), a deadlock."""
+    path = Path(path)
+    written = path.with_name(path.name + ".new")
+    written.write_text(f"localhost:{slots}\n")
+    os.replace(written, path)
+
+
 # ---- rank side ------------------------------------------------------------------------------------
 def write_result(rank: int, values: Mapping[str, Any]) -> None:
     """Append one record ``{"rank": rank, **values}`` for the launcher of this process.

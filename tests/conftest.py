@@ -15,7 +15,6 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -84,12 +83,11 @@ def run_scripts(runs, np: int = 2, timeout: int = 600, env=None) -> dict:
     return out
 
 
-def launch_elastic(work: Path, command: list, discovery: Path, env: dict, timeout: int,
-                   during=None) -> list:
+def launch_elastic(work: Path, command: list, discovery: Path, timeout: int, during=None) -> list:
     """Every record of one elastic launch of ``command`` (rank files 0..3 under
     ``work/results``): 2 ranks that may grow to 4, through the host discovery script
-    ``discovery``, which reads ``work/hosts`` (starting at ``localhost:2``; named in $``env``'s
-    HVDCOMPRESS_ELASTIC_HOSTS and HVDCOMPRESS_HOSTS). ``during(results, hosts)`` is called every
+    ``discovery``, which reads ``work/hosts`` (starting at ``localhost:2``; named in the ranks'
+    $HVDCOMPRESS_HOSTS). ``during(results, hosts)`` is called every
     half second while the launch runs. The test fails with horovodrun's output on a non-zero
     exit or after ``timeout`` seconds, when the process group is killed: then with each rank's
     last record and the stacks every rank printed 20 s before
@@ -100,8 +98,8 @@ def launch_elastic(work: Path, command: list, discovery: Path, env: dict, timeou
     hosts.write_text("localhost:2\n")
     cmd = ["-np", "2", "--min-np", "2", "--max-np", "4",
            "--network-interface", "lo", "--host-discovery-script", str(discovery), *command]
-    env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env,
-           RESULTS_ENV: str(results), "HVDCOMPRESS_ELASTIC_HOSTS": str(hosts), "HVDCOMPRESS_HOSTS": str(hosts),
+    env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           RESULTS_ENV: str(results), "HVDCOMPRESS_HOSTS": str(hosts),
            "HVDCOMPRESS_TEST_STACKS_AT": str(time.time() + timeout - 20)}
     log = work / "horovodrun.log"
     proc, deadline = start_horovodrun(cmd, env, log), time.monotonic() + timeout
@@ -125,7 +123,7 @@ def run_elastic(work: Path, script: Path, timeout: int) -> list:
     tests/hvd/common.wait_for_world) with tests/hvd/elastic_discovery.sh, which misses every host
     once on the way to 3 ranks; fails if it never did."""
     records = launch_elastic(work, [sys.executable, str(script), str(work)],
-                             HVD_SCRIPTS / "elastic_discovery.sh", {}, timeout)
+                             HVD_SCRIPTS / "elastic_discovery.sh", timeout)
     assert (work / "hosts.missed").is_dir(), \
         "tests/hvd/elastic_discovery.sh never answered no host: the launch did not test a missed discovery"
     return records

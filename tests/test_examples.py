@@ -2,13 +2,13 @@
 ``--params`` (the registry's key=value strings): the training script, and its elastic twin."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import launch_elastic, run_horovod
+from hvdrun import write_hosts
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "pytorch_train.py"
 
@@ -45,13 +45,12 @@ def test_elastic_example_grows_while_it_trains(tmp_path):
     def grow(results: Path, hosts: Path) -> None:
         first = results / "rank0.jsonl"
         if hosts.read_text() == "localhost:2\n" and first.exists() and first.read_text():
-            (hosts.parent / "hosts.new").write_text("localhost:3\n")
-            os.replace(hosts.parent / "hosts.new", hosts)
+            write_hosts(hosts, 3)
 
     params = "compressor=onebit,ef=vanilla,momentum=nesterov"
     records = launch_elastic(tmp_path, [sys.executable, str(ELASTIC_EXAMPLE), "--params", params,
                                         "--epochs", str(ELASTIC_EPOCHS)],
-                             ELASTIC_EXAMPLE.parent / "discover_hosts.sh", {}, ELASTIC_TIMEOUT_S, during=grow)
+                             ELASTIC_EXAMPLE.parent / "discover_hosts.sh", ELASTIC_TIMEOUT_S, during=grow)
     epochs = [r for r in records if "epoch" in r]
     by_epoch: dict = {}
     for r in epochs:

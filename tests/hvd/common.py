@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # hvdrun
-from hvdrun import write_result  # noqa: E402
+from hvdrun import write_hosts, write_result  # noqa: E402
 
 
 #: epoch seconds at which a launch's test prints every rank's stacks (tests/conftest.run_elastic)
@@ -25,20 +25,13 @@ def result(rank: int, **values) -> None:
 def wait_for_world(state, batch: int, rank: int, world: int, wanted: int, waited: float,
                    wait_s: float) -> None:
     """One wait of an elastic worker whose world (``world`` ranks) is not the ``wanted`` one:
-    rank 0 writes the hosts file ($HVDCOMPRESS_ELASTIC_HOSTS, read by
+    rank 0 writes the hosts file ($HVDCOMPRESS_HOSTS, read by
     tests/hvd/elastic_discovery.sh); every rank fails once ``wait_s`` seconds passed since
     ``waited`` (time.monotonic()), else sleeps briefly and asks Horovod, which raises
-    HostsUpdatedInterrupt once it noticed the new hosts.
-
-    The file is replaced whole (written beside it, then renamed), never truncated and written in
-    place: a discovery that read it empty in between would see every host removed, and Horovod
-    would have the old ranks skip the state sync of the reset that the new rank then joins
-    (horovod/horovod#3494), a deadlock."""
+    HostsUpdatedInterrupt once it noticed the new hosts. The file is replaced whole
+    (:func:`hvdrun.write_hosts`)."""
     if rank == 0:
-        hosts = Path(os.environ["HVDCOMPRESS_ELASTIC_HOSTS"])
-        written = hosts.with_name(hosts.name + ".new")
-        written.write_text(f"localhost:{wanted}\n")
-        os.replace(written, hosts)
+        write_hosts(os.environ["HVDCOMPRESS_HOSTS"], wanted)
     if time.monotonic() - waited > wait_s:
         raise RuntimeError(f"batch {batch}: the world stayed at {world} ranks for "
                            f"{wait_s:.0f} s after asking for {wanted}")

@@ -1,7 +1,7 @@
 """Compression under ``hvd.elastic.run``: 2 ranks, grown to 3, shrunk to 2 (tests/test_elastic.py).
 
     torch_elastic.py DIR          (DIR: where the states are written; the hosts file is
-                                   $HVDCOMPRESS_ELASTIC_HOSTS, read by elastic_discovery.sh)
+                                   $HVDCOMPRESS_HOSTS, read by elastic_discovery.sh)
 
 Every batch is one step of onebit with error feedback and Nesterov momentum (collective
 'auto': the allgather at 2 ranks, the compressed allreduce of the large tensor at 3), with

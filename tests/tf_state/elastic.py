@@ -1,7 +1,7 @@
 """Compression under ``hvd.elastic.run`` on TF / Keras: 2 ranks, grown to 3, shrunk to 2
 (tests/test_tf_state_change.py; the pattern of tests/hvd/torch_elastic.py).
 
-    elastic.py DIR       (the hosts file is $HVDCOMPRESS_ELASTIC_HOSTS, read by
+    elastic.py DIR       (the hosts file is $HVDCOMPRESS_HOSTS, read by
                           tests/hvd/elastic_discovery.sh)
 
 Every batch is one step, in a ``tf.function``, of the Keras DistributedOptimizer with onebit and

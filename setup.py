@@ -1,11 +1,13 @@
 """Build hook: compiles the optional C++ kernel library hvdcompress/ops/_kernels*.so.
 
-Metadata lives in pyproject.toml. The library (kernels.cpp + capi.cpp) is plain C++ with OpenMP and
-a C ABI, loaded with ctypes by hvdcompress.ops.native for PyTorch and TensorFlow alike: building it
-needs a C++ compiler and no framework (``pip install --no-build-isolation -e .`` builds it in
+Metadata lives in pyproject.toml. The library (kernels_*.cpp, one per section of the kernel
+table, + capi.cpp) is plain C++ with OpenMP and a C ABI, loaded with ctypes by
+hvdcompress.ops.native for PyTorch and TensorFlow alike: building it needs a C++ compiler and no
+framework (``pip install --no-build-isolation -e .`` builds it in
 place). If the compiler fails, the install still succeeds and hvdcompress uses its plain-torch
 fallback, logging so. Set HVDCOMPRESS_BUILD_KERNELS=0 to skip the build.
 """
+import glob
 import os
 import sys
 
@@ -45,7 +47,8 @@ def kernel_library():
         return [], {}
     ext = Extension(
         "hvdcompress.ops._kernels",
-        [os.path.join(OPS, "kernels.cpp"), os.path.join(OPS, "capi.cpp")],
+        sorted(glob.glob(os.path.join(OPS, "kernels_*.cpp"))) + [os.path.join(OPS, "capi.cpp")],
+        depends=[os.path.join(OPS, "kernels.h"), os.path.join(OPS, "kernels_common.h")],
         language="c++", extra_compile_args=["-std=c++17"] + CXX_FLAGS, extra_link_args=["-fopenmp"])
     return [ext], {"build_ext": OptionalBuildExt}
 

@@ -1,7 +1,7 @@
 """kernels.h's counter-based hash in Python, defined once for torch tensors and numpy arrays.
 
 Element i under a 32-bit ``key`` draws ``fmix32(uint32(i) · 0x9E3779B1 + key) >> 8``, 24 random
-bits (fmix32: MurmurHash3's finaliser), the same in C++ (kernels.cpp), Triton
+bits (fmix32: MurmurHash3's finaliser), the same in C++ (kernels.h), Triton
 (triton_kernels.py) and here; so every path, rank and device draws the same numbers from
 ``(key, i)`` alone. The functions take an int64 index array (``torch.arange`` on a device, or
 ``np.arange``) and use only ``&``, ``>>``, ``<<``, ``^``, ``+``, ``*`` and ``//``, which both

@@ -1,6 +1,6 @@
 """The C++ kernels (kernels.h) on numpy arrays: the one CPU binding, for PyTorch and TensorFlow.
 
-capi.cpp exports the kernels as a plain C ABI; setup.py compiles it with kernels.cpp into the
+capi.cpp exports the kernels as a plain C ABI; setup.py compiles it with kernels_*.cpp into the
 shared library ``hvdcompress/ops/_kernels*.so`` (no framework is needed to build or load it), and
 this module calls it through ctypes, which releases the GIL for the duration of each call. The
 library lists its C functions with their argument types, from which :func:`load` builds the

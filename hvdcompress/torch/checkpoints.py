@@ -1,107 +1,98 @@
-"""Checkpoints of hvdcompress.torch.DistributedOptimizer: its ``state_dict`` (one rank's or
-gathered), ``load_state_dict`` (at the same world size, or redistributed to another one by
-:mod:`hvdcompress.reshard`), and :func:`broadcast_optimizer_state`.
+"""Checkpoints, resets and step control of hvdcompress.torch.DistributedOptimizer: its ``state_dict`` (one
+rank's or gathered), ``load_state_dict`` (at the same world size, or redistributed to another
+one: :mod:`hvdcompress.state_store`), ``rebuild`` after a world change, ``zero_grad``,
+``skip_synchronize``, ``set_backward_passes_per_step``, and :func:`broadcast_optimizer_state`.
 
-:class:`CheckpointMethods` holds the optimizer's checkpoint methods; the optimizer's class is
-built per wrapped optimizer (:func:`hvdcompress.torch.optimizer.DistributedOptimizer`), with
-these methods beside its own.
+:class:`CheckpointMethods` holds these methods; the optimizer's class is built per wrapped
+optimizer (:func:`hvdcompress.torch.optimizer.DistributedOptimizer`), with them beside its own.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import horovod.torch as hvd
-import numpy as np
 import torch
 
-from ..agreement import allgather_object
-from ..fusion import bucket_info
-from ..reshard import has_per_rank, share_of_rank, split_key
-from .backend import TorchOps
-
-_OPS = TorchOps()
+from .. import state_store
+from .tensors import CONVERSIONS, state_layout
 
 
 class CheckpointMethods:
-    """The checkpoint methods of the wrapped optimizer (they read its engine, names, buckets
-    and per-tensor state)."""
+    """The checkpoint, reset and step-control methods of the wrapped optimizer (they read its
+    driver, names and buckets)."""
 
     def state_dict(self, gather: bool = False) -> dict:
         """The wrapped optimizer's state plus ``'hvdcompress'``: the compressor's own state, the
-        world size and op, and every tensor's buffers (residuals, momenta, velocities) keyed by
-        parameter name: this rank's (``'tensors'``), or with ``gather=True`` every rank's
-        (``'ranks'``, CPU tensors, in rank order).
-
-        ``gather=True`` is a collective (every rank of the process set calls it; one allgather
-        of the state): the checkpoint then resumes at any world size, by the rule of
-        :mod:`hvdcompress.reshard` (the unsent error-feedback mass and the mean momentum are
-        preserved). One rank's checkpoint holds that rank's residuals only: it resumes at the
-        same world size, every rank then starting from that rank's state."""
+        world size and op, and every tensor's buffers keyed by parameter name: this rank's
+        (``'tensors'``), or with ``gather=True`` every rank's (``'ranks'``, CPU tensors, in rank
+        order; a collective). A gathered checkpoint resumes at any world size with the unsent
+        error-feedback mass and the mean momentum kept (:mod:`hvdcompress.reshard`); one rank's
+        resumes at the same world size only."""
         sd = super(self.__class__, self).state_dict()
-        own = {"compressor": self._compression.state_dict(), "world": self._world(),
-               "average": self.op == hvd.Average}
-        if gather and self._included():
-            mine = {name: {k: v.detach().cpu().clone() if torch.is_tensor(v) else v
-                           for k, v in st.items()} for name, st in self._tensor_state.items()}
-            own["ranks"] = allgather_object(mine, self._comm, _OPS, torch.zeros(1))
-        else:
-            own["tensors"] = {name: {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
-                              for name, st in self._tensor_state.items()}
-        sd["hvdcompress"] = own
+        sd["hvdcompress"] = state_store.save(self._driver, CONVERSIONS, gather and self._included(), torch.zeros(1))
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Load a :meth:`state_dict`. A gathered one (``gather=True``) is redistributed to this
-        run's world size and this rank (:func:`hvdcompress.reshard.redistribute`); one rank's
-        must come from a run of the same world size (a ``ValueError`` otherwise, when it holds
-        per-rank state). Local: no collective."""
+        """Load a :meth:`state_dict`, gathered or one rank's (:func:`hvdcompress.state_store.load`).
+        Local: no collective."""
         state_dict = dict(state_dict)
         own = state_dict.pop("hvdcompress", None)
         super(self.__class__, self).load_state_dict(state_dict)
         self._clear_pending()
-        if own is None:
-            return
-        saved = own["tensors"] if "tensors" in own else {n: {} for r in own["ranks"] for n in r}
-        unknown = sorted(set(saved) - set(self._tensor_state))
-        if unknown:
-            raise ValueError(f"load_state_dict: compressor state for unknown parameters {unknown[:5]}")
-        self._compression.load_state_dict(own["compressor"])
+        if own is not None:
+            state_store.load(self._driver, own, CONVERSIONS, self._driver.states.named(), self._layout)
+
+    def _layout(self, name: str) -> tuple:
+        """(numel, a tensor on its device, whether it runs as a compressed allreduce) of the
+        tensor whose state is kept under ``name``: a parameter, or a fused bucket."""
         by_name = {n: p for p, n in self._parameter_names.items()}
-        if "ranks" in own:
-            self._load_gathered(own, by_name)
-            return
-        world = own.get("world", self._world())
-        if world != self._world() and any(has_per_rank(st) for st in saved.values()):
-            raise ValueError(f"load_state_dict: this checkpoint holds one rank's compressor state "
-                             f"(residuals, momenta) of a run at {world} ranks, and this run has "
-                             f"{self._world()}; save it with state_dict(gather=True) to resume at "
-                             "another world size, or drop its 'hvdcompress' entry to start the "
-                             "compressor afresh")
-        for name, st in saved.items():
-            device = self._state_params(name, by_name)[0].device
-            self._tensor_state[name] = {k: v.clone().to(device) if torch.is_tensor(v) else v
-                                        for k, v in st.items()}
-
-    def _load_gathered(self, own: dict, by_name: dict) -> None:
-        """This rank's share of every rank's saved state (:mod:`hvdcompress.reshard`)."""
-        for name in {n for r in own["ranks"] for n in r}:
-            params = self._state_params(name, by_name)
-            p, numel = params[0], sum(q.numel() for q in params)
-            info = (lambda: bucket_info(self._buckets[name], [self._info(q) for q in params], _OPS)) \
-                if name in self._buckets else (lambda: self._info(p))
-            saved = [r.get(name, {}) for r in own["ranks"]]
-            # in numpy (bfloat16, which numpy lacks, as float32), back to each entry's dtype after
-            dtypes = {split_key(k)[2]: v.dtype for st in saved for k, v in st.items() if torch.is_tensor(v)}
-            states = [{k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() if torch.is_tensor(v) else v
-                       for k, v in st.items()} for st in saved]
-            new = share_of_rank(states, numel, self._world(), self._rank(), self.op == hvd.Average,
-                                own["average"], lambda: self._exchange.collective_for(
-                                    info(), p.detach().reshape(-1)) == "alltoall", "load_state_dict")
-            self._tensor_state[name] = {k: torch.from_numpy(v.copy()).to(p.device, dtypes[split_key(k)[2]])
-                                        if isinstance(v, np.ndarray) else v for k, v in new.items()}
-
-    def _state_params(self, name: str, by_name: dict) -> list:
-        """The parameters whose state is kept under ``name``: one, or a fused bucket's."""
         bucket = self._buckets.get(name)
-        return [by_name[m] for m in bucket.members] if bucket is not None else [by_name[name]]
+        params = [by_name[m] for m in bucket.members] if bucket is not None else [by_name[name]]
+        return state_layout(self._driver, params, bucket, self._info)
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Use after an explicit ``synchronize()``, so that ``step()`` does not wait again."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._driver.in_flight or self._sparse or self._awaiting_clip:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(); this would race with "
+                                 "the gradients' communication")
+        super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes <= 0:
+            raise ValueError(f"backward_passes_per_step={passes!r}: allowed: an integer >= 1")
+        self.backward_passes_per_step = passes
+        for p in self._delay:
+            self._delay[p] = passes
+
+    def _clear_pending(self) -> None:
+        """Forget any step in progress (a checkpoint load, an elastic reset)."""
+        self._driver.clear()
+        self._awaiting_clip.clear()
+        self._sparse.clear()
+        self._synchronized = False
+        self._should_synchronize = True
+        self.set_backward_passes_per_step(self.backward_passes_per_step)
+
+    def rebuild(self) -> None:
+        """Rebuild for Horovod's current world after ``hvd.shutdown(); hvd.init()`` at another
+        size (an elastic reset, :mod:`hvdcompress.torch.elastic`): a new engine
+        (:meth:`hvdcompress.driver.StepDriver.rebuild`), then the rank agreement, a collective
+        that a joining rank makes in its constructor at the same point. The compressor state is
+        not touched: load a gathered :meth:`state_dict` to lay it out for the new world."""
+        self._driver.rebuild(None if self.process_set is hvd.global_process_set
+                             else "this optimizer runs over a process set")
+        self._clear_pending()
+        if self._included():
+            self._agree()
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,

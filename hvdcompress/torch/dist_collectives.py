@@ -24,12 +24,14 @@ same collectives in the same order (Gloo and NCCL match them by order).
 """
 from __future__ import annotations
 
+import os
 from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 
 from ..collectives import Collectives
+from ..process_sets import node_layout
 
 #: all_gather_into_tensor's new name (torch 2.13 deprecates the old one)
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -120,3 +122,25 @@ class DistCollectives(Collectives):
             got = parts[0] if in_place else torch.cat(parts)
             out.append(got.view(dtype).view(shape))
         return out
+
+
+def node_groups(ranks_per_node: Optional[int] = None) -> tuple:
+    """(this rank's node group, its cross-node group) for two-level compression, made with
+    ``dist.new_group`` on every rank (all ranks must call this, in the same order): N node
+    groups of L consecutive ranks, then L cross-node groups (:func:`hvdcompress.process_sets.node_layout`).
+    ``ranks_per_node`` defaults to torchrun's ``LOCAL_WORLD_SIZE``; ranks must be placed node by
+    node (torchrun does)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if ranks_per_node is None:
+        if "LOCAL_WORLD_SIZE" not in os.environ:
+            raise ValueError("intra_node=... with ranks_per_node=None needs torchrun's "
+                             "LOCAL_WORLD_SIZE; pass ranks_per_node=L (the ranks of one node)")
+        ranks_per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", rank % ranks_per_node))
+        if local != rank % ranks_per_node:
+            raise ValueError(f"rank {rank} is local rank {local}, not {rank % ranks_per_node}: "
+                             "two-level compression needs ranks placed node by node with the same "
+                             "number of ranks on every node")
+    nodes, cross = node_layout(world, ranks_per_node)
+    groups = [dist.new_group(ranks) for ranks in nodes + cross]
+    return groups[rank // ranks_per_node], groups[len(nodes) + rank % ranks_per_node]

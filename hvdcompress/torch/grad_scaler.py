@@ -4,14 +4,16 @@ the ranks' overflow flags, put the compressor state back on an overflow)."""
 from __future__ import annotations
 
 import sys
-from typing import Optional
+import warnings
+from typing import Any, Optional
 
 import torch
 from torch.amp.grad_scaler import OptState
 
+from ..clipping import what_it_keeps
 from ..loss_scale import OverflowGuard
 from .backend import TorchOps
-from .collectives import HorovodCollectives
+from ..collectives import Collectives
 
 _OPS = TorchOps()
 
@@ -66,11 +68,13 @@ class GradScalerLink:
 
     def unscale(self, p: torch.Tensor) -> None:
         """Divide ``p.grad`` by the scale in place (a sparse one's values), before compression."""
-        if p.grad is None:
-            return
+        if p.grad is not None:
+            self.unscale_tensor(p.grad._values() if p.grad.is_sparse else p.grad)
+
+    def unscale_tensor(self, grad: torch.Tensor) -> None:
+        """Divide ``grad`` by the scale in place, raising this rank's flag on an inf/NaN."""
         if not self._inv:
             self._begin()
-        grad = p.grad._values() if p.grad.is_sparse else p.grad
         if grad.device not in self._inv:
             self._inv[grad.device] = next(iter(self._inv.values())).to(grad.device)
             self._flags[grad.device] = torch.zeros((), dtype=torch.float32, device=grad.device)
@@ -78,7 +82,7 @@ class GradScalerLink:
             torch._amp_foreach_non_finite_check_and_unscale_([grad], self._flags[grad.device],
                                                              self._inv[grad.device])
 
-    def launch(self, comm: HorovodCollectives):
+    def launch(self, comm: Collectives):
         """Start summing the ranks' overflow flags (after the gradients' collectives)."""
         if not self._inv:   # no gradient on this rank this step
             self._begin()
@@ -86,7 +90,7 @@ class GradScalerLink:
         flag = sum(f.to(device) for f in self._flags.values()).reshape(1)
         return self.guard.launch(comm, flag)
 
-    def settle(self, comm: HorovodCollectives, handle) -> bool:
+    def settle(self, comm: Collectives, handle) -> bool:
         """Whether any rank overflowed; if so the compressor state is as before the step. The
         scaler's ``found_inf`` for this optimizer is set to that answer."""
         overflow = self.guard.settle(comm, handle)
@@ -109,3 +113,26 @@ def inside_grad_scaler() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def enabled_scaler(scaler: Any) -> Any:
+    """``scaler``, or None for a disabled ``GradScaler`` (``enabled=False`` scales nothing)."""
+    return None if isinstance(scaler, torch.amp.GradScaler) and not scaler.is_enabled() else scaler
+
+
+def warn_unscaled_amp(opt: Any) -> None:
+    """Once per optimizer: ``step()`` runs inside ``GradScaler.step`` without ``scaler=`` while
+    the compressor carries state, which then holds scaled gradients (hvdcompress.loss_scale)."""
+    carrier = opt._watch.carrier
+    if opt._scaler is not None or opt._amp_warned or carrier is None or not inside_grad_scaler():
+        return
+    opt._amp_warned = opt._watch.warned = True   # the watch's warning would be about unscale_
+    warnings.warn(
+        f"optimizer.step() runs inside torch.amp.GradScaler.step, but this hvdcompress "
+        f"optimizer has no scaler=: {carrier.name}, which {what_it_keeps(carrier)}, then "
+        "carries scaled gradients from step to step, so every change of the loss scale "
+        "distorts its state (unscale_ after synchronize() divides only the current step) and "
+        "an overflow step that the scaler skips still advances it. Pass scaler=<your "
+        "GradScaler> to hvdcompress.torch.DistributedOptimizer (it unscales each gradient "
+        "before compression and undoes overflow steps on every rank) and drop "
+        "scaler.unscale_(optimizer); see docs/mixed_precision.md.", stacklevel=4)

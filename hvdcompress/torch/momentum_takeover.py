@@ -14,8 +14,8 @@ momentum is an error (momentum would apply twice, :func:`check_momentum`). Other
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager
-from typing import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -90,3 +90,30 @@ def suspended(optimizer: torch.optim.Optimizer, active: bool) -> Iterator[None]:
     finally:
         for group, values in saved:
             group.update(values)
+
+
+def hook_optimizer(compressor: Compressor, optimizer: Optional[torch.optim.Optimizer],
+                   adam_step: Callable) -> Any:
+    """The take-overs of a hook front end (DDP, FSDP) on the user's ``optimizer``, which it does
+    not wrap: checked against the compressor, then the momentum take-over's suspension around its
+    step (step pre- and post-hooks), or ``adam_step`` in place of its ``step`` (on the instance)
+    with FrozenAdam, which is returned (None otherwise)."""
+    if optimizer is None:
+        if compressor.takes_over_momentum and compressor.explicit_momentum is None:
+            warnings.warn(f"{compressor.name} applies SGD's momentum itself, but no optimizer= "
+                          "was given: it runs with momentum 0 (top-k with a residual). Pass "
+                          "optimizer=your torch.optim.SGD so it takes that momentum over", stacklevel=3)
+        return None
+    check_momentum(compressor, optimizer)
+    adam = check_adam(compressor, optimizer)
+    if takes_over(compressor, optimizer):
+        suspension = ExitStack()
+
+        def suspend(opt: torch.optim.Optimizer, *_: Any) -> None:
+            suspension.close()   # a step that raised left them at 0
+            suspension.enter_context(suspended(opt, True))
+        optimizer.register_step_pre_hook(suspend)
+        optimizer.register_step_post_hook(lambda *_: suspension.close())
+    if adam is not None:
+        optimizer.step = adam_step
+    return adam

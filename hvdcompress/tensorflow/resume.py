@@ -34,8 +34,10 @@ import tensorflow as tf
 
 from ..agreement import allgather_object
 from ..compressor import Compressor
+from ..reshard import share_of_rank
 from .backend import TFOps
 from .collectives import HorovodCollectives
+from .gradients import source_names
 from .state import CompressionState, Loaded, compression_state
 
 OPS = TFOps()
@@ -44,7 +46,7 @@ OPS = TFOps()
 def _resolve(target: Any) -> Tuple[CompressionState, Any]:
     """(the compression state, the exchange or None) of ``target``."""
     exchange = getattr(target, "_hvdc_exchange", None) or getattr(target, "exchange", None)
-    if exchange is not None and hasattr(exchange, "state") and hasattr(exchange, "lay_out"):
+    if exchange is not None and hasattr(exchange, "state") and hasattr(exchange, "driver"):
         return exchange.state, exchange
     if isinstance(target, Compressor):
         return compression_state(target), None
@@ -97,4 +99,40 @@ def load_compression_state(target: Any, saved: dict, variables: Optional[Sequenc
     state.push()
     state.loaded = Loaded(saved)
     if variables is not None:
-        exchange.lay_out(list(variables))
+        lay_out(exchange, list(variables))
+
+
+def lay_out(exchange: Any, sources: Sequence[Any]) -> None:
+    """Lay a gathered state loaded with :func:`load_compression_state` out for this run's world
+    now, for ``exchange``'s variables ``sources`` (as given to ``apply_gradients`` /
+    ``tape.gradient``); otherwise the next exchange does it. Local."""
+    if exchange.built_for != exchange.state.generation:
+        exchange.rebuild()
+    names = source_names(sources)
+    pairs = [(n, s) for n, s in zip(names, sources) if hasattr(s, "assign") and id(s) not in exchange.local]
+    infos = [exchange._info(n, s, s) for n, s in pairs]
+    dtypes = [s.dtype for _, s in pairs]
+    stated = exchange._stated(exchange._bundles(infos, [s for _, s in pairs], dtypes), dtypes, infos)
+    exchange._init_states(*stated)
+    apply_loaded(exchange, *stated)
+
+
+def apply_loaded(exchange: Any, dtypes: list, infos: list) -> None:
+    """This rank's share of a loaded gathered state for each tensor of ``infos`` that it holds
+    (:func:`hvdcompress.reshard.share_of_rank`), once, at the first exchange after the load."""
+    state = exchange.state
+    loaded = state.loaded
+    if loaded is None:
+        return
+    ps = exchange.options.process_set
+    for dtype, info in zip(dtypes, infos):
+        if info.name not in loaded.left:
+            continue
+        states = [per_rank.get(info.name, {}) for per_rank in loaded.saved["ranks"]]
+        new = share_of_rank(states, info.numel, ps.size(), ps.rank(), exchange.core.average,
+                            loaded.saved.get("average"), lambda: exchange.engine.collective_for(
+                                info, tf.zeros([info.numel], dtype)) == "alltoall", "load_compression_state")
+        state.tensor(info.name).replace(new)
+        loaded.left.discard(info.name)
+    if not loaded.left:
+        state.loaded = None

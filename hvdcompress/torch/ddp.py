@@ -35,7 +35,6 @@ import torch
 import torch.distributed as dist
 
 from .. import state_store
-from ..accounting import ByteCount
 from ..adam import adam_settings
 from ..arguments import documented
 from ..collectives import check_collective
@@ -188,7 +187,7 @@ class CompressionState:
             settings = adam_settings(self._group(p)) if self.driver.adam is not None else None
             bucket = self._fused.get(info.name)
             if bucket is None:
-                entries.append(self.driver.compress(grad, grad, grad, info, settings, info.param))
+                entries.append(self.driver.compress(grad, grad, info, settings, info.param))
                 continue
             x = self.driver.outgoing(grad, self.driver.states.tensor(info.name), info, settings, info.param)
             items = self.driver.completion.add(bucket.name, (grad, x, info))

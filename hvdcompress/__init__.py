@@ -34,6 +34,7 @@ from .schedule import ExponentialWarmup, ListWarmup, SparsityScheduler
 for _cls in (NoCompression, FP16, BF16, TopK, RandomK, DGC, OneBit, EFSignSGD, Signum, Threshold,
              TwoBit, Int8, Dithering, QSGD, TernGrad, Natural, PowerSGD, CSC):
     register(_cls)
+from . import auto  # noqa: E402  registers compression="auto" (hvdcompress.auto.Auto, a planner)
 
 __all__ = [
     "Compressor", "Packet", "TensorInfo", "payload_bytes", "NoCompression", "FP16", "BF16",

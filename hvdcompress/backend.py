@@ -11,13 +11,13 @@ same algorithm code is checkpointable in both.
 """
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from .ops import counter_hash, roles, table
+from .kernel_methods import add_kernel_methods
+from .ops import counter_hash, roles
 
 Tensor = Any
 #: A scalar: a Python number, or a 0-d / 1-element tensor on the data's device.
@@ -221,7 +221,7 @@ class Ops(ABC):
     # The kernels of hvdcompress/ops/kernels.h, which specifies each of them (semantics, byte
     # layouts, random numbers); docs/kernels.md explains the layers. Their methods are generated
     # from the kernel table (hvdcompress/ops/table.py: each parameter's role says what it must
-    # be), after this class, except those of WRITTEN, written out here. Ops checks the arguments
+    # be; hvdcompress.kernel_methods), after this class, except those of WRITTEN, written out here. Ops checks the arguments
     # once and hands them to the implementation that ``_impl(x)`` picks for x's device: the C++
     # kernels (hvdcompress.ops.native, through zero-copy views of CPU tensors) or the plain-torch
     # fallback (hvdcompress.ops.torch_fallback), which produce bit-identical results. Common rules:
@@ -338,7 +338,7 @@ class Ops(ABC):
             int(n), self.contiguous(indices), values, out=buf))
 
 
-# ---- the kernel methods generated from the kernel table ------------------------------------------
+# ---- the kernel methods generated from the kernel table (hvdcompress.kernel_methods) --------------
 #: The kernels whose Ops method is written out above instead of generated: half_cast takes a
 #: dtype name; norm (l2_norm) and max_abs cast any float tensor; sub_finite, momentum_correction
 #: and sparse_sum take other dtypes through framework ops (momentum_correction the state first);
@@ -347,58 +347,4 @@ WRITTEN = ("half_cast", "l2_norm", "max_abs", "sub_finite", "momentum_correction
            "fill_at", "lowrank_project", "lowrank_project_back", "lowrank_residual")
 
 
-def kernel_method(kernel: table.Kernel) -> Callable:
-    """The checked Ops method of ``kernel`` (hvdcompress/ops/table.py): the kernel's parameters
-    less its in-place outputs (``Into``), each checked by its role, then
-    ``self._impl(first tensor).<kernel>(...)``, with a scalar as :meth:`Ops._scalar_arg` makes
-    it, an ``Into`` buffer as :meth:`Ops._in_place` says and an ``Out`` one as
-    :meth:`Ops._decode` does."""
-    params = tuple(p for p in kernel.params if not isinstance(p.role, roles.Into))
-    first = next(p.name for p in kernel.params if p.role.tensor)
-    out = next((p.name for p in params if isinstance(p.role, roles.Out)), None)
-
-    def method(self: Ops, *args: Any, **kwargs: Any) -> Any:
-        env = kernel.bind(args, kwargs, params)
-        for p in kernel.order:
-            if not isinstance(p.role, roles.Out) and (env[p.name] is not None or p.default is not None):
-                env[p.name] = p.role.check(self, kernel.name, p.name, env[p.name], env)
-        impl = self._impl(env[first])
-
-        def call(buf: Tensor | None) -> Any:
-            return getattr(impl, kernel.name)(*(_argument(self, impl, p, env, buf) for p in kernel.params))
-        return call(None) if out is None else self._decode(env[out], env["n"], call)
-
-    method.__name__ = method.__qualname__ = kernel.name
-    method.__signature__ = inspect.Signature(
-        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-        + [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default)
-           for p in params])
-    method.__doc__ = (f"{kernel.doc} (kernels.h ``{kernel.name}``).\n\nDeclared in "
-                      f"hvdcompress/ops/table.py: ``{kernel.name}({kernel.declaration})``.")
-    return method
-
-
-def _argument(ops: Ops, impl: Any, param: table.Param, env: dict, buf: Tensor | None) -> Any:
-    """The checked argument of ``param`` as the kernel implementation ``impl`` takes it."""
-    if isinstance(param.role, roles.Into):
-        target = env[param.role.target]
-        return None if target is None else ops._in_place(target)
-    if isinstance(param.role, roles.Out):
-        return buf
-    if isinstance(param.role, roles.Scalar):
-        return ops._scalar_arg(impl, env[param.name])
-    return env[param.name]
-
-
-def _add_kernel_methods(cls: type) -> None:
-    """A generated method on ``cls`` for every kernel not in :data:`WRITTEN`; TypeError when
-    ``cls`` writes one of them by hand."""
-    for name, kernel in table.KERNELS.items():
-        if name in WRITTEN:
-            continue
-        if name in vars(cls):
-            raise TypeError(f"{cls.__name__}.{name} is written by hand but not listed in WRITTEN")
-        setattr(cls, name, kernel_method(kernel))
-
-
-_add_kernel_methods(Ops)
+add_kernel_methods(Ops, WRITTEN)

@@ -23,13 +23,10 @@ depends only on the compressor, the tensor's size and the number of ranks P):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .backend import Tensor
 from .compressor import Compressor, TensorInfo
-
-if TYPE_CHECKING:
-    from .exchange import Exchange
 
 COLLECTIVES = ("auto", "allgather", "alltoall")
 
@@ -103,15 +100,19 @@ def choose_collective(collective: str, compressor: Compressor, world: int) -> st
 class Planner(ABC):
     """A compressor that picks each tensor's collective itself (``compression="auto"``,
     :class:`hvdcompress.auto.Auto`): the engine asks it instead of :func:`choose_collective`,
-    handing over itself (its collectives, ops and :attr:`Exchange.busy_s`), and tells it when
-    each step ends."""
+    handing over itself, and tells it when each step ends.
+
+    ``engine``: the :class:`hvdcompress.exchange.Exchange` asking (not imported here: the
+    engine imports this module); a planner may read its ``comm`` (:class:`Collectives`),
+    ``ops`` (:class:`hvdcompress.backend.Ops`), ``busy_s`` (the seconds this rank spent in it)
+    and ``plan`` (tensor name -> (numel, collective, payload bytes, wire bytes))."""
 
     @abstractmethod
-    def collective_of(self, info: TensorInfo, engine: "Exchange", like: Tensor) -> str:
+    def collective_of(self, info: TensorInfo, engine: Any, like: Tensor) -> str:
         """'allreduce', 'allgather' or 'alltoall' for this tensor (the same on every rank);
         ``like``: a tensor on the gradient's device."""
 
     @abstractmethod
-    def after_step(self, engine: "Exchange") -> None:
+    def after_step(self, engine: Any) -> None:
         """The step has ended on this rank (every rank calls it once per step)."""
 

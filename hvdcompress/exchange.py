@@ -29,13 +29,14 @@ import functools
 import logging
 import time
 from collections.abc import MutableMapping
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NamedTuple, Optional
+from typing import Any, Callable, Optional
 
 from .accounting import ByteCount
 from .backend import Ops, Tensor
 from .collectives import Collectives, Planner, check_collective, choose_collective, wire_bytes
 from .compressor import Compressor, Packet, TensorInfo, payload_bytes
+from .prefixed_state import PrefixedState
+from .rounds import Entry, Round, Send, launch_alltoall, wait
 
 log = logging.getLogger("hvdcompress")
 DENSE = "dense"   # the ctx of a packet sent as it is (TensorInfo.dense)
@@ -55,76 +56,6 @@ def _busy(method: Callable) -> Callable:
             self._timing = False
             self.busy_s += time.perf_counter() - begin
     return timed
-
-
-class PrefixedState(MutableMapping):
-    """A view of a tensor's state dict under a key prefix: the state of one segment of the
-    compressed allreduce lives in the tensor's own state (so checkpoints keep it)."""
-
-    def __init__(self, parent: MutableMapping, prefix: str):
-        self.parent, self.prefix = parent, prefix
-
-    def __getitem__(self, key: str) -> Any:
-        return self.parent[self.prefix + key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.parent[self.prefix + key] = value
-
-    def __delitem__(self, key: str) -> None:
-        del self.parent[self.prefix + key]
-
-    def __iter__(self) -> Iterator[str]:
-        n = len(self.prefix)
-        return iter([k[n:] for k in list(self.parent) if k.startswith(self.prefix)])
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-@dataclass
-class Entry:
-    """One tensor in the exchange: ``key`` is the wrapper's handle on it (a parameter, an
-    index); ``total`` is set when it is done (None for an empty tensor)."""
-
-    key: Any
-    info: TensorInfo
-    state: MutableMapping
-    collective: str = "allreduce"
-    packet: Optional[Packet] = None
-    segments: list = field(default_factory=list)   # alltoall: (ctx, info) of each segment
-    total: Optional[Tensor] = None
-
-
-class Send(NamedTuple):
-    """What one entry sends in a round: ``tensors`` through ``collective`` over ``comm`` (None:
-    the engine's own); ``then(entry, received, collective, out_of)`` takes what came back and
-    returns the entry's next :class:`Send`, or None when its total is set (None: the engine's
-    default, :meth:`Exchange.after_round`). A two-level exchange sends over two process sets."""
-
-    entry: Entry
-    tensors: list
-    collective: str
-    then: Optional[Callable] = None
-    comm: Optional[Collectives] = None
-
-
-class _Fused(NamedTuple):
-    """A round's all-to-all of ``count`` tensors, launched as one tensor per dtype: ``layout``
-    holds each launched tensor's (input positions, per-rank part lengths)."""
-
-    count: int
-    layout: list
-    handle: Any
-
-
-@dataclass
-class _Round:
-    """A launched round: what each entry sends, the handles of the collectives (keyed by
-    (comm position in the round, collective)) with their comm."""
-
-    sends: list           # [Send]
-    handles: dict         # (comm position, collective) -> (comm, handle)
-    number: int
 
 
 class Exchange:
@@ -272,12 +203,12 @@ class Exchange:
 
     # ---- communicate ---------------------------------------------------------------------------
     @_busy
-    def start(self, entries: list, number: int = 0) -> _Round:
+    def start(self, entries: list, number: int = 0) -> Round:
         """Launch round ``number`` of ``entries`` (one grouped call per collective)."""
         sends = [Send(e, e.packet.tensors, e.collective) for e in entries if e.info.numel]
         return self._launch(sends, number, entries[0].info.name if entries else "empty")
 
-    def _launch(self, sends: list, number: int, label: str) -> _Round:
+    def _launch(self, sends: list, number: int, label: str) -> Round:
         """One grouped call per (comm, collective), comms in order of first use (the same on
         every rank, so synchronous adapters such as TF's call them in the same order)."""
         comms: list = []
@@ -292,47 +223,16 @@ class Exchange:
                            for t in s.tensors]
                 if tensors:
                     tag = f"hvdc.{label}.r{number}{suffix}.{collective}"
-                    handles[(position, collective)] = (comm, self._alltoall(comm, tensors, tag)
+                    handles[(position, collective)] = (comm, launch_alltoall(self.ops, comm, tensors, tag)
                                                        if collective == "alltoall" else
                                                        getattr(comm, collective)(tensors, tag))
-        return _Round(sends, handles, number)
-
-    def _alltoall(self, comm: Collectives, tensors: list, tag: str) -> _Fused:
-        """The round's all-to-all as one tensor per dtype: Horovod has no grouped all-to-all,
-        and each call is its own negotiation and its own P-way exchange (at 16 ranks on 2
-        cores, one per tensor and round cost seconds per step). Part j of every tensor, side by
-        side, goes to rank j; :meth:`_wait` cuts what arrives back into the tensors."""
-        positions: dict = {}
-        for i, t in enumerate(tensors):
-            positions.setdefault(t.dtype, []).append(i)
-        layout, fused = [], []
-        for idx in positions.values():
-            widths = [self.ops.numel(tensors[i]) // comm.world for i in idx]
-            parts = [self.ops.split(tensors[i], [w] * comm.world) for i, w in zip(idx, widths)]
-            fused.append(tensors[idx[0]] if len(idx) == 1 else
-                         self.ops.concat([part[j] for j in range(comm.world) for part in parts]))
-            layout.append((idx, widths))
-        return _Fused(len(tensors), layout, comm.alltoall(fused, tag))
-
-    def _wait(self, comm: Collectives, handle: Any) -> list:
-        """The outputs of a launched collective, in input order (an all-to-all's un-fused)."""
-        if not isinstance(handle, _Fused):
-            return comm.wait(handle)
-        out: list = [None] * handle.count
-        for (idx, widths), got in zip(handle.layout, comm.wait(handle.handle)):
-            if len(idx) == 1:
-                out[idx[0]] = got
-                continue
-            pieces = self.ops.split(got, widths * comm.world)
-            for k, i in enumerate(idx):
-                out[i] = self.ops.concat(pieces[k::len(idx)])
-        return out
+        return Round(sends, handles, number)
 
     @_busy
-    def finish(self, flight: _Round, out_of: Callable[[Entry], Optional[Tensor]] = lambda e: None) -> list:
+    def finish(self, flight: Round, out_of: Callable[[Entry], Optional[Tensor]] = lambda e: None) -> list:
         """Wait for a round, run the following rounds, decode every entry into
         ``out_of(entry)`` (a flat buffer to decode into, or None), scale it; return the entries."""
-        outputs = {key: iter(self._wait(comm, h)) for key, (comm, h) in flight.handles.items()}
+        outputs = {key: iter(wait(self.ops, comm, h)) for key, (comm, h) in flight.handles.items()}
         positions = {id(comm): position for (position, _), (comm, _) in flight.handles.items()}
         follow = []
         for send in flight.sends:

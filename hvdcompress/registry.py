@@ -17,8 +17,9 @@ Values may be strings (as from a command line or a config file) or typed. Keys:
   ``adam_send``: what is compressed after the freeze, ``"gradient"`` (default) or ``"momentum"``.
 * ``seed``: the seed of compressors that draw random numbers; checked and unused by the others.
 * ``compressor="auto"``: :class:`hvdcompress.auto.Auto`, which picks one of the others per
-  tensor (not listed by :func:`available`); keys ``allowed`` (``"none,fp16,int8"``), ``link``
-  (``"10gbit,50us"``), ``calibration``, ``replan``; no decorator or warm-up keys.
+  tensor; keys ``allowed`` (``"none,fp16,int8"``), ``link`` (``"10gbit,50us"``),
+  ``calibration``, ``replan``; no decorator or warm-up keys. It registers itself as a planner
+  (``register(Auto, planner=True)``, on ``import hvdcompress``): not listed by :func:`available`.
 
 BytePS's keys are read as the same keys, so a BytePS config works unchanged:
 
@@ -61,6 +62,8 @@ from .schedule import ExponentialWarmup, ListWarmup, Schedule
 from .validation import check_choice, check_int
 
 _REGISTRY: Dict[str, Type[Compressor]] = {}
+#: The registered planners over the algorithms (``"auto"``): buildable, not in :func:`available`.
+_PLANNERS: set = set()
 DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "adam_send", "seed")
 #: BytePS's prefixed spelling of the keys (its tensor attributes) -> this registry's key.
 BYTEPS_KEYS: Dict[str, str] = {
@@ -74,30 +77,32 @@ BYTEPS_PARAMS: Dict[str, Dict[str, str]] = {
 WARMUP_FORMS = ("warmup_epochs", "warmup_steps", "warmup_sparsities")
 WARMUP_KEYS = WARMUP_FORMS + ("warmup_unit", "rampup_begin_step", "rampup_step")
 _RAMP_UNITS = {"warmup_epochs": "epoch", "warmup_steps": "step"}
-AUTO = "auto"   # compressor="auto": hvdcompress.auto.Auto picks one of the others per tensor
+AUTO = "auto"   # compressor="auto": hvdcompress.auto.Auto (a planner) picks one of the others per tensor
 
 
 def _compressor_class(name: str, key: str) -> Type[Compressor]:
-    """The class of a registered ``name``, or :class:`hvdcompress.auto.Auto` for ``"auto"``
-    (a planner over the algorithms, not one of them: not in :func:`available`)."""
-    if name == AUTO:
-        from .auto import Auto
-        return Auto
+    """The class registered as ``name`` (an algorithm, or a planner such as ``"auto"``)."""
     if name not in _REGISTRY:
         raise ValueError(f"from_params: {key}={name!r} is unknown; allowed: "
-                         f"{', '.join(available())}, {AUTO}")
+                         f"{', '.join(available() + sorted(_PLANNERS))}")
     return _REGISTRY[name]
 
 
-def register(cls: Type[Compressor]) -> Type[Compressor]:
-    """Class decorator: make ``cls`` buildable by its ``name``."""
+def register(cls: Type[Compressor], planner: bool = False) -> Type[Compressor]:
+    """Class decorator: make ``cls`` buildable by its ``name``. ``planner``: ``cls`` picks one
+    of the algorithms per tensor (:class:`hvdcompress.auto.Auto`): not listed by
+    :func:`available`, and it takes no decorator or warm-up keys."""
     _REGISTRY[cls.name] = cls
+    if planner:
+        _PLANNERS.add(cls.name)
+    else:
+        _PLANNERS.discard(cls.name)
     return cls
 
 
 def available() -> list:
-    """The registered compressor names."""
-    return sorted(_REGISTRY)
+    """The registered compressor names (the algorithms; planners such as ``"auto"`` are not listed)."""
+    return sorted(set(_REGISTRY) - _PLANNERS)
 
 
 def _convert(key: str, value: Any, hint: Any) -> Any:
@@ -196,11 +201,11 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
     if name is None:
         raise ValueError(f"from_params: key 'compressor' is missing; allowed: {', '.join(available())}")
     cls = _compressor_class(name, spelled["compressor"])
-    if name == AUTO:
+    if name in _PLANNERS:
         extra = next((k for k in DECORATOR_KEYS + WARMUP_KEYS if k in given), None)
         if extra is not None:
-            raise ValueError(f"from_params: {spelled[extra]}={given[extra]!r} with compressor='auto': "
-                             "auto picks each tensor's compressor; allowed keys: compressor, "
+            raise ValueError(f"from_params: {spelled[extra]}={given[extra]!r} with compressor={name!r}: "
+                             f"{name} picks each tensor's compressor; allowed keys: compressor, "
                              f"{', '.join(_signature(cls))} (list e.g. 'onebit+ef' in allowed)")
     _rename(given, spelled, BYTEPS_PARAMS.get(name, {}), f"{name}'s ")
     ef = given.pop("ef", "none")

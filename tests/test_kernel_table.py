@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from hvdcompress.backend import WRITTEN, Ops
-from hvdcompress.ops import native, roles, table, torch_fallback
+from hvdcompress.ops import library, native, roles, table, torch_fallback
 from hvdcompress.ops.table import implementation, implements
 
 
@@ -111,17 +111,17 @@ def test_a_kernel_defined_without_implements_fails():
 def test_a_library_with_other_c_functions_does_not_load():
     exported = set(table.C_FUNCTIONS) - {"topk_abs"} | {"topk_abs_v2"}
     with pytest.raises(ImportError, match=r"missing: \['topk_abs'\], not declared: \['topk_abs_v2'\]"):
-        native._check_exports(exported, "lib.so")
+        library.check_exports(exported, "lib.so")
 
 
 def test_a_library_whose_c_function_takes_another_call_does_not_load():
     native.load()
-    signatures = dict(native._LIB["signatures"])
-    native._check_calls(signatures, "lib.so")
+    signatures = dict(library._LIB["signatures"])
+    library.check_calls(signatures, "lib.so")
     with pytest.raises(ImportError, match="natural_pack takes 'PqP'"):
-        native._check_calls(dict(signatures, natural_pack=("PqP", "", "")), "lib.so")
+        library.check_calls(dict(signatures, natural_pack=("PqP", "", "")), "lib.so")
     with pytest.raises(ImportError, match="count_ge takes 'Pqf' and returns f"):
-        native._check_calls(dict(signatures, count_ge=("Pqf", ">", "f")), "lib.so")
+        library.check_calls(dict(signatures, count_ge=("Pqf", ">", "f")), "lib.so")
 
 
 # ---- generated from the declarations ------------------------------------------------------------

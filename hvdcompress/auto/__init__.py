@@ -16,10 +16,12 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..compressor import Compressor
+from ..registry import AUTO, register
 from .choice import CHOICES, SAFE, Choice, choose, parse_allowed, parse_link, predict_exchange
-from .compressor import Auto, Dispatch
+from .compressor import Auto
+from .dispatch import Dispatch
 
-from ..registry import AUTO
+register(Auto, planner=True)   # compressor="auto" in from_params and the front ends
 
 
 def from_arguments(compression: Any, auto_allowed: Any = None, link: Any = None) -> Optional[Compressor]:

@@ -2,9 +2,8 @@
 
 capi.cpp exports the kernels as a plain C ABI; setup.py compiles it with kernels_*.cpp into the
 shared library ``hvdcompress/ops/_kernels*.so`` (no framework is needed to build or load it), and
-this module calls it through ctypes, which releases the GIL for the duration of each call. The
-library lists its C functions with their argument types, from which :func:`load` builds the
-ctypes signatures. The functions here take and return C-contiguous numpy arrays; :class:`Bridge`
+this module calls it through ctypes (:mod:`~hvdcompress.ops.library`: loading, checking against
+the table, calling; :mod:`~hvdcompress.ops.buffers`: the aligned numpy buffers). The functions here take and return C-contiguous numpy arrays; :class:`Bridge`
 runs them on a framework's CPU tensors through zero-copy numpy views (``Tensor.numpy()`` for
 torch, ``np.asarray`` and DLPack for TensorFlow). Semantics: kernels.h; why this design:
 docs/kernels.md.
@@ -21,162 +20,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.machinery
-import os
-import sys
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
 from . import roles, table
+from .buffers import Array, empty, out_buffer, pointer, writable
+from .library import call, library_path, load  # library_path: the backends log it (native.library_path)
 from .table import implements
-
-Array = np.ndarray
-_ALIGN = 64  # TensorFlow wraps a buffer without copying only when it is this aligned
-_LIB: dict = {}
-_POOL: dict = {}  # byte size -> raw buffers handed out before (see empty)
-_POOL_MIN = 1 << 20  # bytes: smaller buffers come from malloc's free lists anyway
-_POOL_PER_SIZE = 4
-_POOL_MAX_BYTES = 1 << 30
-_POOL_BYTES = [0]
-
-#: ctypes types of the argument codes in the library's kernel list (Python struct letters).
-_CTYPES = {"P": ctypes.c_void_p, "?": ctypes.c_bool, "i": ctypes.c_int, "I": ctypes.c_uint32,
-           "q": ctypes.c_int64, "f": ctypes.c_float, "d": ctypes.c_double}
-_ERRORS = {1: ValueError, 2: IndexError}
-#: The argument code of a returned value of each dtype.
-_CODES = {"float32": "f", "float64": "d", "int64": "q", "int32": "i"}
-
-
-def library_path() -> str:
-    """The path of the compiled kernel library (``_kernels`` + the extension-module suffix)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = os.path.join(here, "_kernels" + suffix)
-        if os.path.exists(path):
-            return path
-    raise ImportError(f"the C++ kernel library hvdcompress/ops/_kernels*.so is not built (looked in "
-                      f"{here}); build it with `pip install --no-build-isolation -e .`")
-
-
-class _Entry(ctypes.Structure):
-    """capi.cpp's ``hvdc_kernel``: a C function of the library with its argument codes."""
-    _fields_ = [("name", ctypes.c_char_p), ("signature", ctypes.c_char_p), ("function", ctypes.c_void_p)]
-
-
-def load() -> Dict[str, Callable[..., int]]:
-    """The kernel library's C functions by name, with their ctypes signatures (loaded once);
-    ImportError when it is not built or does not export exactly the C functions of
-    :data:`hvdcompress.ops.table.C_FUNCTIONS` (a library built from other sources)."""
-    if "functions" not in _LIB:
-        path = library_path()
-        try:
-            lib = ctypes.CDLL(path)
-            listing = lib.hvdc_kernels
-        except (OSError, AttributeError) as exc:
-            raise ImportError(f"could not load the C++ kernel library {path}: {exc}") from exc
-        listing.argtypes, listing.restype = [ctypes.POINTER(ctypes.c_int64)], ctypes.POINTER(_Entry)
-        lib.hvdc_error.restype = ctypes.c_char_p
-        count = ctypes.c_int64()
-        exported = {e.name.decode(): e for e in listing(ctypes.byref(count))[:count.value]}
-        signatures = {name: e.signature.decode().partition(">") for name, e in exported.items()}
-        _check_exports(exported, path)
-        _check_calls(signatures, path)
-        _LIB["lib"], _LIB["signatures"] = lib, signatures
-        _LIB["functions"] = {
-            name: ctypes.CFUNCTYPE(ctypes.c_int, *(_CTYPES[c] for c in args),
-                                   *([ctypes.c_void_p] if result else []))(exported[name].function)
-            for name, (args, _, result) in signatures.items()}
-    return _LIB["functions"]
-
-
-def _check_exports(exported: Iterable[str], path: str) -> None:
-    """ImportError unless the library at ``path`` exports exactly the table's C functions."""
-    missing, extra = set(table.C_FUNCTIONS) - set(exported), set(exported) - set(table.C_FUNCTIONS)
-    if missing or extra:
-        raise ImportError(f"the C++ kernel library {path} does not match hvdcompress/ops/table.py "
-                          f"(missing: {sorted(missing)}, not declared: {sorted(extra)}); rebuild "
-                          "it with `pip install --no-build-isolation -e .`")
-
-
-def _check_calls(signatures: Dict[str, Tuple[str, str, str]], path: str) -> None:
-    """ImportError unless the C function of every kernel with a declared C call takes that call:
-    as many arguments, addresses exactly where the call passes arrays, and a returned value of
-    the declared result's dtype (``signatures``: argument codes, ">", the returned value's)."""
-    for kernel in table.KERNELS.values():
-        if kernel.c is None:
-            continue
-        args, _, result = signatures[kernel.exports[0]]
-        returned = kernel.c[-1][1:] if kernel.c[-1].startswith("&") else None
-        want = ["P" if kernel.is_pointer(a) else "-" for a in kernel.c if a != f"&{returned}"]
-        got = ["P" if code == "P" else "-" for code in args]
-        want_result = _CODES[kernel.result(returned).dtype] if returned else ""
-        if got != want or result != want_result:
-            raise ImportError(f"the C++ kernel library {path} does not match hvdcompress/ops/table.py: "
-                              f"{kernel.name} takes {args!r} and returns {result or 'nothing'}; the "
-                              f"table's call ({', '.join(kernel.c)}) needs {''.join(want)!r}"
-                              f"{' and ' + want_result if want_result else ''}; rebuild the library")
-
-
-def _call(name: str, *args: Any) -> None:
-    status = load()[name](*args)
-    if status:
-        raise _ERRORS.get(status, RuntimeError)(_LIB["lib"].hvdc_error().decode())
-
-
-def empty(n: int, dtype: Any) -> Array:
-    """An uninitialised 1-D array of ``n`` elements whose buffer is 64-byte aligned.
-
-    Buffers of 1 MiB or more are recycled: a fresh one would come from mmap, and its first
-    writes page-fault (here a fresh 100 MB output costs several times its memcpy). Each raw
-    buffer handed out is kept, up to 4 per size and 1 GiB in all, and handed out again once
-    nothing else references it: no array viewing it, hence no torch or TensorFlow tensor
-    wrapping it (both hold a reference to the array they wrap)."""
-    dtype = np.dtype(dtype)
-    nbytes = n * dtype.itemsize + _ALIGN
-    raw = _recycled(nbytes) if nbytes >= _POOL_MIN else None
-    if raw is None:
-        raw = np.empty(nbytes, np.uint8)
-        kept = _POOL.setdefault(nbytes, []) if nbytes >= _POOL_MIN else None
-        if kept is not None and len(kept) < _POOL_PER_SIZE and _POOL_BYTES[0] + nbytes <= _POOL_MAX_BYTES:
-            kept.append(raw)
-            _POOL_BYTES[0] += nbytes
-    start = (-raw.ctypes.data) % _ALIGN
-    return raw[start:start + n * dtype.itemsize].view(dtype)
-
-
-def _recycled(nbytes: int) -> Optional[Array]:
-    """A kept raw buffer of ``nbytes`` that nothing outside the pool references, or None."""
-    for raw in _POOL.get(nbytes, ()):
-        if sys.getrefcount(raw) == 3:  # the pool's list, ``raw`` here and getrefcount's argument
-            return raw
-    return None
-
-
-def _buf(a: Array, dtype: Any, what: str, n: Optional[int] = None) -> int:
-    """The address of ``a``'s buffer after checking that ``a`` is a C-contiguous numpy array of
-    ``dtype`` (and ``n`` elements)."""
-    if not isinstance(a, np.ndarray) or a.dtype != np.dtype(dtype) or not a.flags.c_contiguous:
-        raise TypeError(f"{what} must be a C-contiguous {np.dtype(dtype).name} array, got "
-                        f"{getattr(a, 'dtype', type(a).__name__)}")
-    if n is not None and a.size != n:
-        raise ValueError(f"{what} has {a.size} elements; {n} are needed")
-    return a.ctypes.data
-
-
-def _writable(a: Array, what: str) -> Array:
-    if not a.flags.writeable:
-        raise ValueError(f"{what} is read-only")
-    return a
-
-
-def _out(out: Optional[Array], n: int, dtype: Any, what: str = "out") -> Array:
-    """The caller's output buffer (checked) or a new aligned one."""
-    if out is None:
-        return empty(n, dtype)
-    _buf(_writable(out, what), dtype, what, n)
-    return out
-
 
 # ---- the kernels written by hand: what their declaration cannot say -------------------------------
 # select_ge, dgc_select: outputs of a size known only after the call; sparse_sum: a C function per
@@ -187,7 +38,7 @@ def select_ge(x: Array, threshold: float) -> Tuple[Array, Array]:
     cap = min(x.size, max(1024, x.size // 64))
     while True:
         values, indices, total = empty(cap, np.float32), empty(cap, np.int64), ctypes.c_int64()
-        _call("select_ge", _buf(x, np.float32, "x"), x.size, threshold, cap, values.ctypes.data,
+        call("select_ge", pointer(x, np.float32, "x"), x.size, threshold, cap, values.ctypes.data,
               indices.ctypes.data, ctypes.byref(total))
         if total.value <= cap:
             return values[:total.value], indices[:total.value]
@@ -200,13 +51,13 @@ def dgc_select(g: Array, u: Array, v: Array, mu: float, nesterov: bool, start: i
                v_out: Optional[Array] = None) -> Tuple[Array, Array, Array, Array, int, float]:
     """One pass (kernels.h ``dgc_select``); values and indices in buffers of ``cap`` entries."""
     n = g.size
-    args = [_buf(g, np.float32, "g"), _buf(u, np.float32, "u", n), _buf(v, np.float32, "v", n)]
+    args = [pointer(g, np.float32, "g"), pointer(u, np.float32, "u", n), pointer(v, np.float32, "v", n)]
     if not 0 <= cap <= n:
         raise ValueError(f"dgc_select: cap={cap} is out of range; allowed: 0..{n}")
-    u_out, v_out = _out(u_out, n, np.float32, "u_out"), _out(v_out, n, np.float32, "v_out")
+    u_out, v_out = out_buffer(u_out, n, np.float32, "u_out"), out_buffer(v_out, n, np.float32, "v_out")
     values, indices = empty(cap, np.float32), empty(cap, np.int64)
     count, threshold = ctypes.c_int64(), ctypes.c_float()
-    _call("dgc_select", *args, n, float(mu), bool(nesterov), int(start), int(stride), int(top), int(cap),
+    call("dgc_select", *args, n, float(mu), bool(nesterov), int(start), int(stride), int(top), int(cap),
           int(low), int(high), bool(masking), u_out.ctypes.data, v_out.ctypes.data, values.ctypes.data,
           indices.ctypes.data, ctypes.byref(threshold), ctypes.byref(count))
     kept = min(count.value, cap) if low <= count.value <= high else 0
@@ -217,9 +68,9 @@ def dgc_select(g: Array, u: Array, v: Array, mu: float, nesterov: bool, start: i
 def sparse_sum(n: int, indices: Array, values: Array, out: Optional[Array] = None) -> Array:
     if indices.dtype not in (np.int32, np.int64):
         raise TypeError(f"indices must be int32 or int64, got {indices.dtype}")
-    out = _out(out, n, np.float32)
-    _call("scatter_add_i32" if indices.dtype == np.int32 else "scatter_add_i64",
-          _buf(values, np.float32, "values"), _buf(indices, indices.dtype, "indices", values.size),
+    out = out_buffer(out, n, np.float32)
+    call("scatter_add_i32" if indices.dtype == np.int32 else "scatter_add_i64",
+          pointer(values, np.float32, "values"), pointer(indices, indices.dtype, "indices", values.size),
           values.size, n, out.ctypes.data)
     return out
 
@@ -229,14 +80,14 @@ def fill_at(x: Array, indices: Array, value: float, out: Optional[Array] = None,
             non_finite_only: bool = False) -> Array:
     """``x`` with ``x[indices] = value`` (only where ``x[indices]`` is not finite when
     ``non_finite_only``), in ``out`` (which may be ``x``; None: a copy of ``x``)."""
-    _buf(x, np.float32, "x")
+    pointer(x, np.float32, "x")
     if out is None:
         out = empty(x.size, np.float32)
         out[...] = x
     elif out is not x:
-        _buf(_writable(out, "out"), np.float32, "out", x.size)
+        pointer(writable(out, "out"), np.float32, "out", x.size)
         out[...] = x
-    _call("fill_at", _writable(out, "x").ctypes.data, x.size, _buf(indices, np.int64, "indices"),
+    call("fill_at", writable(out, "x").ctypes.data, x.size, pointer(indices, np.int64, "indices"),
           indices.size, value, bool(non_finite_only))
     return out
 
@@ -255,9 +106,9 @@ def lowrank_project(e: Array, g: Optional[Array], q: Array,
     rows, cols = e.shape
     p = empty(rows * q.shape[1], np.float32).reshape(rows, q.shape[1])
     _lowrank_shapes(e, p, q, "lowrank_project")
-    m = _out(out, e.size, np.float32).reshape(rows, cols)
-    _call("lowrank_project", _buf(e, np.float32, "e"), None if g is None else _buf(g, np.float32, "g", e.size),
-          _buf(q, np.float32, "q"), rows, cols, q.shape[1], m.ctypes.data, p.ctypes.data)
+    m = out_buffer(out, e.size, np.float32).reshape(rows, cols)
+    call("lowrank_project", pointer(e, np.float32, "e"), None if g is None else pointer(g, np.float32, "g", e.size),
+          pointer(q, np.float32, "q"), rows, cols, q.shape[1], m.ctypes.data, p.ctypes.data)
     return m, p
 
 
@@ -265,7 +116,7 @@ def lowrank_project(e: Array, g: Optional[Array], q: Array,
 def lowrank_project_back(m: Array, p: Array) -> Array:
     q = empty(m.shape[1] * p.shape[1], np.float32).reshape(m.shape[1], p.shape[1])
     _lowrank_shapes(m, p, q, "lowrank_project_back")
-    _call("lowrank_project_back", _buf(m, np.float32, "m"), _buf(p, np.float32, "p"), m.shape[0],
+    call("lowrank_project_back", pointer(m, np.float32, "m"), pointer(p, np.float32, "p"), m.shape[0],
           m.shape[1], p.shape[1], q.ctypes.data)
     return q
 
@@ -274,9 +125,9 @@ def lowrank_project_back(m: Array, p: Array) -> Array:
 def lowrank_residual(m: Array, p: Array, q: Array, out: Optional[Array] = None) -> Array:
     """``m - p q^T`` flat, non-finite entries 0, into ``out`` (which may be ``m``)."""
     _lowrank_shapes(m, p, q, "lowrank_residual")
-    out = _out(None if out is None else out.reshape(-1), m.size, np.float32)
-    _call("lowrank_residual", _buf(m, np.float32, "m"), _buf(p, np.float32, "p"),
-          _buf(q, np.float32, "q"), m.shape[0], m.shape[1], p.shape[1], out.ctypes.data)
+    out = out_buffer(None if out is None else out.reshape(-1), m.size, np.float32)
+    call("lowrank_residual", pointer(m, np.float32, "m"), pointer(p, np.float32, "p"),
+          pointer(q, np.float32, "q"), m.shape[0], m.shape[1], p.shape[1], out.ctypes.data)
     return out
 
 
@@ -328,12 +179,12 @@ def generate(kernel: table.Kernel) -> Callable:
                     else p.role.check(_Arrays, kernel.name, p.name, value, env)
         for p in outputs:
             if env[p.name] is not None:
-                _writable(env[p.name], p.name)
+                writable(env[p.name], p.name)
             elif not isinstance(p.role, roles.Into) or env[p.role.target] is not None:
                 env[p.name] = empty(env["n"], np.float32)
         for r in new:
             env[r.name] = empty(r.size(env), r.kind) if r.size else np.empty((), r.dtype)
-        _call(kernel.exports[0], *[_address(env[a]) for a in c_args])
+        call(kernel.exports[0], *[_address(env[a]) for a in c_args])
         results = tuple(r.value(env[r.name]) for r in kernel.results)
         return results[0] if len(results) == 1 else results
 

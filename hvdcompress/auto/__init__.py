@@ -9,7 +9,9 @@
 
 :mod:`.choice`: the per-tensor pick (pure); :mod:`.probe`: the link and the calibration, rank
 0's for every rank; :mod:`.compressor`: :class:`Auto`, planning at the first exchange and
-re-planning once. User guide: docs/auto.md.
+re-planning once; :mod:`.dispatch`: :class:`Dispatch`, each tensor to its pick. Importing this
+package registers :class:`Auto` as ``"auto"`` (a planner: not in ``available()``). User guide:
+docs/auto.md.
 """
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ recomputes every step in numpy, tests/adam_reference.py). Cases, each reporting 
 "none":     FrozenAdam(NoCompression, freeze 3), Keras AdamW, 6 eager steps
 "onebit":   FrozenAdam(ErrorFeedback(OneBit), freeze 2, send="momentum"), Keras AdamW, 5 eager steps
 "function": the same with the default send="gradient", apply_gradients inside a tf.function
+"clip":     "none" with clip_grad_norm=5 inside a tf.function (Horovod's clip in the warm-up, the
+            local one after: the same order as the torch front ends, tests/hvd/torch_adam.py)
 """
 import horovod.tensorflow as hvd
 import numpy as np
@@ -23,11 +25,11 @@ def gradient(step: int) -> np.ndarray:
     return np.random.default_rng(100 + 10 * step + rank).standard_normal(N).astype(np.float32)
 
 
-def run(compression, lr, b1, b2, wd, steps, function=False) -> tuple:
+def run(compression, lr, b1, b2, wd, steps, function=False, clip=None) -> tuple:
     w = tf.Variable(np.linspace(-1, 1, N, dtype=np.float32), name="w")
     opt = hvck.DistributedOptimizer(tf.keras.optimizers.AdamW(lr, beta_1=b1, beta_2=b2, epsilon=1e-8,
                                                               weight_decay=wd),
-                                    compression=compression)
+                                    compression=compression, clip_grad_norm=clip)
     apply = (lambda g: opt.apply_gradients([(g, w)]))
     if function:
         apply = tf.function(apply)
@@ -44,3 +46,6 @@ for name, function, send in (("onebit", False, "momentum"), ("function", True, "
     weights, iterations = run(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2, send=send),
                               0.01, 0.8, 0.95, 0.05, 5, function)
     result(rank, case=name, weights=weights, iterations=iterations)
+weights, iterations = run(hc.FrozenAdam(hc.NoCompression(), freeze_steps=3), 0.01, 0.9, 0.99, 0.1, 6,
+                         function=True, clip=5.0)
+result(rank, case="clip", weights=weights, iterations=iterations)

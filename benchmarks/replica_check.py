@@ -69,8 +69,9 @@ def main() -> None:
     checks = []
     for _ in range(10):
         start = time.perf_counter()
-        opt._replicas.every, opt._replicas.steps = 1, 0
-        opt._check_replicas()
+        guard = opt._driver._replicas   # built at the first step
+        guard.every, guard.steps = 1, 0
+        opt._driver.check_replicas(lambda: [(opt._parameter_names[p], p) for p in opt._by_name])
         checks.append(time.perf_counter() - start)
     off, on = (statistics.median(runs[k][2]) for k in (None, args.every))
     mean_off, mean_on = (statistics.fmean(runs[k][2]) for k in (None, args.every))

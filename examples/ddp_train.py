@@ -84,8 +84,8 @@ def main() -> None:
     checksum = float(sum(p.detach().double().sum() for p in net.parameters()))
     write_result(rank, {"compression": args.compression, "accuracy": accuracy,
                         "step_ms": 1000 * float(np.mean(times[steps:] or times)),
-                        "dense_bytes": state.exchange.last_step_bytes.dense,
-                        "sent_bytes": state.exchange.last_step_bytes.sent, "param_checksum": checksum})
+                        "dense_bytes": state.last_step_bytes.dense,
+                        "sent_bytes": state.last_step_bytes.sent, "param_checksum": checksum})
     dist.barrier()
     dist.destroy_process_group()
 

@@ -8,7 +8,8 @@ Gloo (tests/ddp/parity_worker.py, two launches):
 * ``state_dict(gather=True)`` at 2 ranks resumed at 3: every new rank's residual is the old
   ranks' mean (float64 sum / 2, rounded to float32), so the unsent mass per rank that enters the
   average is kept; one rank's state is refused at 3 ranks, saying how to save one;
-* a state built before ``init_process_group`` trains exactly as one built after it.
+* a state built before ``init_process_group`` trains exactly as one built after it;
+* ``compression="auto"`` plans every tensor at the first exchange, alike on every rank.
 """
 from __future__ import annotations
 
@@ -72,3 +73,10 @@ def test_one_ranks_state_is_refused_at_another_world_size(records):
 def test_state_built_before_init_process_group(records):
     for r in records["pre_init"].values():
         assert r["early"] == r["late"]
+
+
+def test_auto_plans_alike_on_every_rank(records):
+    ranks = records["auto"]
+    assert ranks[0]["plan"] and ranks[0]["plan"] == ranks[1]["plan"]
+    assert ranks[0]["params"] == ranks[1]["params"]
+    assert ranks[0]["bytes"]["steps"] == 3 and ranks[0]["bytes"]["dense"] > 0

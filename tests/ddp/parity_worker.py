@@ -94,6 +94,16 @@ def pre_init_case(rank: int, early: Run) -> None:
     write_result(rank, {"case": "pre_init", "early": flat_params(early.net), "late": flat_params(late.net)})
 
 
+def auto_case(rank: int) -> None:
+    """compression="auto" through the hook: the plan made at the first exchange, alike on every rank."""
+    run = Run("auto")
+    for step in range(3):
+        run.step(rank, step)
+    plan = {name: list(map(str, pick)) for name, pick in sorted(run.state.compressor.plan.items())}
+    write_result(rank, {"case": "auto", "params": flat_params(run.net), "plan": plan,
+                        "bytes": run.state.total_bytes.as_dict()})
+
+
 def save_case(rank: int, directory: Path) -> None:
     """Three steps of top-k + EF at 2 ranks; the hook's state gathered (rank 0 saves it) and
     each rank's own."""
@@ -140,6 +150,7 @@ def main() -> None:
     else:
         pre_init_case(rank, Run(net=early_net, opt=early_opt, state=early_state))
         scaler_case(rank)
+        auto_case(rank)
         save_case(rank, args.save)
     dist.destroy_process_group()
 

@@ -17,7 +17,7 @@ from .collectives import node_process_sets
 from .keras.optimizer import DistributedOptimizer as _KerasDistributedOptimizer
 from .resume import gather_compression_state, load_compression_state
 from .state import CompressionState, compression_state
-from .tape import DistributedGradientTape
+from .tape import DistributedGradientTape, PartialDistributedGradientTape
 
 
 def DistributedOptimizer(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -27,6 +27,7 @@ def DistributedOptimizer(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
     return _KerasDistributedOptimizer(optimizer, *args, **kwargs)
 
 
-__all__ = ["DistributedGradientTape", "DistributedOptimizer", "TFOps", "CompressionState",
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
+           "TFOps", "CompressionState",
            "compression_state", "broadcast_variables", "node_process_sets",
            "gather_compression_state", "load_compression_state"]

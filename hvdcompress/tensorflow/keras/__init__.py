@@ -6,10 +6,13 @@
     model.fit(x, y, callbacks=[hvck.callbacks.BroadcastGlobalVariablesCallback(0),
                                hvck.callbacks.SparsityWarmupCallback(opt, ExponentialWarmup(4))])
 
+``PartialDistributedOptimizer(opt, local_layers=[...])``: Horovod's, for model parallelism.
+
 Works with Keras 2 (TF <= 2.15) and Keras 3 (TF >= 2.16).
 """
 from . import callbacks
 from ..broadcast import broadcast_variables
 from .optimizer import DistributedOptimizer
+from .partial import PartialDistributedOptimizer
 
-__all__ = ["DistributedOptimizer", "broadcast_variables", "callbacks"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "broadcast_variables", "callbacks"]

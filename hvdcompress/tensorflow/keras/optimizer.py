@@ -14,7 +14,9 @@ exchanged, as Horovod's optimizer does, and ``apply_gradients`` given those very
 optimizers have no ``compute_gradients`` and whose ``fit`` calls ``apply_gradients``) exchanges
 them itself. Either way the exchange sees the same gradients, so the results are the same bit
 for bit (:class:`KerasStep`). Transforming the gradients between ``compute_gradients`` and
-``apply_gradients`` (clipping, say) acts on the exchanged ones. The step runs one
+``apply_gradients`` (clipping, say) acts on the exchanged ones. Horovod's
+``_compute_gradients(loss, var_list, grad_loss=None, tape=None)`` is on every Keras's (by the
+tape where the optimizer has none). The step runs one
 ``tf.py_function``, which XLA cannot compile: Keras 3 compiles ``fit`` with XLA by default
 (``jit_compile="auto"``), so pass ``jit_compile=False`` to ``model.compile`` there.
 
@@ -67,6 +69,7 @@ from ...clipping import state_carrier, what_it_keeps
 from ...compressor import Compressor
 from ..subclass import subclass_with
 from ..exchange import GradientExchange, exchange_options, is_loss_scale_optimizer
+from .compute import tape_gradients
 
 
 def _keras_classes(name: str) -> tuple:
@@ -277,10 +280,15 @@ class _DistributedOptimizer:
         """The wrapped optimizer's gradients, exchanged over ranks (Keras 2's optimizers)."""
         return self._hvdc_step.computed(super(self.__class__, self).compute_gradients(*args, **kwargs))
 
-    def _compute_gradients(self, *args, **kwargs):
-        """The wrapped optimizer's gradients, exchanged over ranks (Keras 2's legacy optimizers,
-        whose ``minimize`` calls this, as Horovod's tests do)."""
-        return self._hvdc_step.computed(super(self.__class__, self)._compute_gradients(*args, **kwargs))
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """``(gradient, variable)`` pairs of ``loss``, exchanged over ranks, as Horovod's: by
+        the wrapped optimizer's own ``_compute_gradients`` (Keras 2's legacy optimizers, whose
+        ``minimize`` calls it), else by ``tape`` (:func:`.compute.tape_gradients`: Keras 2's
+        new optimizers, Keras 3's). With N passes per step, as :meth:`KerasStep.reduce`."""
+        base = super(self.__class__, self)
+        pairs = (base._compute_gradients(loss, var_list, grad_loss=grad_loss, tape=tape)
+                 if hasattr(base, "_compute_gradients") else tape_gradients(loss, var_list, grad_loss, tape))
+        return self._hvdc_step.computed(pairs)
 
     @property
     def _agg_helper(self):
@@ -299,9 +307,9 @@ class _DistributedOptimizer:
 
 
 def _mixin_for(base: type) -> type:
-    """:class:`_DistributedOptimizer` without the gradient computations ``base`` lacks (Keras
-    3's optimizers have neither ``compute_gradients`` nor ``_compute_gradients``)."""
-    lacking = {m for m in ("compute_gradients", "_compute_gradients") if not hasattr(base, m)}
+    """:class:`_DistributedOptimizer` without ``compute_gradients`` where ``base`` lacks it
+    (Keras 3); ``_compute_gradients`` is on every one (by the tape where ``base`` lacks it)."""
+    lacking = set() if hasattr(base, "compute_gradients") else {"compute_gradients"}
     return type("_DistributedOptimizer", (),
                 {k: v for k, v in vars(_DistributedOptimizer).items()
                  if k not in lacking | {"__dict__", "__weakref__"}})

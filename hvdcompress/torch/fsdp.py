@@ -1,0 +1,224 @@
+"""Sharded data parallelism (FSDP) with compression: a compressed reduce-scatter, stateful.
+
+FSDP1 (``FullyShardedDataParallel``, FULL_SHARD or SHARD_GRAD_OP)::
+
+    from hvdcompress.torch import fsdp
+    model = FSDP(net, sharding_strategy=ShardingStrategy.FULL_SHARD)
+    model.register_comm_hook(fsdp.CompressionState(compression=Int8()), fsdp.reduce_scatter_hook)
+
+FSDP2 (``fully_shard``)::
+
+    fully_shard(layer) for each layer; fully_shard(model)
+    state = fsdp.compress(model, compression=ErrorFeedback(OneBit()))
+
+The fourth front end of the step driver (:mod:`hvdcompress.driver`): each FSDP unit's flat
+gradient goes through :class:`hvdcompress.reduce_scatter.ReduceScatterExchange` (each rank
+compresses the P chunks block by block, with error feedback per unit, chunk, block and rank; one
+all-to-all; this rank's chunk decoded and summed in float32 into the shard), then divided as FSDP
+would (FSDP1: the hook owns the average; FSDP2: ``op`` AVG or SUM, FSDP's pre/post factors
+around it). Which compressors fit: :func:`hvdcompress.reduce_scatter.check_sharded`.
+
+Units are named by FSDP2's module paths (``compress``), or for FSDP1, whose hook is not told
+which unit it reduces, ``unit<k>`` in the order of the backward pass (the same on every rank and
+every step of one model). The step (bytes, the compressor's counters) ends with the backward
+pass. NO_SHARD calls ``hook(state, grad)``: the same reduce-scatter, then an all-gather of the
+decoded shards (dense, in the gradient's dtype: the second half is not compressed). Hybrid
+strategies refuse communication hooks in FSDP itself.
+
+``check_replicas``: the sharded parameters are not replicas (each rank holds its own shard), so
+what is compared across ranks is the compressor's step counters, every N-th step. Checkpoints:
+:meth:`CompressionState.state_dict` (``gather=True``: every rank's), resumed at the same world
+size bit for bit, or at another one with each unit's unsent error-feedback mass pooled and
+shared (:mod:`hvdcompress.reshard`'s rule; laid out at the unit's first reduce-scatter).
+"""
+from typing import Any, Mapping, Optional, Union
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import state_store
+from ..compressor import Compressor, TensorInfo
+from ..driver import StepDriver
+from ..options import parse_options
+from ..reduce_scatter import ReduceScatterExchange, check_sharded, laid_out, pooled_units
+from .dist_collectives import DistCollectives
+from .tensors import CONVERSIONS, OPS
+
+__all__ = ["CompressionState", "reduce_scatter_hook", "compress"]
+
+
+class CompressionState:
+    """The state of :func:`reduce_scatter_hook` and of :func:`compress`'s reduce-scatters: the
+    compressor, its state per unit, chunk and block, and the driver. May be built before
+    ``init_process_group`` (nothing collective runs until the first reduce-scatter).
+
+    ``compression``: a compressor or a dict for :func:`hvdcompress.from_params` that fits the
+    sharded form (:func:`~hvdcompress.reduce_scatter.check_sharded`); ``process_group``: the
+    group FSDP shards over (None: the default group); ``block``: elements per compressed block
+    (:mod:`hvdcompress.reduce_scatter`: one scale or selection per block); ``check_replicas``:
+    compare the compressor's counters every N steps. ``total_bytes`` / ``last_step_bytes``:
+    this rank's dense versus sent gradient bytes (:class:`~hvdcompress.accounting.ByteCount`).
+    """
+
+    def __init__(self, process_group: Optional[Any] = None,
+                 compression: Union[Compressor, Mapping, None] = None, block: int = 4096,
+                 check_replicas: Optional[int] = None):
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"block={block!r}: allowed: an integer >= 1 (elements per compressed block)")
+        self.options = parse_options(compression, op="average", average_op="average", sum_op="sum",
+                                     check_replicas=check_replicas)
+        self.compressor = check_sharded(self.options.compressor)
+        self.process_group = process_group
+        self.block = block
+        self.driver = StepDriver(self.options, OPS,
+                                 lambda: ReduceScatterExchange(self.compressor, OPS, self.driver.comm, block),
+                                 lambda: DistCollectives(process_group), "hvdcompress.torch.fsdp.CompressionState")
+        self._units = 0          # FSDP1: units reduced so far in this backward pass
+        self._open = False       # a step (backward pass) is under way
+        self._pending: dict = {}   # unit -> its pooled state from a checkpoint at another world size
+
+    comm = property(lambda self: self.driver.comm)
+    last_step_bytes = property(lambda self: self.driver.last_step_bytes,
+                               doc="this rank's dense versus sent bytes of the last step")
+    total_bytes = property(lambda self: self.driver.total_bytes,
+                           doc="this rank's dense versus sent bytes since construction")
+
+    def reduce_scatter(self, name: str, grad: torch.Tensor, output: torch.Tensor, scale: float) -> None:
+        """Unit ``name``'s flat gradient ``grad`` (P·L elements) reduce-scattered through the
+        compressor into ``output`` (this rank's L elements), multiplied by ``scale``."""
+        driver = self.driver
+        if not self._open:
+            self._begin()
+        if grad.numel() != output.numel() * driver.comm.world:
+            raise ValueError(f"unit '{name}': a gradient of {grad.numel()} elements and a shard of "
+                             f"{output.numel()}: the group has {driver.comm.world} ranks")
+        state = driver.states.tensor(name)
+        if name in self._pending:
+            state.update({k: torch.from_numpy(v).to(grad.device) if isinstance(v, np.ndarray) else v
+                          for k, v in laid_out(self._pending.pop(name), grad.numel(), driver.comm.world,
+                                               self.block).items()})
+        x = grad.reshape(-1)
+        info = TensorInfo(name=name, numel=x.numel(), world=driver.comm.world, rank=driver.comm.rank,
+                          shape=(x.numel(),))
+        driver.start([driver.engine.compress(name, driver.outgoing(x, state, info), state, info)])
+        driver.finish(lambda e: output.reshape(-1))
+        if scale != 1.0:
+            output.mul_(scale)
+
+    def _begin(self) -> None:
+        """The step's first reduce-scatter: the rank agreement (once), the counters' check, and
+        the step's end queued at the end of the backward pass."""
+        self._open = True
+        self.driver.agree([("block", (self.block,), "")], torch.zeros(1, device=self._device()))
+        self.driver.check_replicas(lambda: [("compressor counters", torch.zeros(1))])
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(self.end_step)
+        except RuntimeError:   # not inside a backward pass: the caller ends the step (end_step)
+            pass
+
+    def end_step(self) -> None:
+        """Close the step: bytes counted, the compressor's counters advanced (at the end of the
+        backward pass by itself; call it after a reduce-scatter run outside one)."""
+        if self._open:
+            self._open, self._units = False, 0
+            self.driver.end_exchange()
+            self.driver.end_update()
+
+    def _device(self) -> torch.device:
+        backend = dist.get_backend(self.process_group)
+        return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+    # ---- FSDP1's hook ------------------------------------------------------------------------------
+    def hook(self, grad: torch.Tensor, output: Optional[torch.Tensor]) -> None:
+        name = f"unit{self._units}"
+        self._units += 1
+        world = self.comm.world
+        if output is not None:
+            self.reduce_scatter(name, grad, output, 1.0 / world)
+            return
+        flat = grad.reshape(-1)   # NO_SHARD: the reduce-scatter, then the dense shards all-gathered
+        length = -(-flat.numel() // world)
+        padded = torch.cat([flat, flat.new_zeros(length * world - flat.numel())]) if length * world != flat.numel() else flat
+        shard = flat.new_empty(length)
+        self.reduce_scatter(name, padded, shard, 1.0 / world)
+        gathered = flat.new_empty(length * world)
+        dist.all_gather_into_tensor(gathered, shard, group=self.process_group)
+        self.driver.engine.step_bytes.add(0, shard.numel() * shard.element_size())
+        flat.copy_(gathered[:flat.numel()])
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def state_dict(self, gather: bool = False) -> dict:
+        """The compressor's state and every unit's buffers (keys ``c<chunk>.b<block>.<entry>``):
+        this rank's, or with ``gather=True`` every rank's (a collective)."""
+        return state_store.save(self.driver, CONVERSIONS, gather, torch.zeros(1, device=self._device()))
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        """Restore :meth:`state_dict`'s output: one rank's at the same world size; a gathered
+        one at the same world size (each rank its own, bit for bit) or at another (each unit's
+        per-rank mass pooled and shared, laid out at its first reduce-scatter). Local."""
+        world, rank = self.comm.world, self.comm.rank
+        saved_world = state_dict.get("world", world)
+        if "ranks" not in state_dict and saved_world != world:
+            raise ValueError(f"load_state_dict: this checkpoint holds one rank's compressor state of a "
+                             f"run at {saved_world} ranks, and this run has {world}; save it with "
+                             "state_dict(gather=True) to resume at another world size")
+        self.compressor.load_state_dict(state_dict["compressor"])
+        if "ranks" not in state_dict or saved_world == world:
+            mine = state_dict["tensors"] if "ranks" not in state_dict else state_dict["ranks"][rank]
+            self.driver.states.clear()
+            self.driver.states.update(state_store.cloned(mine, CONVERSIONS))
+            return
+        self.driver.states.clear()
+        self._pending = pooled_units([{n: {k: CONVERSIONS.to_numpy(v) if torch.is_tensor(v) else v
+                                           for k, v in st.items()} for n, st in r.items()}
+                                      for r in state_dict["ranks"]], self.options.average)
+
+
+def reduce_scatter_hook(state: CompressionState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
+    """FSDP1 communication hook: ``model.register_comm_hook(state, reduce_scatter_hook)`` on the
+    root FSDP instance, before the first forward. Sharded strategies call it with the unit's
+    padded flat gradient and the shard to fill (the average over ranks); NO_SHARD with the
+    gradient alone, averaged in place."""
+    state.hook(grad, output)
+
+
+class CompressedReduceScatter:
+    """FSDP2's reduce-scatter communication (``FSDPModule.set_custom_reduce_scatter``) for one
+    module, through ``state``: ``allocate`` plain buffers; ``__call__`` the compressed
+    reduce-scatter, synchronous, with ``op`` AVG (divided by the group's size) or SUM."""
+
+    def __init__(self, state: CompressionState, name: str):
+        self.state = state
+        self.name = name
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
+                 op: Any, async_op: bool = False) -> None:
+        if op == dist.ReduceOp.AVG:
+            scale = 1.0 / group.size()
+        elif op == dist.ReduceOp.SUM:
+            scale = 1.0
+        else:
+            raise ValueError(f"FSDP2 asked module '{self.name}' for a reduce-scatter with op={op}: the "
+                             "compressed reduce-scatter runs AVG and SUM; leave set_gradient_divide_factor "
+                             "at its default (or at the world size)")
+        self.state.reduce_scatter(self.name, input_tensor, output_tensor, scale)
+
+
+def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, None] = None,
+             process_group: Optional[Any] = None, block: int = 4096,
+             check_replicas: Optional[int] = None) -> CompressionState:
+    """Install a compressed reduce-scatter on every ``FSDPModule`` under ``module`` (``fully_shard``
+    applied first); return their shared :class:`CompressionState` (arguments as its)."""
+    from torch.distributed.fsdp import FSDPModule
+    units = [(name or "root", m) for name, m in module.named_modules() if isinstance(m, FSDPModule)]
+    if not units:
+        raise ValueError(f"compress: no FSDPModule under {type(module).__name__}; apply "
+                         "torch.distributed.fsdp.fully_shard to it (and its layers) first")
+    state = CompressionState(process_group, compression, block, check_replicas)
+    for name, m in units:
+        m.set_custom_reduce_scatter(CompressedReduceScatter(state, name))
+    return state

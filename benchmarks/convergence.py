@@ -68,7 +68,7 @@ TASKS = {  # --task: default methods, rank counts and results file
     "lm": (LM_METHODS, [2, 8], RESULTS / "lm_convergence.json"),
 }
 LM_FLAGS = ("steps", "epoch_steps", "seq_len", "clip", "embed", "hidden", "val_bytes", "weight_decay",
-            "schedule", "optimizer", "model")
+            "schedule", "optimizer", "model", "betas")
 
 
 def load_digits_split(seed: int = 0):
@@ -149,6 +149,17 @@ def lm_method(method: str) -> tuple:
     return name, options
 
 
+def parse_betas(text: str) -> tuple:
+    """``'0.9,0.95'`` -> ``(0.9, 0.95)``: AdamW's betas (--betas)."""
+    try:
+        b1, b2 = (float(b) for b in text.split(","))
+    except ValueError:
+        raise SystemExit(f"convergence: --betas {text!r}: allowed: b1,b2 (e.g. 0.9,0.95)") from None
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        raise SystemExit(f"convergence: --betas {text!r}: allowed: 0 <= b1, b2 < 1")
+    return b1, b2
+
+
 def train_lm(method: str, args, data) -> dict:
     """Train the language model of ``examples/lm_train.py`` with one method for ``args.steps``
     steps, gradients clipped; validation bits/byte every ``args.epoch_steps`` steps. With
@@ -167,7 +178,8 @@ def train_lm(method: str, args, data) -> dict:
     model = build_model(args.model, args.embed, args.hidden)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     if args.optimizer == "adamw":
-        sgd = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
+        sgd = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay,
+                                betas=parse_betas(args.betas))
     else:
         sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
                               nesterov=options.get("nesterov", False))
@@ -212,6 +224,7 @@ def train_lm(method: str, args, data) -> dict:
             warmup.step()
     return {"method": method, "curve": curve, "final_bpb": curve[-1][1],
             "model": args.model, "optimizer": args.optimizer, "seconds": time.perf_counter() - start,
+            "betas": list(parse_betas(args.betas)) if args.optimizer == "adamw" else None,
             "bytes": None if dense else counter.total_bytes.as_dict()}
 
 
@@ -380,7 +393,9 @@ def parse_args(argv=None):
     lm.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
                     help="learning rate over the run")
     lm.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
-                    help="sgd: SGD with --momentum; adamw: torch.optim.AdamW (betas 0.9, 0.999)")
+                    help="sgd: SGD with --momentum; adamw: torch.optim.AdamW (--betas)")
+    lm.add_argument("--betas", default="0.9,0.999",
+                    help="AdamW's betas b1,b2 (e.g. 0.9,0.95, the betas of most language models)")
     lm.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's weight decay")
     lm.add_argument("--model", choices=("lstm", "transformer"), default="lstm",
                     help="lstm: examples/lm_train.py's ByteLSTM; transformer: its 2-layer causal "
@@ -391,7 +406,8 @@ def parse_args(argv=None):
         ap.set_defaults(batch=16)
     args = ap.parse_args(argv)
     if task == "lm":
-        for k in LM_FLAGS[:-4]:
+        parse_betas(args.betas)
+        for k in LM_FLAGS[:-5]:
             if not getattr(args, k) > 0:
                 ap.error(f"--{k.replace('_', '-')} {getattr(args, k)}: allowed: a number > 0")
     return args

@@ -101,20 +101,23 @@ count in the compressor's.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
+from .adam_freeze import VarianceSchedule
 from .backend import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo
-from .compressors.onebit import OneBit
-from .compressors.powersgd import PowerSGD
-from .compressors.sparse import SparseCompressor
+from .compressors.cast import Cast
+from .compressors.int8 import Int8
+from .compressors.none import NoCompression
 from .memory import Decorator
 from .validation import check_int
 
 #: what each rank compresses after the freeze (the first: the default)
 SEND = ("gradient", "momentum", "preconditioned")
+
+#: what sends the gradient in a v-step (live Adam), FrozenAdam's ``warmup`` (the first: the default)
+WARMUP = ("auto", "int8", "none")
 
 #: the param-group keys of torch.optim.Adam/AdamW that the take-over refuses when set
 UNSUPPORTED = {"amsgrad": False, "maximize": False}
@@ -145,25 +148,63 @@ def adam_settings(group: Mapping[str, Any], index: int = 0) -> AdamSettings:
                         decoupled=bool(group.get("decoupled_weight_decay", False)))
 
 
+class _Mild:
+    """The ctx of a packet sent by the warm-up compressor in a v-step (decoded by it)."""
+
+    def __init__(self, ctx: Any):
+        self.ctx = ctx
+
+
+class _Phased(Decorator):
+    """The server side of the compressed allreduce under FrozenAdam: in a v-step the summed
+    segment is re-compressed by the (stateless) warm-up compressor, else by ``inner``'s."""
+
+    def __init__(self, inner: Compressor, owner: "FrozenAdam"):
+        super().__init__(inner)
+        self.owner = owner
+
+    def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
+        return self.owner._compress(self.inner, ops, x, state, info)
+
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
+        return self.owner._decoder(self.inner, ctx).decompress(ops, tensors, _ctx(ctx), info, out)
+
+    def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                            world: int, out: Optional[Tensor] = None) -> Tensor:
+        return self.owner._decoder(self.inner, ctx).decompress_gathered(ops, tensors, _ctx(ctx), info, world, out)
+
+
+def _ctx(ctx: Any) -> Any:
+    return ctx.ctx if isinstance(ctx, _Mild) else ctx
+
+
 class FrozenAdam(Decorator):
     """1-bit-Adam-style take-over of Adam/AdamW around ``inner`` (see the module doc).
 
     ``inner``: any compressor that does not apply momentum itself (onebit, EF-signSGD, top-k,
     random-k, int8, the quantisers, PowerSGD; with ``ErrorFeedback`` where it keeps no residual
-    of its own). ``freeze_steps``: T0, the full-precision warm-up; None: ``ceil(q / (1-b2))``,
-    q = 1/4 for int8 and the quantisers, 3/4 otherwise (see the module doc).
-    ``send``: what each rank compresses after the freeze, ``"gradient"`` (default) or
-    ``"momentum"`` (1-bit Adam's placement). From strings: ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen",
-    "freeze_steps": "100", "adam_send": "gradient"}``.
+    of its own). ``freeze_steps``: None (default) for the variance schedule of
+    :mod:`hvdcompress.adam_freeze` (live Adam for 32 steps, then v refreshed at growing
+    intervals), or T0: live Adam for T0 steps, then v frozen for good.
+    ``send``: what each rank compresses in a compressed step, ``"gradient"`` (default),
+    ``"momentum"`` (1-bit Adam's placement) or ``"preconditioned"``.
+    ``warmup``: what sends the gradient in a v-step (live Adam): ``"int8"`` (:class:`Int8`,
+    stateless), ``"none"`` (dense allreduce), or ``"auto"`` (default): int8, dense where
+    ``inner`` sends 16 bits or more per element (none, fp16, bf16). From strings:
+    ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen", "freeze_steps": "100",
+    "adam_send": "gradient", "adam_warmup": "int8"}``.
     """
 
     takes_over_adam = True
 
     def __init__(self, inner: Compressor, freeze_steps: Optional[int] = None,
-                 send: str = "gradient"):
+                 send: str = "gradient", warmup: str = "auto"):
         super().__init__(inner)
         if send not in SEND:
             raise ValueError(f"FrozenAdam: send={send!r}; allowed: {', '.join(map(repr, SEND))}")
+        if warmup not in WARMUP:
+            raise ValueError(f"FrozenAdam: warmup={warmup!r}; allowed: {', '.join(map(repr, WARMUP))}")
         self.send = send
         if inner.takes_over_momentum:
             raise ValueError(f"FrozenAdam({inner!r}): {inner.name} applies momentum itself (SGD's "
@@ -171,64 +212,90 @@ class FrozenAdam(Decorator):
                              "(onebit, efsignsgd, topk, randomk, int8, the quantisers, powersgd)")
         self.freeze_steps = None if freeze_steps is None else check_int(
             "FrozenAdam", "freeze_steps", freeze_steps, 0)
+        self.schedule = VarianceSchedule(self.freeze_steps)
+        self.warmup = warmup
+        wide = isinstance(inner.unwrap(), (NoCompression, Cast))
+        self.mild: Optional[Compressor] = None if warmup == "none" or (warmup == "auto" and wide) else Int8()
         self.steps = 0
+        self._server: Optional[_Phased] = None
 
     @property
     def carries_state(self) -> bool:  # type: ignore[override]
         return True
 
     def server_side(self) -> Compressor:
-        return self.inner.server_side()  # the momentum is each rank's; the sum is re-compressed
+        """The momentum is each rank's; the sum is re-compressed by the inner compressor's server
+        side, or by the warm-up compressor in a v-step."""
+        inner = self.inner.server_side()
+        if self._server is None or self._server.inner is not inner:
+            self._server = _Phased(inner, self)
+        return self._server
 
-    def freeze_point(self, beta2: float) -> int:
-        """T0 for a param group with this b2."""
-        if self.freeze_steps is not None:
-            return self.freeze_steps
-        inner = self.inner.unwrap()
-        share = 0.75 if isinstance(inner, (OneBit, SparseCompressor, PowerSGD)) else 0.25
-        return math.ceil(share / (1.0 - beta2)) if beta2 < 1.0 else 0
-
-    def frozen(self, settings: AdamSettings) -> bool:
-        """Whether this step (the ``steps + 1``-th) runs after the freeze."""
-        return self.steps >= self.freeze_point(settings.beta2)
+    def frozen(self, settings: Optional[AdamSettings] = None) -> bool:
+        """Whether this step (the ``steps + 1``-th) is a compressed step (v kept), not a v-step
+        (:mod:`hvdcompress.adam_freeze`; the same for every param group)."""
+        return not self.schedule.updates(self.steps + 1)
 
     def warming_up(self, groups: Sequence[AdamSettings]) -> bool:
-        """Whether this step is full precision for every param group: the exchanged mean is then
-        the gradient, so ``clip_grad_norm`` clips it after the exchange as Horovod does (the
-        local clip of stateful compressors, c·sqrt(N) on each rank, cost +0.02 bits/byte on the
-        language model, benchmarks/README.md section 8)."""
+        """Whether this step is a v-step (live Adam on the exchanged mean) for every param group:
+        the exchanged mean is then the gradient (dense, or int8's stateless decoding), so
+        ``clip_grad_norm`` clips it after the exchange as Horovod does (the local clip of
+        stateful compressors, c·sqrt(N) on each rank, cost +0.02 bits/byte on the language
+        model, benchmarks/README.md section 8)."""
         return not any(self.frozen(s) for s in groups)
 
+    def sends_dense(self, settings: Optional[AdamSettings] = None) -> bool:
+        """Whether this step's tensors go as they are (allreduce): a v-step with warmup none."""
+        return self.mild is None and not self.frozen(settings)
+
+    def _compress(self, inner: Compressor, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
+        if self.mild is None or self.frozen():
+            return inner.compress(ops, x, state, info)
+        packet = self.mild.compress(ops, x, {}, info)   # stateless: inner's residual untouched
+        return Packet(packet.tensors, _Mild(packet.ctx), packet.summable, packet.resume)
+
+    def _decoder(self, inner: Compressor, ctx: Any) -> Compressor:
+        return self.mild if isinstance(ctx, _Mild) else inner
+
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
-        return self.inner.compress(ops, x, state, info)
+        return self._compress(self.inner, ops, x, state, info)
+
+    def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                   out: Optional[Tensor] = None) -> Tensor:
+        return self._decoder(self.inner, ctx).decompress(ops, tensors, _ctx(ctx), info, out)
+
+    def decompress_gathered(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
+                            world: int, out: Optional[Tensor] = None) -> Tensor:
+        return self._decoder(self.inner, ctx).decompress_gathered(ops, tensors, _ctx(ctx), info, world, out)
 
     # ---- the wrapper's side ---------------------------------------------------------------
     def before_exchange(self, ops: Ops, x: Tensor, state: dict, settings: AdamSettings,
                         param: Tensor) -> Tensor:
-        """What this rank exchanges for the local gradient ``x`` (flat): ``x``, except after the
-        freeze with ``send="momentum"``: its momentum b1·m + (1-b1)·x. ``state`` is the whole tensor's (m and v
-        are created there on first use), not a segment's or a shard's."""
+        """What this rank exchanges for the local gradient ``x`` (flat): ``x``, except in a
+        compressed step with ``send="momentum"`` (its momentum b1·m + (1-b1)·x) or
+        ``"preconditioned"``. ``state`` is the whole tensor's (m and v are created there on
+        first use), not a segment's or a shard's."""
         for key in ("adam.m", "adam.v"):
             if key not in state:
                 ops.write(state, key, ops.zeros(ops.numel(x), like=x))
         if not self.frozen(settings) or self.send == "gradient":
             return x
-        if self.send == "preconditioned":   # coordinates with v = 0 send 0 (never updated)
+        if self.send == "preconditioned":   # coordinates with v = 0 send 0 (not updated)
             v = state["adam.v"]
             return ops.where(v > 0.0, x / self._denominator(ops, state, settings),
                              ops.zeros(ops.numel(x), like=x))
         return state["adam.m"] * settings.beta1 + x * (1.0 - settings.beta1)
 
     def _denominator(self, ops: Ops, state: dict, settings: AdamSettings) -> Tensor:
-        """sqrt(v / (1 - b2^min(t, T0))) + eps: Adam's per-coordinate scale (frozen after T0)."""
-        b2 = settings.beta2
-        t_v = min(self.steps + 1, max(self.freeze_point(b2), 1))
-        return ops.sqrt(state["adam.v"] * (1.0 / (1.0 - b2 ** t_v))) + settings.eps
+        """sqrt(v / (1 - decay)) + eps: Adam's per-coordinate scale, v's bias correction over the
+        v-steps so far (1 - b2^min(t, T0) with freeze_steps)."""
+        decay = self.schedule.decay(self.steps + 1, settings.beta2)
+        return ops.sqrt(state["adam.v"] * (1.0 / (1.0 - decay))) + settings.eps
 
     def after_exchange(self, ops: Ops, state: dict, param: Tensor, exchanged: Tensor,
                        settings: AdamSettings) -> Tensor:
-        """The new value of ``param`` (flat) from the exchanged mean (the gradient in the
-        warm-up, what :attr:`send` names after it); updates m (and v in the warm-up). Adam's L2
+        """The new value of ``param`` (flat) from the exchanged mean (the gradient in a v-step,
+        what :attr:`send` names in a compressed step); updates m (and v in a v-step). Adam's L2
         weight decay λ·w is the same on every rank, so it is added here, exactly, not sent."""
         b1, b2 = settings.beta1, settings.beta2
         t = self.steps + 1
@@ -242,10 +309,11 @@ class FrozenAdam(Decorator):
             g = exchanged + param * l2 if l2 else exchanged
             ops.write(state, "adam.m", state["adam.m"] * b1 + g * (1.0 - b1))
             if not frozen:
-                ops.write(state, "adam.v", state["adam.v"] * b2 + g * g * (1.0 - b2))
+                keep, alpha = self.schedule.weights(t, b2)
+                ops.write(state, "adam.v", state["adam.v"] * keep + g * g * alpha)
         denom = self._denominator(ops, state, settings)
         update = state["adam.m"] * (1.0 / (1.0 - b1 ** t)) / denom
-        if frozen:  # coordinates without a gradient in the warm-up (v = 0) stay where they are
+        if frozen:  # coordinates without a gradient in any v-step so far (v = 0) stay where they are
             update = ops.where(state["adam.v"] > 0.0, update, ops.zeros(ops.numel(update), like=update))
         if settings.decoupled and settings.weight_decay:
             param = param * (1.0 - settings.lr * settings.weight_decay)
@@ -266,4 +334,4 @@ class FrozenAdam(Decorator):
 
     def config(self) -> dict:
         return {"adam": "frozen", "freeze_steps": self.freeze_steps, "adam_send": self.send,
-                **self.inner.config()}
+                "adam_warmup": self.warmup, **self.inner.config()}

@@ -188,14 +188,16 @@ class StepDriver:
             self.compressor.state_dict(), sorted(self.states.named().items())))
 
     def warming_up(self, settings: Callable[[], Sequence[AdamSettings]]) -> bool:
-        """Whether FrozenAdam is in its full-precision warm-up this step (``settings()``: every
+        """Whether FrozenAdam runs live Adam this step (a v-step: its warm-up or a refresh of v,
+        the gradient sent dense or int8, :mod:`hvdcompress.adam_freeze`; ``settings()``: every
         param group's Adam settings, read now)."""
         return self.adam is not None and self.adam.warming_up(settings())
 
     def clips_before(self, settings: Callable[[], Sequence[AdamSettings]] = lambda: ()) -> bool:
         """Whether ``clip_grad_norm`` clips each rank's gradients before compression this step
         (:mod:`hvdcompress.clipping`): with a compressor that carries state, except in
-        FrozenAdam's warm-up, where Horovod's clip after the exchange is exact."""
+        FrozenAdam's v-steps, where the exchanged mean (dense, or int8's stateless decoding)
+        is the gradient Adam takes and Horovod's clip after the exchange clips it."""
         return self.options.clip_before and not self.warming_up(settings)
 
     def outgoing(self, x: Tensor, state: MutableMapping, info: TensorInfo,
@@ -208,7 +210,7 @@ class StepDriver:
             self.guard.save(info.name, state)
         if self.adam is not None:
             x = self.adam.before_exchange(self.ops, x, state, settings, param)
-            info.dense = not self.adam.frozen(settings)
+            info.dense = self.adam.sends_dense(settings)   # a v-step sent dense (warmup="none")
         if self.options.predivide != 1.0:
             x = x / self.options.predivide
         return x

@@ -13,8 +13,10 @@ Values may be strings (as from a command line or a config file) or typed. Keys:
   For compressors with momentum built in (DGC) it sets their ``nesterov`` instead of wrapping,
   and ``momentum_mu`` their ``momentum``.
 * ``adam``: ``"none"`` or ``"frozen"`` (wrap in :class:`~hvdcompress.adam.FrozenAdam`, outermost:
-  the Adam/AdamW take-over), with ``freeze_steps`` (default: ``ceil(q / (1 - beta2))``, q = 1/4 for int8 and the quantisers, 3/4 otherwise) and
-  ``adam_send``: what is compressed after the freeze, ``"gradient"`` (default) or ``"momentum"``.
+  the Adam/AdamW take-over), with ``freeze_steps`` (default: none, v refreshed at growing intervals, :mod:`hvdcompress.adam_freeze`),
+  ``adam_send``: what is compressed after the freeze, ``"gradient"`` (default) or ``"momentum"``,
+  and ``adam_warmup``: what sends the gradient while v is updated, ``"auto"`` (default: int8),
+  ``"int8"`` or ``"none"`` (dense).
 * ``seed``: the seed of compressors that draw random numbers; checked and unused by the others.
 * ``compressor="auto"``: :class:`hvdcompress.auto.Auto`, which picks one of the others per
   tensor; keys ``allowed`` (``"none,fp16,int8"``), ``link`` (``"10gbit,50us"``),
@@ -55,7 +57,7 @@ import inspect
 import typing
 from typing import Any, Dict, Mapping, Optional, Type
 
-from .adam import SEND, FrozenAdam
+from .adam import SEND, WARMUP as ADAM_WARMUP, FrozenAdam
 from .compressor import Compressor
 from .memory import ErrorFeedback, Momentum
 from .schedule import ExponentialWarmup, ListWarmup, Schedule
@@ -64,7 +66,7 @@ from .validation import check_choice, check_int
 _REGISTRY: Dict[str, Type[Compressor]] = {}
 #: The registered planners over the algorithms (``"auto"``): buildable, not in :func:`available`.
 _PLANNERS: set = set()
-DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "adam_send", "seed")
+DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "adam_send", "adam_warmup", "seed")
 #: BytePS's prefixed spelling of the keys (its tensor attributes) -> this registry's key.
 BYTEPS_KEYS: Dict[str, str] = {
     "byteps_compressor_type": "compressor", "byteps_compressor_k": "k",
@@ -214,6 +216,13 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
     adam = given.pop("adam", "none")
     freeze = given.pop("freeze_steps", None)
     send = given.pop("adam_send", None)
+    adam_warmup = given.pop("adam_warmup", None)
+    if adam_warmup is not None and adam == "none":
+        raise ValueError(f"from_params: {spelled['adam_warmup']}={adam_warmup!r} without adam; "
+                         "allowed: with adam 'frozen'")
+    if adam_warmup is not None and adam_warmup not in ADAM_WARMUP:
+        raise ValueError(f"from_params: {spelled['adam_warmup']}={adam_warmup!r} is unknown; allowed: "
+                         f"{', '.join(map(repr, ADAM_WARMUP))}")
     if adam not in ("none", "frozen"):
         raise ValueError(f"from_params: {spelled['adam']}={adam!r} is unknown; allowed: 'none', 'frozen'")
     if freeze is not None and adam == "none":
@@ -283,7 +292,8 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
     if momentum != "none":
         compressor = Momentum(compressor, mu=mu, nesterov=momentum == "nesterov")
     if adam == "frozen":
-        compressor = FrozenAdam(compressor, freeze_steps=freeze, send=send or SEND[0])
+        compressor = FrozenAdam(compressor, freeze_steps=freeze, send=send or SEND[0],
+                                warmup=adam_warmup or ADAM_WARMUP[0])
     return compressor
 
 

@@ -51,43 +51,104 @@ def compressed_allreduce(sent: list, residuals: dict) -> np.ndarray:
     return np.concatenate(out) * np.float32(1 / WORLD)
 
 
+def int8_decoded(x: np.ndarray) -> np.ndarray:
+    """Int8's min-max quantisation of x (one chunk: N <= 2048) and back: codes rint((x - min) ·
+    255/(max - min)), decoded min + code·(max - min)/255 (hvdcompress.compressors.int8)."""
+    f32 = np.float32
+    mn, mx = x.min(), x.max()
+    span = mx - mn
+    inv = f32(255) / span if span > 0 else f32(0)
+    codes = np.clip(np.round((x - mn) * inv), 0, 255)
+    return mn + codes * (span / f32(255))
+
+
+def int8_mean(sent: list) -> np.ndarray:
+    """The v-steps' exchange by default (FrozenAdam's warmup="auto" around onebit): every rank's
+    gradient int8-quantised, allgathered, decoded and summed in rank order, times 1/WORLD."""
+    return (int8_decoded(sent[0]) + int8_decoded(sent[1])) * np.float32(1 / WORLD)
+
+
+def int8_alltoall(sent: list) -> np.ndarray:
+    """The same exchange as the compressed allreduce: segment j of every rank int8-quantised,
+    summed on rank j, the sum int8-quantised again and gathered; times 1/WORLD."""
+    half = N // WORLD
+    out = [int8_decoded(int8_decoded(sent[0][j * half:(j + 1) * half]) + int8_decoded(sent[1][j * half:(j + 1) * half]))
+           for j in range(WORLD)]
+    return np.concatenate(out) * np.float32(1 / WORLD)
+
+
+def dense_mean(sent: list) -> np.ndarray:
+    return (sent[0] + sent[1]) * np.float32(1 / WORLD)
+
+
+def v_steps(steps: int, warmup: int = 32, per_level: int = 16) -> dict:
+    """FrozenAdam's default variance schedule (hvdcompress.adam_freeze), simulated: {v-step t:
+    the interval since the previous one}; every step up to ``warmup``, then ``per_level``
+    v-steps at each interval 2, 4, 8, ..."""
+    out = {t: 1 for t in range(1, min(warmup, steps) + 1)}
+    t, interval, count = warmup, 2, 0
+    while t + interval <= steps:
+        t += interval
+        out[t] = interval
+        count += 1
+        if count == per_level:
+            interval, count = interval * 2, 0
+    return out
+
+
+def v_weights(interval: int, b2: float, min_samples: int = 16) -> tuple:
+    """(keep, alpha) of a v-step after ``interval`` steps: v <- keep·v + alpha·g²."""
+    if interval == 1:
+        return b2, 1 - b2
+    alpha = min(1 - b2 ** interval, max(1 - b2, 1 / min_samples))
+    return 1 - alpha, alpha
+
+
 def clipped(x: np.ndarray, limit: float) -> np.ndarray:
     """x scaled to an L2 norm of at most ``limit`` (torch.nn.utils.clip_grad_norm_'s formula)."""
     norm = np.float32(np.sqrt(np.sum(x.astype(np.float64) ** 2)))
     return x * np.float32(min(1.0, limit / (norm + 1e-6)))
 
 
-def reference(steps: int, freeze: int, lr: float, b1: float, b2: float, wd: float, decoupled: bool,
+def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, wd: float, decoupled: bool,
               exchange=None, eps: float = 1e-8, clip: float | None = None,
-              send: str = "gradient") -> list:
+              send: str = "gradient", warmup=dense_mean) -> list:
     """Weights after each step of the take-over on WORLD ranks (module doc of hvdcompress.adam):
     dense mean gradient for t <= freeze (clipped after the exchange to ``clip``), then
     ``exchange`` (default: the exact mean) of every rank's b1*m + (1-b1)*g_r (g_r clipped to
     clip first: the take-over's local limit keeps the mean within clip); Adam's L2 decay added after the exchange. ``send="gradient"``
     (FrozenAdam's default): after the freeze ``exchange`` takes every rank's g_r and m is formed
     from its result; ``"preconditioned"``: every rank's g_r / (sqrt(v_hat) + eps) (0 where v = 0),
-    the result multiplied back, then as ``"gradient"``."""
+    the result multiplied back, then as ``"gradient"``. ``freeze=None``: the default variance
+    schedule (:func:`v_steps`: live Adam in its v-steps, v updated with :func:`v_weights`, bias
+    correction 1 - prod(keep)); ``warmup``: the v-steps' exchange (:func:`dense_mean`,
+    :func:`int8_mean`, :func:`int8_alltoall`)."""
     f32 = np.float32
     w = np.linspace(-1, 1, N, dtype=np.float32)
     m, v = np.zeros(N, f32), np.zeros(N, f32)
     residuals: dict = {}
     l2 = 0.0 if decoupled else wd
     out = []
+    schedule = {t: 1 for t in range(1, freeze + 1)} if freeze is not None else v_steps(steps)
+    decay = 1.0 if freeze is None else b2 ** max(freeze, 1)   # freeze: the old closed form
     for step in range(steps):
         t = step + 1
         xs = gradients(step)
-        if step < freeze:
-            g = (xs[0] + xs[1]) * f32(1 / WORLD)
+        live = t in schedule
+        if live:
+            g = warmup(xs)
             if clip is not None:
                 g = clipped(g, clip)
             if l2:
                 g = g + w * f32(l2)
+            keep, alpha = v_weights(schedule[t], b2)
             m = m * f32(b1) + g * f32(1 - b1)
-            v = v * f32(b2) + g * g * f32(1 - b2)
+            v = v * f32(keep) + g * g * f32(alpha)
+            decay = b2 ** t if freeze is not None else decay * keep
         else:
             if clip is not None:
                 xs = [clipped(x, clip) for x in xs]
-            denom = np.sqrt(v * f32(1 / (1 - b2 ** max(freeze, 1)))) + f32(eps)
+            denom = np.sqrt(v * f32(1 / (1 - decay))) + f32(eps)
             sent = xs if send == "gradient" else [m * f32(b1) + x * f32(1 - b1) for x in xs] \
                 if send == "momentum" else [np.where(v > 0, x / denom, f32(0)) for x in xs]
             got = exchange(sent, residuals) if exchange else (sent[0] + sent[1]) * f32(1 / WORLD)
@@ -98,9 +159,8 @@ def reference(steps: int, freeze: int, lr: float, b1: float, b2: float, wd: floa
                 m = m * f32(b1) + g * f32(1 - b1)
             else:
                 m = got + w * f32((1 - b1) * l2) if l2 else got
-        t_v = min(t, max(freeze, 1))
-        update = m * f32(1 / (1 - b1 ** t)) / (np.sqrt(v * f32(1 / (1 - b2 ** t_v))) + f32(eps))
-        if step >= freeze:  # no step where the frozen v is 0
+        update = m * f32(1 / (1 - b1 ** t)) / (np.sqrt(v * f32(1 / (1 - decay))) + f32(eps))
+        if not live:  # no step where the frozen v is 0
             update = np.where(v > 0, update, f32(0))
         if decoupled:
             w = w * f32(1 - lr * wd)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import hvdcompress as hc
-from adam_reference import WORLD, by_case, allgather_exchange, compressed_allreduce, reference
+from adam_reference import (WORLD, by_case, allgather_exchange, compressed_allreduce, int8_alltoall, int8_mean,
+                             reference, v_steps, v_weights)
 from conftest import run_horovod
 
 
@@ -32,7 +33,7 @@ def test_without_compression_it_is_adamw_then_adamw_with_v_frozen(runs):
 @pytest.mark.horovod
 def test_onebit_sending_the_momentum_after_the_freeze_matches_numpy(runs):
     want = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
-                               exchange=allgather_exchange, send="momentum"))
+                               exchange=allgather_exchange, send="momentum", warmup=int8_mean))
     for r in range(WORLD):
         got = np.array(runs["onebit"][r]["weights"], dtype=np.float32)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -46,9 +47,9 @@ def test_onebit_sending_the_momentum_after_the_freeze_matches_numpy(runs):
 @pytest.mark.horovod
 def test_sending_the_gradient_after_the_freeze_by_default_matches_numpy(runs):
     want = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
-                              exchange=allgather_exchange, send="gradient"))
+                              exchange=allgather_exchange, send="gradient", warmup=int8_mean))
     momentum = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
-                                  exchange=allgather_exchange, send="momentum"))
+                                  exchange=allgather_exchange, send="momentum", warmup=int8_mean))
     assert np.abs(want - momentum).max() > 1e-4  # the two placements differ
     for r in range(WORLD):
         np.testing.assert_allclose(np.array(runs["gradient"][r]["weights"], dtype=np.float32), want,
@@ -60,9 +61,9 @@ def test_sending_the_preconditioned_gradient_after_the_freeze_matches_numpy(runs
     """send="preconditioned": each rank's g_r / (sqrt(v_hat) + eps), error-fed onebit in that
     (update) space, multiplied back after the exchange; not the gradient placement's weights."""
     want = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
-                              exchange=allgather_exchange, send="preconditioned"))
+                              exchange=allgather_exchange, send="preconditioned", warmup=int8_mean))
     gradient = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
-                                  exchange=allgather_exchange, send="gradient"))
+                                  exchange=allgather_exchange, send="gradient", warmup=int8_mean))
     assert np.abs(want - gradient).max() > 1e-4
     exact = [np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False, send=s))
              for s in ("gradient", "preconditioned")]
@@ -92,11 +93,95 @@ def test_state_dict_resume_continues_exactly(runs):
 def test_compressed_allreduce_with_worker_and_server_residuals_matches_numpy(runs):
     """1-bit Adam's exchange: error feedback on both sides of the compressed allreduce."""
     want = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
-                              exchange=compressed_allreduce, send="momentum"))
+                              exchange=compressed_allreduce, send="momentum", warmup=int8_alltoall))
     for r in range(WORLD):
         np.testing.assert_allclose(np.array(runs["a2a"][r]["weights"], dtype=np.float32), want,
                                    rtol=1e-5, atol=1e-6)
     assert runs["a2a"][0]["weights"] == runs["a2a"][1]["weights"]
+
+
+@pytest.mark.horovod
+def test_the_warm_up_is_int8_by_default_and_dense_with_warmup_none(runs):
+    """Around onebit the warm-up's gradients go int8 (4x fewer bytes), decoded and averaged
+    before Adam takes them; warmup="none" allreduces them dense as before."""
+    kw = dict(lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False, exchange=allgather_exchange)
+    dense = np.array(reference(5, 2, **kw))
+    int8 = np.array(reference(5, 2, **kw, warmup=int8_mean))
+    assert np.abs(dense - int8).max() > 1e-5   # the warm-ups differ
+    for r in range(WORLD):
+        np.testing.assert_allclose(np.array(runs["dense_warmup"][r]["weights"], dtype=np.float32), dense,
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.horovod
+def test_the_default_variance_schedule_matches_numpy_on_both_collectives(runs):
+    """FrozenAdam at its defaults: live Adam (int8) for 32 steps, then v refreshed every 2nd
+    step (34, 36, 38, 40) with weight 1 - b2^2, onebit + EF between; the clip of the v-steps
+    is Horovod's after the exchange, each rank's in the compressed steps."""
+    kw = dict(lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False, exchange=allgather_exchange)
+    want = np.array(reference(40, None, **kw, warmup=int8_mean, clip=20.0))
+    frozen = np.array(reference(40, 32, **kw, warmup=int8_mean, clip=20.0))
+    assert np.abs(want - frozen).max() > 1e-5   # the refreshes of v at 34, 36, ... act
+    assert np.abs(want - np.array(reference(40, None, **kw, warmup=int8_mean))).max() > 1e-5   # so does the clip
+    for r in range(WORLD):
+        np.testing.assert_allclose(np.array(runs["default"][r]["weights"], dtype=np.float32), want,
+                                   rtol=1e-5, atol=1e-6)
+    assert runs["default"][0]["weights"] == runs["default"][1]["weights"]
+    seen = runs["default"][0]
+    # 36 int8 steps (~1/4 of dense), 4 onebit ones (~1/32)
+    assert seen["dense"] / seen["sent"] == pytest.approx(40 / (36 / 4 + 4 / 32), rel=0.02)
+    assert seen["compressor_state"]["adam_steps"] == 40
+    a2a = np.array(reference(40, None, **{**kw, "exchange": compressed_allreduce}, warmup=int8_alltoall))
+    for r in range(WORLD):
+        np.testing.assert_allclose(np.array(runs["default_a2a"][r]["weights"], dtype=np.float32), a2a,
+                                   rtol=1e-5, atol=1e-6)
+
+
+# ---- the variance schedule (one process) ------------------------------------------------------
+
+def test_the_variance_schedule_matches_its_simulation():
+    from hvdcompress.adam_freeze import VarianceSchedule
+    schedule, want = VarianceSchedule(), v_steps(5000)
+    assert [t for t in range(1, 5001) if schedule.updates(t)] == sorted(want)
+    assert len([t for t in want if t <= 1000]) == 111 and schedule.count(1000) == 111
+    assert [schedule.count(t) for t in (1, 32, 33, 34, 100, 3000)] == \
+        [len([s for s in want if s <= t]) for t in (1, 32, 33, 34, 100, 3000)]
+    for b2 in (0.95, 0.99, 0.999):
+        decay = 1.0
+        for t in range(1, 5001):
+            if t in want:
+                assert schedule.interval(t) == want[t]
+                keep, alpha = schedule.weights(t, b2)
+                assert (keep, alpha) == pytest.approx(v_weights(want[t], b2), rel=1e-12)
+                decay *= keep
+            assert schedule.decay(t, b2) == pytest.approx(decay, rel=1e-9)
+    # a refresh stands for its interval (Adam's decay over it), bounded to 1/16 of v
+    assert schedule.weights(40, 0.999)[1] == pytest.approx(1 - 0.999 ** 2)
+    assert schedule.weights(600, 0.999)[1] == pytest.approx(1 - 0.999 ** 32)
+    assert schedule.weights(600, 0.95)[1] == pytest.approx(1 / 16)
+    fixed = VarianceSchedule(freeze_steps=7)
+    assert [t for t in range(1, 20) if fixed.updates(t)] == list(range(1, 8))
+    assert fixed.decay(3, 0.9) == 0.9 ** 3 and fixed.decay(30, 0.9) == 0.9 ** 7
+    assert VarianceSchedule(freeze_steps=0).decay(5, 0.9) == 0.9
+
+
+def test_the_default_take_over_matches_numpy_over_the_first_300_steps():
+    """after_exchange step by step against the numpy reference at the defaults (one rank, the
+    exchanged mean given): the v-steps' weights, the bias correction over them."""
+    from adam_reference import gradients, N
+    from hvdcompress.adam import AdamSettings
+    from hvdcompress.torch.backend import TorchOps
+    ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()))
+    settings = AdamSettings(lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1, decoupled=True)
+    mean = lambda xs: (xs[0] + xs[1]) * np.float32(1 / WORLD)
+    want = reference(300, None, lr=0.01, b1=0.9, b2=0.999, wd=0.1, decoupled=True, warmup=mean)
+    param, state = torch.linspace(-1, 1, N), {}
+    for step in range(300):
+        g = torch.from_numpy(mean(gradients(step)))
+        adam.before_exchange(ops, g, state, settings, param)
+        param = adam.after_exchange(ops, state, param, g, settings)
+        adam.on_step()
+        np.testing.assert_allclose(param.numpy(), want[step], rtol=1e-5, atol=1e-6)
 
 
 # ---- arguments (one process) ----------------------------------------------------------------
@@ -142,22 +227,31 @@ def test_from_params_errors(params, message):
         hc.from_params(params)
 
 
-def test_from_params_and_default_freeze_point():
+def test_from_params_and_defaults():
     c = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
     assert isinstance(c, hc.FrozenAdam) and isinstance(c.inner, hc.ErrorFeedback)
-    # int8 and the quantisers wait for a quarter of v's time constant, the others 3/4
-    assert c.freeze_point(0.999) == 750 and c.freeze_point(0.99) == 75
-    for coarse in (hc.ErrorFeedback(hc.RandomK(0.01)), hc.PowerSGD(2)):
-        assert hc.FrozenAdam(coarse).freeze_point(0.999) == 750
-    for dense in (hc.Int8(), hc.TwoBit(), hc.QSGD()):
-        assert hc.FrozenAdam(dense).freeze_point(0.999) == 250 and hc.FrozenAdam(dense).freeze_point(0.99) == 25
-    for sign in (hc.ErrorFeedback(hc.OneBit()), hc.from_params({"compressor": "efsignsgd"})):
-        assert hc.FrozenAdam(sign).freeze_point(0.999) == 750 and hc.FrozenAdam(sign).freeze_point(0.99) == 75
-    assert hc.from_params({"compressor": "int8", "adam": "frozen", "freeze_steps": "7"}).freeze_point(0.999) == 7
+    # the default: the variance schedule for every compressor and every b2, the warm-up int8
+    for inner in (c.inner, hc.ErrorFeedback(hc.OneBit()), hc.PowerSGD(2), hc.Int8(), hc.QSGD()):
+        adam = hc.FrozenAdam(inner)
+        assert adam.freeze_steps is None and adam.schedule.freeze_steps is None
+        assert isinstance(adam.mild, hc.Int8) and adam.config()["adam_warmup"] == "auto"
+    for wide in (hc.NoCompression(), hc.FP16()):   # no coarser than the compressor itself: dense
+        assert hc.FrozenAdam(wide).mild is None
+    assert hc.FrozenAdam(hc.OneBit(), warmup="none").mild is None
+    assert isinstance(hc.FrozenAdam(hc.NoCompression(), warmup="int8").mild, hc.Int8)
+    fixed = hc.from_params({"compressor": "int8", "adam": "frozen", "freeze_steps": "7", "adam_warmup": "none"})
+    assert fixed.schedule.freeze_steps == 7 and fixed.mild is None
     assert c.send == "gradient" and hc.FrozenAdam(hc.OneBit()).send == "gradient"
     assert hc.from_params({"compressor": "int8", "adam": "frozen", "adam_send": "momentum"}).send == "momentum"
     with pytest.raises(ValueError, match="FrozenAdam: send='m'; allowed: 'gradient', 'momentum', 'preconditioned'"):
         hc.FrozenAdam(hc.OneBit(), send="m")
+    with pytest.raises(ValueError, match="FrozenAdam: warmup='fp8'; allowed: 'auto', 'int8', 'none'"):
+        hc.FrozenAdam(hc.OneBit(), warmup="fp8")
+    for params, message in (({"compressor": "onebit", "adam_warmup": "int8"}, "adam_warmup='int8' without adam"),
+                            ({"compressor": "onebit", "adam": "frozen", "adam_warmup": "x"},
+                             "adam_warmup='x' is unknown; allowed: 'auto', 'int8', 'none'")):
+        with pytest.raises(ValueError, match=message):
+            hc.from_params(params)
     c.on_step()
     restored = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
     restored.load_state_dict(c.state_dict())
@@ -170,7 +264,7 @@ def test_a_coordinate_without_gradient_in_the_warm_up_is_not_moved_after_the_fre
     while the other coordinates take the frozen-Adam step."""
     from hvdcompress.adam import AdamSettings
     from hvdcompress.torch.backend import TorchOps
-    ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=1)
+    ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=1)  # v-steps: t = 1
     settings = AdamSettings(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8)
     param = torch.tensor([0.5, 0.5])
     state = {"adam.m": torch.zeros(2), "adam.v": torch.zeros(2)}

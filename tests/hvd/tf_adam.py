@@ -4,9 +4,12 @@ recomputes every step in numpy, tests/adam_reference.py). Cases, each reporting 
 
 "none":     FrozenAdam(NoCompression, freeze 3), Keras AdamW, 6 eager steps
 "onebit":   FrozenAdam(ErrorFeedback(OneBit), freeze 2, send="momentum"), Keras AdamW, 5 eager steps
+            (the 2 warm-up steps int8, the default warm-up around onebit)
 "function": the same with the default send="gradient", apply_gradients inside a tf.function
 "clip":     "none" with clip_grad_norm=5 inside a tf.function (Horovod's clip in the warm-up, the
             local one after: the same order as the torch front ends, tests/hvd/torch_adam.py)
+"default":  FrozenAdam(ErrorFeedback(OneBit)) at its defaults (hvdcompress.adam_freeze: 32 int8
+            v-steps, then v refreshed at 34, 36, ...), 38 steps in a tf.function, clip_grad_norm=20
 """
 import horovod.tensorflow as hvd
 import numpy as np
@@ -49,3 +52,6 @@ for name, function, send in (("onebit", False, "momentum"), ("function", True, "
 weights, iterations = run(hc.FrozenAdam(hc.NoCompression(), freeze_steps=3), 0.01, 0.9, 0.99, 0.1, 6,
                          function=True, clip=5.0)
 result(rank, case="clip", weights=weights, iterations=iterations)
+weights, iterations = run(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit())), 0.01, 0.8, 0.95, 0.05, 38,
+                         function=True, clip=20.0)
+result(rank, case="default", weights=weights, iterations=iterations)

@@ -6,12 +6,17 @@ step in numpy). Cases, each reporting every step's weights:
 "torch":  plain torch AdamW through the optimizer with no compression (the reference for "none"
           before the freeze)
 "onebit": FrozenAdam(ErrorFeedback(OneBit), freeze 2, send="momentum"), Adam with L2 weight
-          decay, 5 steps
+          decay, 5 steps (its 2 warm-up steps int8, the default warm-up around onebit)
 "resume": "onebit" for 3 steps, state_dict() into a new optimizer, 2 more steps
 "a2a":    the compressed allreduce (collective='alltoall') of "onebit", 5 steps
 "gradient": "onebit" with the default send="gradient" (each rank's gradient compressed after the freeze);
 "preconditioned": the same with send="preconditioned" (g_r / sqrt(v_hat) compressed)
 "clip":   "none" with clip_grad_norm=5 (Horovod's clip in the warm-up, the local one after)
+"dense_warmup": "gradient" with warmup="none" (the warm-up allreduced dense)
+"default": FrozenAdam(ErrorFeedback(OneBit)) at its defaults (the variance schedule of
+          hvdcompress.adam_freeze, v-steps int8), Adam, 40 steps, clip_grad_norm=20 (the
+          v-steps' clip after the exchange, the local one in the compressed steps)
+"default_a2a": "default" without the clip through the compressed allreduce
 """
 import horovod.torch as hvd
 import torch
@@ -87,3 +92,13 @@ result(rank, case="a2a", weights=train(model, opt, 5))
 
 model, opt = make(hc.FrozenAdam(hc.NoCompression(), freeze_steps=3), clip_grad_norm=5.0)
 result(rank, case="clip", weights=train(model, opt, 6))
+
+model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2, warmup="none"), kind="adam")
+result(rank, case="dense_warmup", weights=train(model, opt, 5))
+
+model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit())), kind="adam", clip_grad_norm=20.0)
+weights = train(model, opt, 40)
+result(rank, case="default", weights=weights, sent=opt.total_bytes.sent, dense=opt.total_bytes.dense,
+       compressor_state=opt.state_dict()["hvdcompress"]["compressor"])
+model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit())), kind="adam", collective="alltoall")
+result(rank, case="default_a2a", weights=train(model, opt, 40))

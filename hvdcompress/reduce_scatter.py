@@ -127,9 +127,9 @@ class ReduceScatterExchange:
         """One all-to-all per entry: chunk j's payload tensors, side by side, to rank j."""
         flights = []
         for entry in entries:
-            world = self.comm.world
-            per_chunk = [[t for j, _, _, _, ts in entry.blocks if j == q for t in ts] for q in range(world)]
-            tensors = [self.ops.concat(list(parts)) for parts in zip(*per_chunk)]
+            count = len(entry.blocks[0][4])   # payload tensors per block: tensor k of every block of
+            tensors = [self.ops.concat([ts[k] for j in range(self.comm.world)   # chunk 0, then chunk 1...
+                                        for q, _, _, _, ts in entry.blocks if q == j]) for k in range(count)]
             flights.append((entry, launch_alltoall(self.ops, self.comm, tensors, f"hvdc.rs.{entry.info.name}")))
         return flights
 

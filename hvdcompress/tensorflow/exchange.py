@@ -158,6 +158,10 @@ class GradientExchange:
             return self._reduce(clipped(grads, self._local_limit()), sources, flag)
         return clipped(self._reduce(grads, sources, flag), c)
 
+    def _member_state(self, name: str) -> Any:
+        """A fused bucket member's own state: FrozenAdam's m and v (else none: the bucket's)."""
+        return self.state.tensor(name) if self.driver.adam is not None else {}
+
     def _local_limit(self) -> float:
         return local_clip_limit(self.core.clip_grad_norm, self.options.process_set.size(),
                                 average=self.core.average, compressor=self.compressor)
@@ -283,7 +287,7 @@ class GradientExchange:
                     info.param = tf.reshape(tf.convert_to_tensor(params[i]), [-1])
                 x = tf.reshape(grads[i], [-1])
                 items.append(driver.compress(i, x, info, settings, info.param) if bucket is None else
-                             (i, driver.outgoing(x, self.state.tensor(info.name), info, settings, info.param), info))
+                             (i, driver.outgoing(x, self._member_state(info.name), info, settings, info.param), info))
             driver.start(items if bucket is None else [driver.compress_bucket(bucket, items)])
             for entry in driver.finish():
                 for i, total in fused_totals(OPS, entry):

@@ -16,11 +16,10 @@ round trip per step and no XLA (``jit_compile=True``) for the training step.
 IndexedSlices are densified with ``sparse_as_dense=True`` or a take-over, else allgathered
 uncompressed, as Horovod does. ``None`` gradients stay ``None``.
 
-Loss scaling (:mod:`hvdcompress.loss_scale`): with ``scaler=`` (a Keras 2 ``LossScaleOptimizer``)
-every gradient is unscaled first by the scaler's ``get_unscaled_gradients``. With ``scaler=``,
-or a Keras optimizer around a ``LossScaleOptimizer``, the ranks' overflow flags are summed before
-the exchange; after an overflow on any rank nothing is compressed, the compressor state stays
-as it was, and every exchanged gradient comes back NaN, so the scaler skips the step everywhere.
+Loss scaling (:mod:`hvdcompress.loss_scale`): ``scaler=`` (a Keras 2 ``LossScaleOptimizer``)
+unscales every gradient first; with it, or a Keras optimizer around one, the ranks' overflow
+flags are summed before the exchange, and after an overflow on any rank nothing is compressed
+(the state stays) and every gradient comes back NaN, so the scaler skips the step everywhere.
 """
 from __future__ import annotations
 
@@ -158,10 +157,6 @@ class GradientExchange:
             return self._reduce(clipped(grads, self._local_limit()), sources, flag)
         return clipped(self._reduce(grads, sources, flag), c)
 
-    def _member_state(self, name: str) -> Any:
-        """A fused bucket member's own state: FrozenAdam's m and v (else none: the bucket's)."""
-        return self.state.tensor(name) if self.driver.adam is not None else {}
-
     def _local_limit(self) -> float:
         return local_clip_limit(self.core.clip_grad_norm, self.options.process_set.size(),
                                 average=self.core.average, compressor=self.compressor)
@@ -287,7 +282,7 @@ class GradientExchange:
                     info.param = tf.reshape(tf.convert_to_tensor(params[i]), [-1])
                 x = tf.reshape(grads[i], [-1])
                 items.append(driver.compress(i, x, info, settings, info.param) if bucket is None else
-                             (i, driver.outgoing(x, self._member_state(info.name), info, settings, info.param), info))
+                             (i, driver.outgoing(x, self.state.tensor(info.name) if settings else {}, info, settings, info.param), info))
             driver.start(items if bucket is None else [driver.compress_bucket(bucket, items)])
             for entry in driver.finish():
                 for i, total in fused_totals(OPS, entry):

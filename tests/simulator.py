@@ -1,11 +1,17 @@
 """An in-process simulator of P ranks for the exchange engine (hvdcompress.exchange): the
 collectives adapter of the tests (several process sets: :func:`run_nodes`). Each rank runs in its own thread; every collective call
 contributes the rank's tensors, waits for the other ranks at a barrier, and returns what
-Horovod would (sum, rank-order concatenation, all-to-all of equal parts)."""
+Horovod would (sum, rank-order concatenation, all-to-all of equal parts).
+
+``threads``: the torch threads each simulated rank computes on (its own
+``torch.set_num_threads``, which pins OpenMP and MKL for the calling thread; the process's
+setting is restored after). A reference compared bit for bit with launched ranks must compute
+as they do: a matmul's or a large reduction's bits can depend on the thread count, differently
+on each CPU (tests/test_ddp.py: the ranks run on one)."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -65,13 +71,16 @@ class SimulatedCollectives(Collectives):
         return handle
 
 
-def run_ranks(size: int, body: Callable[[SimulatedCollectives], Any], timeout: float = 60.0) -> list:
-    """``body(comm)`` on ``size`` simulated ranks in threads; their results in rank order."""
+def run_ranks(size: int, body: Callable[[SimulatedCollectives], Any], timeout: float = 60.0,
+              threads: Optional[int] = None) -> list:
+    """``body(comm)`` on ``size`` simulated ranks in threads (each on ``threads`` torch threads
+    if given); their results in rank order."""
     world = World(size, timeout)
-    return _run_threads(size, [world], lambda rank: body(SimulatedCollectives(world, rank)), timeout)
+    return _run_threads(size, [world], lambda rank: body(SimulatedCollectives(world, rank)), timeout, threads)
 
 
-def run_nodes(nodes: int, per_node: int, body: Callable[..., Any], timeout: float = 60.0) -> list:
+def run_nodes(nodes: int, per_node: int, body: Callable[..., Any], timeout: float = 60.0,
+              threads: Optional[int] = None) -> list:
     """``body(world_comm, node_comm, cross_comm)`` on ``nodes`` x ``per_node`` simulated ranks
     (rank r on node r // per_node with local rank r % per_node, as horovodrun places them): one
     World for all ranks, one per node, one per local rank across the nodes (the process sets of
@@ -86,29 +95,36 @@ def run_nodes(nodes: int, per_node: int, body: Callable[..., Any], timeout: floa
         return body(SimulatedCollectives(everyone, rank),
                     SimulatedCollectives(node_worlds[node], local),
                     SimulatedCollectives(cross_worlds[local], node))
-    return _run_threads(size, [everyone] + node_worlds + cross_worlds, rank_body, timeout)
+    return _run_threads(size, [everyone] + node_worlds + cross_worlds, rank_body, timeout, threads)
 
 
-def _run_threads(size: int, worlds: list, rank_body: Callable[[int], Any], timeout: float) -> list:
-    """``rank_body(rank)`` in one thread per rank; a failure aborts every world's barrier."""
+def _run_threads(size: int, worlds: list, rank_body: Callable[[int], Any], timeout: float,
+                 threads: Optional[int] = None) -> list:
+    """``rank_body(rank)`` in one thread per rank, each first pinned to ``threads`` torch
+    threads if given; a failure aborts every world's barrier."""
     results: list = [None] * size
     errors: list = []
+    saved = torch.get_num_threads()
 
     def run(rank: int) -> None:
         try:
+            if threads is not None:
+                torch.set_num_threads(threads)   # this thread's OpenMP and MKL: set per thread
             results[rank] = rank_body(rank)
         except BaseException as e:  # noqa: BLE001 - reported to the test below
             errors.append((rank, e))
             for world in worlds:
                 world.barrier.abort()
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
-    for t in threads:
+    workers = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+    for t in workers:
         t.start()
-    for t in threads:
+    for t in workers:
         t.join(timeout + 5)
+    if threads is not None:
+        torch.set_num_threads(saved)   # the count is also process-wide: this thread's again
     if errors:
         raise errors[0][1]
-    if any(t.is_alive() for t in threads):
+    if any(t.is_alive() for t in workers):
         raise TimeoutError(f"simulated ranks still running after {timeout} s")
     return results

@@ -12,7 +12,10 @@ writes its records to its own file. Against them:
   process groups. Bit for bit wherever the sum is the same float operations: at 1 and 2 ranks
   always (an allreduce adds two numbers, which commutes; allgathered payloads are summed by the
   engine in rank order), at 4 ranks for the per-rank payloads; a 4-rank float allreduce (Gloo's
-  ring order against the simulator's rank order) to float rounding;
+  ring order against the simulator's rank order) to float rounding. The reference trains on the
+  gradients each rank reports (its own backward checked to float rounding against them) and
+  computes on cases.THREADS threads per simulated rank, as the ranks do: nothing it compares
+  bit for bit depends on the thread count or BLAS path of the pytest process (issue 35);
 * DDP's bucket rebuild after the first iteration (one bucket, then two) keeps the state;
 * a checkpoint taken halfway (model, optimizer, hook state) resumes on the same bits;
 * the replica check raises on every rank when one rank's parameter differs;
@@ -41,7 +44,8 @@ from simulator import run_nodes, run_ranks
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE / "ddp"))
-from cases import CASES, RANKS_PER_NODE, REGISTRY, build_model, flat_params, reference  # noqa: E402
+from cases import (CASES, RANKS_PER_NODE, REGISTRY, THREADS, build_model, decode, flat_params,  # noqa: E402
+                   reference)
 
 STEPS = 4
 TWO = ["none", "fp16", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "csc", "momentum_nesterov",
@@ -62,7 +66,7 @@ def torchrun(np_: int, script: Path, args: list, timeout: float = 180) -> list:
     with tempfile.TemporaryDirectory() as results:
         log_path = Path(results) / "launch.log"
         env = {**os.environ, RESULTS_ENV: results, "PYTHONPATH": str(HERE.parent),
-               "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+               "OMP_NUM_THREADS": str(THREADS), "PYTHONWARNINGS": "ignore"}
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc_per_node={np_}", str(script), *args]
         with open(log_path, "w") as log:
@@ -108,12 +112,23 @@ def params(record: dict) -> dict:
     return {name: np.array(values, dtype=np.float32) for name, values in record["params"].items()}
 
 
-def simulated(case: str, world: int, steps: int) -> list:
-    """Each simulated rank's parameters under the Horovod front end's exchange."""
+def rank_grads(record: dict) -> list:
+    """The local gradients a rank's hook was handed: per step, name -> flat tensor."""
+    return [{name: decode(text) for name, text in step.items()} for step in record["grads"]]
+
+
+def simulated(case: str, records: list, world: int, steps: int) -> list:
+    """Each simulated rank's parameters under the Horovod front end's exchange, rank r trained
+    on the gradients of ``records[r]`` (the launched rank r's), on THREADS threads per rank."""
+    by_rank = {record["rank"]: record for record in records}
+    grads = [rank_grads(by_rank[r]) for r in range(world)]
     if CASES[case].intra_node is not None:
         return run_nodes(world // RANKS_PER_NODE, RANKS_PER_NODE,
-                         lambda comm, node, cross: reference(CASES[case], comm, steps, node, cross))
-    return run_ranks(world, lambda comm: reference(CASES[case], comm, steps))
+                         lambda comm, node, cross: reference(CASES[case], comm, steps, node, cross,
+                                                             rank_grads=grads[comm.rank]),
+                         threads=THREADS)
+    return run_ranks(world, lambda comm: reference(CASES[case], comm, steps, rank_grads=grads[comm.rank]),
+                     threads=THREADS)
 
 
 def assert_same_bits(got: dict, want: dict, what: str) -> None:
@@ -128,8 +143,9 @@ def check_replicas_and_reference(records: list, case: str, exact: bool, steps: i
     (``exact``) or within float rounding of them."""
     for record in records[1:]:
         assert_same_bits(params(record), params(records[0]), f"{case}: rank {record['rank']} vs 0")
-    # halves: two groups of P/2 ranks, each the same training as P/2 ranks alone
-    want = simulated(case, len(records) // (2 if CASES[case].halves else 1), steps)[0]
+    # halves: two groups of P/2 ranks, each the same training as P/2 ranks alone (the first
+    # group: ranks 0..P/2-1, their group ranks the same numbers)
+    want = simulated(case, records, len(records) // (2 if CASES[case].halves else 1), steps)[0]
     got = params(records[0])
     if exact:
         assert_same_bits(got, want, f"{case} vs the Horovod front end")

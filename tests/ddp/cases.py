@@ -7,9 +7,18 @@ DDP puts every parameter in one bucket for the first iteration, records the orde
 gradients become ready, and then rebuilds its buckets in that order with ``bucket_cap_mb``:
 here two buckets (head, then body; the model registers its layers in the opposite order to
 their use). The hook's per-name state must survive that rebuild.
+
+The reference is compared with the ranks bit for bit, so nothing in it may depend on where it
+runs: a matmul's bits can change with the thread count (MKL, oneDNN), differently on each CPU
+(issue 35: an AMD EPYC, head.weight off by up to 4e-6 after 4 steps). Hence (1) the ranks report
+each step's local gradients, as DDP hands them to the hook (``encode``), and the reference
+trains on those, after checking its own backward agrees with them to float rounding; (2) the
+ranks and the reference's simulated ranks compute on ``THREADS`` torch threads each (the
+compressors' own arithmetic: PowerSGD's matmuls, norms), the launchers' OMP_NUM_THREADS too.
 """
 from __future__ import annotations
 
+import base64
 import threading
 from functools import partial
 from typing import Callable, NamedTuple, Optional
@@ -32,6 +41,9 @@ OPS = TorchOps()
 SEED = 3
 BATCH = 16
 BUCKET_CAP_MB = 0.001   # ~1 KB: after the rebuild, head and body in two buckets
+#: torch threads of every rank (torch.set_num_threads, and OMP_NUM_THREADS of the launch: the
+#: hook's callbacks run on Gloo's threads) and of every simulated rank of the reference
+THREADS = 1
 
 
 class Net(torch.nn.Module):
@@ -132,16 +144,31 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, rank: int, st
     opt.step()
 
 
+def encode(tensor: torch.Tensor) -> str:
+    """A float32 tensor's bits as text, for a JSON record (base64 of the raw bytes)."""
+    return base64.b64encode(tensor.detach().to(torch.float32).contiguous().numpy().tobytes()).decode()
+
+
+def decode(text: str) -> torch.Tensor:
+    """:func:`encode`'s tensor, flat."""
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.float32)
+
+
 def flat_params(model: torch.nn.Module) -> dict:
     """name -> the parameter's values as a list of floats (exact: float32 in a float64)."""
     return {n: p.detach().reshape(-1).tolist() for n, p in model.named_parameters()}
 
 
-def reference(case: Case, comm, steps: int, node=None, cross=None) -> dict:
+def reference(case: Case, comm, steps: int, node=None, cross=None,
+              rank_grads: Optional[list] = None) -> dict:
     """One simulated rank (``comm``; ``node`` and ``cross`` its process sets for two-level
     compression) of the Horovod front end on this case: the same per-tensor exchange, momentum
     or Adam take-over and clipping as hvdcompress.torch.DistributedOptimizer, one group per
-    step, in name order. The rank's parameters after ``steps`` steps."""
+    step, in name order. The rank's parameters after ``steps`` steps.
+
+    ``rank_grads``: per step, parameter name -> the launched rank's local gradient (flat): trained
+    on instead of this backward's own, which must agree with it to float rounding (the bits of
+    a backward depend on the BLAS path and thread count, not the hook's)."""
     model = build_model()
     opt = case.optimizer(model.parameters())
     compressor = as_compressor(case.compression())
@@ -157,6 +184,13 @@ def reference(case: Case, comm, steps: int, node=None, cross=None) -> dict:
         x, y = batch(comm.rank, step)
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
+        if rank_grads is not None:
+            for name, p in named:
+                fed = rank_grads[step][name].view_as(p)
+                where = f"rank {comm.rank}, step {step}, {name}: the launched rank's gradient is not ours"
+                torch.testing.assert_close(p.grad, fed, rtol=1e-4, atol=1e-5,
+                                           msg=lambda m, w=where: f"{w}\n{m}")
+                p.grad.copy_(fed)
         settings = adam_settings(opt.param_groups[0]) if adam is not None else None
         grads = [p.grad for _, p in named]
         clip_before = compressor.carries_state and not (adam is not None and adam.warming_up([settings]))

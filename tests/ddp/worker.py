@@ -7,15 +7,17 @@ one record per case to its rank's result file (examples/hvdrun.py's ``write_resu
 
 The first record holds :func:`collectives`' outputs of the adapter. Then one per case: the
 parameters after ``--steps`` steps, the parameter names of every bucket the hook saw (to show
-DDP rebuilt its buckets), the bytes, the hook's ReplicaMismatch for a case whose rank 1
-changes a parameter (``perturb_at``), and for a ``--resume`` case the parameters of training
-resumed from a checkpoint taken halfway (model, optimizer, hook state), to compare with those
-of training straight through.
+DDP rebuilt its buckets), each step's local gradients as DDP handed them to the hook (the
+reference trains on them: :func:`cases.encode`), the bytes, the hook's ReplicaMismatch for a
+case whose rank 1 changes a parameter (``perturb_at``), and for a ``--resume`` case the
+parameters of training resumed from a checkpoint taken halfway (model, optimizer, hook state),
+to compare with those of training straight through.
 """
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
 from pathlib import Path
 
@@ -26,8 +28,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from hvdrun import write_result  # noqa: E402
 
-from cases import (BUCKET_CAP_MB, CASES, RANKS_PER_NODE, Case, build_model, flat_params,  # noqa: E402
-                   train_step)
+from cases import (BUCKET_CAP_MB, CASES, RANKS_PER_NODE, THREADS, Case, build_model, encode,  # noqa: E402
+                   flat_params, train_step)
 from hvdcompress import ReplicaMismatch  # noqa: E402
 from hvdcompress.torch import ddp  # noqa: E402
 from hvdcompress.torch.dist_collectives import DistCollectives  # noqa: E402
@@ -54,15 +56,20 @@ class Run:
             self.opt.load_state_dict(checkpoint["opt"])
             self.state.load_state_dict(checkpoint["hook"])
         self.layouts: list = []
+        self.step = None
+        self.grads: dict = {}   # step -> name -> encoded local gradient
         names = {p: n for n, p in self.net.named_parameters()}
 
         def recording(state, bucket):
             self.layouts.append([names[p] for p in bucket.parameters()])
+            self.grads.setdefault(self.step, {}).update(
+                {names[p]: encode(g) for p, g in zip(bucket.parameters(), bucket.gradients())})
             return ddp.compression_hook(state, bucket)
         self.model.register_comm_hook(self.state, recording)
 
     def train(self, first: int, last: int) -> None:
         for step in range(first, last):
+            self.step = step
             if step == self.perturb_at and dist.get_rank() == 1:
                 with torch.no_grad():
                     self.net.head.bias[0] += 1e-3
@@ -99,8 +106,15 @@ def collectives() -> dict:
 def run(cases: list, steps: int, resume: list) -> None:
     """Initialise torch.distributed (gloo, from the environment: MASTER_ADDR, MASTER_PORT, RANK,
     WORLD_SIZE, which torchrun sets), write the adapter's record and one record per case, and
-    tear the group down. tests/hvd/torch_scale16.py calls it under horovodrun."""
-    torch.set_num_threads(1)
+    tear the group down. tests/hvd/torch_scale16.py calls it under horovodrun.
+
+    Computes on cases.THREADS threads, as the reference does: this thread's through
+    torch.set_num_threads; Gloo's, where the hook's callbacks run, take the process's default,
+    which the launch's OMP_NUM_THREADS sets (checked)."""
+    if os.environ.get("OMP_NUM_THREADS") != str(THREADS):
+        raise RuntimeError(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')!r}: launch the DDP worker "
+                           f"with OMP_NUM_THREADS={THREADS}, the threads its reference computes on")
+    torch.set_num_threads(THREADS)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     write_result(rank, {"case": "collectives", **collectives()})
@@ -124,6 +138,7 @@ def run(cases: list, steps: int, resume: list) -> None:
         else:
             run.train(0, steps)
         record.update(params=flat_params(run.net), layouts=run.layouts,
+                      grads=[run.grads[step] for step in sorted(run.grads)],
                       sent_bytes=run.state.exchange.total_bytes.sent,
                       dense_bytes=run.state.exchange.total_bytes.dense,
                       states=sorted(run.state.state_dict()["tensors"]))

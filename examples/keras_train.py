@@ -34,7 +34,7 @@ def train(args: argparse.Namespace, use_dgc: bool) -> dict:
     history = model.fit(x_tr, y_tr, batch_size=args.batch_size, epochs=args.epochs,
                         callbacks=callbacks, verbose=2 if hvd.rank() == 0 else 0)
     _, test_accuracy = model.evaluate(x_te, y_te, verbose=0)
-    last, _ = opt.compression_bytes
+    last = opt.last_step_bytes
     return {"compression": "dgc" if use_dgc else "dense", "rank": hvd.rank(),
             "accuracy": float(test_accuracy), "sparsity": history.history.get("sparsity"),
             "dense_bytes": last.dense, "sent_bytes": last.sent}

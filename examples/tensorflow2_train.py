@@ -107,7 +107,7 @@ def train(args: argparse.Namespace, use_dgc: bool) -> dict:
             sparsity = compression.current_sparsity if use_dgc else 0.0
             print(f"[{'dgc' if use_dgc else 'dense'}] epoch {epoch + 1}: loss {float(loss):.4f} "
                   f"sparsity {sparsity:.4f}", flush=True)
-    last = tapes[-1].exchange.last_step_bytes
+    last = tapes[-1].last_step_bytes
     return {"compression": "dgc" if use_dgc else "dense", "rank": hvd.rank(),
             "accuracy": accuracy(model, x_te, y_te),
             "step_ms": 1000 * float(np.mean(times[steps:])),

@@ -39,6 +39,11 @@ class _GraphSource:
 class _DistributedGradientTape:
     """Methods mixed into the wrapped tape's own class by :func:`DistributedGradientTape`."""
 
+    total_bytes = property(lambda self: self.exchange.total_bytes,
+                           doc="This rank's dense versus sent bytes since the compressor's first exchange (ByteCount).")
+    last_step_bytes = property(lambda self: self.exchange.last_step_bytes,
+                               doc="This rank's dense versus sent bytes of the last exchange (ByteCount).")
+
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
         """The gradients of ``target``, compressed, exchanged and averaged over ranks."""
@@ -103,7 +108,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     Arguments are those of ``horovod.tensorflow.DistributedGradientTape``; ``compression`` takes
     an hvdcompress compressor (default: none) or a dict for :func:`hvdcompress.from_params`.
     The returned tape is an instance of ``gradtape``'s class sharing its recording; its
-    ``exchange`` attribute has ``last_step_bytes`` / ``total_bytes`` (dense vs sent bytes).
+    ``total_bytes`` / ``last_step_bytes``: dense vs sent bytes (the driver's, as on every front end).
     ``clip_grad_norm=c``: the way to clip with compression. With a compressor that carries
     state each rank clips its local gradients together to ``c * sqrt(N)`` (op=Average;
     ``c / sqrt(N)`` for op=Sum) before compression; with a stateless one the exchanged

@@ -160,7 +160,7 @@ if KERAS2:
             c.assign(c_of(s))
             g = step()
             seen.append([w.numpy().tolist(), h.numpy().tolist(), tf.convert_to_tensor(g).numpy().tolist()])
-        result(rank, case=f"once.{path}", weights={"steps": seen, "exchanges": opt.compression_bytes[1].steps})
+        result(rank, case=f"once.{path}", weights={"steps": seen, "exchanges": opt.total_bytes.steps})
 
     # fit (Keras 2: minimize, so compute_gradients) against the tape path on the same model
     def fit_model() -> tf.keras.Model:
@@ -186,4 +186,4 @@ if KERAS2:
             for _ in range(3):
                 train()
         result(rank, case=f"once.fit_{path}", weights={"kernel": net.get_weights()[0].tolist(),
-                                                       "exchanges": opt.compression_bytes[1].steps})
+                                                       "exchanges": opt.total_bytes.steps})

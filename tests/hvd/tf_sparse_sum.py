@@ -27,7 +27,7 @@ def main() -> None:
         tape = hvc.DistributedGradientTape(tape, compression=TopK(K), op=op)
         grad = tape.gradient(loss, w)
         result(rank, case=f"topk.{op_name}", grad=grad.numpy().tolist(),
-               bytes=tape.exchange.last_step_bytes.as_dict())
+               bytes=tape.last_step_bytes.as_dict())
     table = tf.Variable(tf.zeros([10, 4]), name="table")
     ids = tf.constant([rank, 3, 3])
     with tf.GradientTape() as tape:

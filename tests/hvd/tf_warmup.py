@@ -29,7 +29,7 @@ def run(rank: int, schedule_name: str, epochs: int = 5) -> None:
     else:
         schedule = ListWarmup([0.5, 0.75, 0.9], begin=2, length=3, unit="step")
     sent = tf.keras.callbacks.LambdaCallback(
-        on_epoch_end=lambda epoch, logs: logs.update(sent=opt.compression_bytes[0].sent))
+        on_epoch_end=lambda epoch, logs: logs.update(sent=opt.last_step_bytes.sent))
     callbacks = [hvck.callbacks.SparsityWarmupCallback(opt, schedule), sent]
     if KERAS2:
         import horovod.tensorflow.keras as hvdk
@@ -41,7 +41,7 @@ def run(rank: int, schedule_name: str, epochs: int = 5) -> None:
                         callbacks=callbacks)
     result(rank, case=schedule_name, sparsity=[float(s) for s in history.history["sparsity"]],
            sent=[int(s) for s in history.history["sent"]],
-           dense=opt.compression_bytes[0].dense, keras2=KERAS2,
+           dense=opt.last_step_bytes.dense, keras2=KERAS2,
            weights=float(np.sum(model.get_weights()[0])))
 
 

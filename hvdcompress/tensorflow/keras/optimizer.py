@@ -300,10 +300,10 @@ class _DistributedOptimizer:
         number with ``scale_local_gradients=True`` (Horovod's API and default)."""
         self._hvdc_exchange.register_local(var)
 
-    @property
-    def compression_bytes(self):
-        """This rank's dense versus sent bytes: ``(last step, total)`` :class:`ByteCount`."""
-        return self._hvdc_exchange.last_step_bytes, self._hvdc_exchange.total_bytes
+    total_bytes = property(lambda self: self._hvdc_exchange.total_bytes,
+                           doc="This rank's dense versus sent bytes since construction (ByteCount).")
+    last_step_bytes = property(lambda self: self._hvdc_exchange.last_step_bytes,
+                               doc="This rank's dense versus sent bytes of the last step (ByteCount).")
 
 
 def _mixin_for(base: type) -> type:

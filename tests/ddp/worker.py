@@ -139,8 +139,8 @@ def run(cases: list, steps: int, resume: list) -> None:
             run.train(0, steps)
         record.update(params=flat_params(run.net), layouts=run.layouts,
                       grads=[run.grads[step] for step in sorted(run.grads)],
-                      sent_bytes=run.state.exchange.total_bytes.sent,
-                      dense_bytes=run.state.exchange.total_bytes.dense,
+                      sent_bytes=run.state.total_bytes.sent,
+                      dense_bytes=run.state.total_bytes.dense,
                       states=sorted(run.state.state_dict()["tensors"]))
         write_result(rank, record)
     dist.barrier()   # no rank tears its connections down under another's last collective

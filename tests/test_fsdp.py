@@ -176,3 +176,12 @@ def test_bad_block_names_the_parameter():
 def test_compress_needs_fsdp_modules():
     with pytest.raises(ValueError, match="no FSDPModule under Linear"):
         fsdp.compress(torch.nn.Linear(2, 2), compression=hc.Int8())
+
+
+def test_example_trains_with_int8():
+    """examples/fsdp_train.py, as the README runs it (fewer epochs)."""
+    records = [r for per_rank in torchrun(2, HERE.parent / "examples" / "fsdp_train.py",
+                                          ["--compression", "int8", "--epochs", "3", "--hidden", "128"],
+                                          timeout=300) for r in per_rank]
+    assert len(records) == 2 and all(r["accuracy"] > 0.8 for r in records)
+    assert all(r["dense_bytes"] >= 3 * r["sent_bytes"] > 0 for r in records)

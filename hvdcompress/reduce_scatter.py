@@ -214,3 +214,49 @@ def laid_out(pooled: Mapping[str, Any], numel: int, world: int, block: int) -> d
     for base, value in pooled["shared"].items():
         out.update({f"c{j}.b{b}.{base}": value for j in range(world) for b in range(len(cuts))})
     return out
+
+
+class TwoLevelReduceScatter:
+    """Two-level compressed reduce-scatter (ZeRO++'s qgZ pattern) over N nodes of L ranks, rank
+    n·L + l on node n: first inside the node, over the fast link, with the mild ``node`` engine
+    (local rank l receives, summed over the node, the chunks of every rank with local index l:
+    chunks n'·L + l for every node n'); then across nodes, among the ranks of local index l, with
+    the aggressive ``cross`` engine (node n receives chunk n·L + l summed over the nodes). Bytes
+    between nodes shrink by L besides the compression; ``total_bytes`` counts those (dense: the
+    whole gradient). States under ``node.`` and ``cross.``."""
+
+    collective = "alltoall"
+
+    def __init__(self, node: ReduceScatterExchange, cross: ReduceScatterExchange):
+        self.node, self.cross = node, cross
+        self.comm = node.comm   # the agreement's ranks_per_node
+        self.compressor = cross.compressor
+        self.last_step_bytes, self.total_bytes, self.plan = ByteCount(), ByteCount(), cross.plan
+
+    def compress(self, key: Any, x: Tensor, state: MutableMapping, info: TensorInfo) -> Any:
+        ops, per_node, nodes = self.node.ops, self.node.comm.world, self.cross.comm.world
+        chunks = ops.split(x, [info.numel // (per_node * nodes)] * (per_node * nodes))
+        ordered = ops.concat([chunks[n * per_node + l] for l in range(per_node) for n in range(nodes)])
+        node_info = TensorInfo(name=info.name, numel=info.numel, world=per_node, rank=self.node.comm.rank,
+                               shape=(info.numel,))
+        return self.node.compress(key, ordered, PrefixedState(state, "node."), node_info), state, info
+
+    def start(self, entries: list) -> list:
+        return [(self.node.start([entry]), state, info) for entry, state, info in entries]
+
+    def finish(self, flights: list, out_of: Any = lambda e: None) -> list:
+        done = []
+        for flight, state, info in flights:
+            entry = self.node.finish(flight)[0]   # this local rank's chunks summed over the node
+            numel = self.node.ops.numel(entry.total)
+            cross_info = TensorInfo(name=info.name, numel=numel, world=self.cross.comm.world,
+                                    rank=self.cross.comm.rank, shape=(numel,))
+            sub = self.cross.compress(entry.key, entry.total, PrefixedState(state, "cross."), cross_info)
+            done += self.cross.finish(self.cross.start([sub]), out_of)
+        return done
+
+    def end_step(self) -> None:
+        self.node.end_step()
+        self.cross.end_step()
+        self.last_step_bytes = ByteCount(self.node.last_step_bytes.dense, self.cross.last_step_bytes.sent, 1)
+        self.total_bytes.merge(self.last_step_bytes)

@@ -7,7 +7,7 @@ compressed with its own error-feedback residual carried over the steps, the P ra
 blocks summed in rank order in float32, times FSDP's 1/P. Bit for bit for none, fp16, int8 and
 top-k + EF; onebit + EF to float rounding of its float64 mean. bf16 gradients (FSDP1's
 MixedPrecision, FSDP2's MixedPrecisionPolicy) are compressed in float32 and the shard rounded
-to bf16. Also: training losses and bytes against dense FSDP, a checkpoint resumed on the same
+to bf16. Two-level (4 ranks, 2 per node): the node level's reduce-scatter, then the cross level's. Also: training losses and bytes against dense FSDP, a checkpoint resumed on the same
 bits, the state laid out at another world size, and the refusals.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ WORKER = HERE / "fsdp" / "worker.py"
 BLOCK = 256
 TWO = [f"{v}:{c}" for v in ("fsdp1", "fsdp2") for c in ("none", "fp16", "int8", "onebit_ef", "topk_ef")] + \
     ["fsdp1:int8_bf16", "fsdp2:onebit_ef_bf16"]
-FOUR = ["fsdp1:onebit_ef", "fsdp2:int8", "fsdp2:topk_ef"]
+FOUR = ["fsdp1:onebit_ef", "fsdp2:int8", "fsdp2:topk_ef", "fsdp2:two_level_int8", "fsdp2:two_level_onebit_ef"]
 
 
 def by_case(records) -> dict:
@@ -71,6 +71,58 @@ def decode(name: str, piece: np.ndarray, residual: np.ndarray) -> tuple:
     return d, p - d
 
 
+def reduce_scatter(inputs: list, name: str, residuals: dict, tag: tuple) -> list:
+    """The numpy compressed reduce-scatter of one unit over ``len(inputs)`` members: member q's
+    flat gradient cut into chunks and blocks of BLOCK, each block decoded with its residual
+    (keyed by ``tag``, q, chunk, block), member j's chunk summed over the members in order."""
+    world = len(inputs)
+    length = inputs[0].size // world
+    cuts = [min(BLOCK, length - s) for s in range(0, length, BLOCK)]
+    decoded = {}
+    for q in range(world):
+        for j in range(world):
+            start = j * length
+            for b, width in enumerate(cuts):
+                key = (*tag, q, j, b)
+                decoded[(q, j, b)], residuals[key] = decode(name, inputs[q][start:start + width],
+                                                            residuals.get(key, np.zeros(width, np.float32)))
+                start += width
+    out = []
+    for j in range(world):
+        blocks = []
+        for b in range(len(cuts)):
+            total = decoded[(0, j, b)]
+            for q in range(1, world):
+                total = total + decoded[(q, j, b)]
+            blocks.append(total)
+        out.append(np.concatenate(blocks))
+    return out
+
+
+def two_level(inputs: list, names: tuple, residuals: dict, unit: str, per_node: int = 2) -> list:
+    """The two-level reference: inside each node (``names[0]``), the chunks of local index l
+    (chunks n·L + l of every node n) to local rank l; then among the ranks of local index l
+    across nodes (``names[1]``)."""
+    world = len(inputs)
+    nodes, size = world // per_node, inputs[0].size // world
+    chunk = lambda x, c: x[c * size:(c + 1) * size]
+    ordered = [np.concatenate([chunk(x, n * per_node + l) for l in range(per_node) for n in range(nodes)]) for x in inputs]
+    node_sums = {}
+    for n in range(nodes):
+        members = list(range(n * per_node, (n + 1) * per_node))
+        for l, y in enumerate(reduce_scatter([ordered[r] for r in members], names[0], residuals, ("node", unit, n))):
+            node_sums[(n, l)] = y
+    shards = {}
+    for l in range(per_node):
+        for n, shard in enumerate(reduce_scatter([node_sums[(m, l)] for m in range(nodes)], names[1], residuals,
+                                                 ("cross", unit, l))):
+            shards[n * per_node + l] = shard
+    return [shards[r] for r in range(world)]
+
+
+TWO_LEVEL = {"two_level_int8": ("none", "int8"), "two_level_onebit_ef": ("fp16", "onebit_ef")}
+
+
 def check_against_reference(ranks: dict, case: str) -> None:
     version, name = case.split(":")
     bf16 = name.endswith("_bf16")
@@ -83,31 +135,15 @@ def check_against_reference(ranks: dict, case: str) -> None:
         unit = calls[0][position]["unit"]
         assert all(c[position]["unit"] == unit for c in calls), "ranks reduce units in different orders"
         inputs = [np.asarray(c[position]["input"], np.float32) for c in calls]
-        length = inputs[0].size // world
-        cuts = [min(BLOCK, length - s) for s in range(0, length, BLOCK)]
-        decoded = {}
-        for q in range(world):
-            for j in range(world):
-                start = j * length
-                for b, width in enumerate(cuts):
-                    key = (q, unit, j, b)
-                    d, residuals[key] = decode(name, inputs[q][start:start + width],
-                                               residuals.get(key, np.zeros(width, np.float32)))
-                    decoded[(q, j, b)] = d
-                    start += width
+        sums = two_level(inputs, TWO_LEVEL[name], residuals, unit) if name in TWO_LEVEL else \
+            reduce_scatter(inputs, name, residuals, (unit,))
         for j in range(world):
-            blocks = []
-            for b in range(len(cuts)):
-                total = decoded[(0, j, b)]
-                for q in range(1, world):
-                    total = total + decoded[(q, j, b)]
-                blocks.append(total)
-            want = torch.from_numpy(np.concatenate(blocks))
+            want = torch.from_numpy(sums[j])
             if bf16:
                 want = want.to(torch.bfloat16)
             want = (want * calls[j][position]["scale"]).float().numpy()
             got = np.asarray(calls[j][position]["output"], np.float32)
-            if name == "onebit_ef":
+            if "onebit_ef" in name:
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=f"{case} {unit} rank {j}")
             else:
                 np.testing.assert_array_equal(got, want, err_msg=f"{case} {unit} call {position} rank {j}")

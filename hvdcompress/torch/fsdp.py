@@ -41,8 +41,8 @@ from .. import state_store
 from ..compressor import Compressor, TensorInfo
 from ..driver import StepDriver
 from ..options import parse_options
-from ..reduce_scatter import ReduceScatterExchange, check_sharded, laid_out, pooled_units
-from .dist_collectives import DistCollectives
+from ..reduce_scatter import ReduceScatterExchange, TwoLevelReduceScatter, check_sharded, laid_out, pooled_units
+from .dist_collectives import DistCollectives, node_groups
 from .tensors import CONVERSIONS, OPS
 
 __all__ = ["CompressionState", "reduce_scatter_hook", "compress"]
@@ -57,28 +57,43 @@ class CompressionState:
     sharded form (:func:`~hvdcompress.reduce_scatter.check_sharded`); ``process_group``: the
     group FSDP shards over (None: the default group); ``block``: elements per compressed block
     (:mod:`hvdcompress.reduce_scatter`: one scale or selection per block); ``check_replicas``:
-    compare the compressor's counters every N steps. ``total_bytes`` / ``last_step_bytes``:
+    compare the compressor's counters every N steps. ``intra_node`` / ``ranks_per_node``: the
+    two-level reduce-scatter (:class:`~hvdcompress.reduce_scatter.TwoLevelReduceScatter`: ``intra_node``
+    a mild compressor inside the node, ``compression`` between nodes; default group only; the node
+    groups of :func:`hvdcompress.torch.ddp.node_groups`). ``total_bytes`` / ``last_step_bytes``:
     this rank's dense versus sent gradient bytes (:class:`~hvdcompress.accounting.ByteCount`).
     """
 
     def __init__(self, process_group: Optional[Any] = None,
                  compression: Union[Compressor, Mapping, None] = None, block: int = 4096,
-                 check_replicas: Optional[int] = None):
+                 check_replicas: Optional[int] = None, intra_node: Union[Compressor, Mapping, None] = None,
+                 ranks_per_node: Optional[int] = None):
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
             raise ValueError(f"block={block!r}: allowed: an integer >= 1 (elements per compressed block)")
+        if intra_node is not None and process_group is not None and process_group is not getattr(dist.group, "WORLD", None):
+            raise ValueError(f"intra_node={intra_node!r} with process_group={process_group!r}: two-level "
+                             "compression runs over all ranks; use process_group=None or intra_node=None")
         self.options = parse_options(compression, op="average", average_op="average", sum_op="sum",
-                                     check_replicas=check_replicas)
+                                     check_replicas=check_replicas, intra_node=intra_node,
+                                     ranks_per_node=ranks_per_node)
         self.compressor = check_sharded(self.options.compressor)
         self.process_group = process_group
         self.block = block
-        self.driver = StepDriver(self.options, OPS,
-                                 lambda: ReduceScatterExchange(self.compressor, OPS, self.driver.comm, block),
-                                 lambda: DistCollectives(process_group), "hvdcompress.torch.fsdp.CompressionState")
+        self.driver = StepDriver(self.options, OPS, self._engine, lambda: DistCollectives(process_group),
+                                 "hvdcompress.torch.fsdp.CompressionState")
         self._units = 0          # FSDP1: units reduced so far in this backward pass
         self._open = False       # a step (backward pass) is under way
         self._pending: dict = {}   # unit -> its pooled state from a checkpoint at another world size
 
     comm = property(lambda self: self.driver.comm)
+
+    def _engine(self) -> Any:
+        intra = self.options.intra_node
+        if intra is None:
+            return ReduceScatterExchange(self.compressor, OPS, self.driver.comm, self.block)
+        node, cross = node_groups(self.options.ranks_per_node)
+        return TwoLevelReduceScatter(ReduceScatterExchange(intra, OPS, DistCollectives(node), self.block),
+                                     ReduceScatterExchange(self.compressor, OPS, DistCollectives(cross), self.block))
     last_step_bytes = property(lambda self: self.driver.last_step_bytes,
                                doc="this rank's dense versus sent bytes of the last step")
     total_bytes = property(lambda self: self.driver.total_bytes,
@@ -163,6 +178,8 @@ class CompressionState:
             raise ValueError(f"load_state_dict: this checkpoint holds one rank's compressor state of a "
                              f"run at {saved_world} ranks, and this run has {world}; save it with "
                              "state_dict(gather=True) to resume at another world size")
+        if saved_world != world and self.options.intra_node is not None:
+            raise ValueError("load_state_dict: a two-level state (intra_node=) resumes at the same world size only")
         self.compressor.load_state_dict(state_dict["compressor"])
         if "ranks" not in state_dict or saved_world == world:
             mine = state_dict["tensors"] if "ranks" not in state_dict else state_dict["ranks"][rank]
@@ -209,8 +226,8 @@ class CompressedReduceScatter:
 
 
 def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, None] = None,
-             process_group: Optional[Any] = None, block: int = 4096,
-             check_replicas: Optional[int] = None) -> CompressionState:
+             process_group: Optional[Any] = None, block: int = 4096, check_replicas: Optional[int] = None,
+             intra_node: Union[Compressor, Mapping, None] = None, ranks_per_node: Optional[int] = None) -> CompressionState:
     """Install a compressed reduce-scatter on every ``FSDPModule`` under ``module`` (``fully_shard``
     applied first); return their shared :class:`CompressionState` (arguments as its)."""
     from torch.distributed.fsdp import FSDPModule
@@ -218,7 +235,7 @@ def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, No
     if not units:
         raise ValueError(f"compress: no FSDPModule under {type(module).__name__}; apply "
                          "torch.distributed.fsdp.fully_shard to it (and its layers) first")
-    state = CompressionState(process_group, compression, block, check_replicas)
+    state = CompressionState(process_group, compression, block, check_replicas, intra_node, ranks_per_node)
     for name, m in units:
         m.set_custom_reduce_scatter(CompressedReduceScatter(state, name))
     return state

@@ -33,6 +33,8 @@ COMPRESSIONS = {
     "onebit_ef": lambda: hc.ErrorFeedback(hc.OneBit()),
     "topk_ef": lambda: hc.ErrorFeedback(hc.TopK(0.05)),
 }
+#: two-level cases (4 ranks, 2 per node): the node level's compressor, the cross level's
+TWO_LEVEL = {"two_level_int8": (hc.NoCompression, hc.Int8), "two_level_onebit_ef": (hc.FP16, COMPRESSIONS["onebit_ef"])}
 
 
 def mlp() -> nn.Module:
@@ -66,6 +68,9 @@ def sharded(version: str, compression, bf16: bool = False, block: int = BLOCK):
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mp_policy=policy)
     fully_shard(net, mp_policy=policy)
+    if isinstance(compression, tuple):   # two-level: (node level, cross level)
+        return net, fsdp.compress(net, compression=compression[1](), intra_node=compression[0](), ranks_per_node=2,
+                                  block=block)
     state = None if compression == "dense" else fsdp.compress(net, compression=compression, block=block)
     return net, state
 
@@ -118,7 +123,8 @@ def main() -> None:
     for case in filter(None, args.cases.split(",")):
         version, name = case.split(":")
         bf16 = name.endswith("_bf16")
-        model, state = sharded(version, COMPRESSIONS[name.removesuffix("_bf16")](), bf16)
+        base = name.removesuffix("_bf16")
+        model, state = sharded(version, TWO_LEVEL[base] if base in TWO_LEVEL else COMPRESSIONS[base](), bf16)
         calls = record_calls(state)
         train(model, 3, rank)
         write_result(rank, {"case": case, "calls": calls, "bytes": state.total_bytes.as_dict()})

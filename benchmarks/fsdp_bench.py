@@ -1,0 +1,136 @@
+"""FSDP with compression on an emulated slow link (issue 37): step time, bytes and convergence.
+
+    python benchmarks/fsdp_bench.py --nps 2,4 --rate 100mbit --steps 300 [--json benchmarks/results/fsdp.json]
+
+For each rank count, one launch (:mod:`benchmarks.netem`: each rank in its own network namespace
+on a ``--rate`` link, torch.distributed over Gloo) trains examples/lm_train.py's byte-level LSTM
+under FSDP2 (``fully_shard`` on each child module and on the model) with SGD (lr 1, momentum
+0.9, clip 0.25: the LM benchmark's settings), once per method, in turn:
+
+* ``dense``: FSDP's own reduce-scatter (float32);
+* ``bf16``: FSDP's bf16 communication (``MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)``,
+  FSDP2's form of the ``bf16_compress_hook``);
+* ``int8``, ``onebit_ef``, ``topk_ef`` (5%): :func:`hvdcompress.torch.fsdp.compress`.
+
+Every rank reports its median step time (after 5 warm-up steps), the bytes its reduce-scatter
+sent (dense from the gradients' size for FSDP's own, ``state.total_bytes`` for ours), and the
+validation bits per byte at the end; the table gives each method's step time, bytes and
+bits/byte against dense's of the same launch, and the bytes that crossed the rank's link.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE.parent / "examples")]
+METHODS = ("dense", "bf16", "int8", "onebit_ef", "topk_ef")
+
+
+def compression(method: str):
+    import hvdcompress as hc
+    return {"int8": hc.Int8(), "onebit_ef": hc.ErrorFeedback(hc.OneBit()),
+            "topk_ef": hc.ErrorFeedback(hc.TopK(0.05))}.get(method)
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from hvdcompress.torch import fsdp
+    from hvdrun import write_result
+    from lm_train import build_model, lm_loss, load_corpus, sample_batch
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+    train, val = load_corpus()
+    windows = val[:args.val_bytes - (args.val_bytes - 1) % args.seq_len]
+    windows = windows[torch.arange((len(windows) - 1) // args.seq_len)[:, None] * args.seq_len
+                      + torch.arange(args.seq_len + 1)]
+    for method in args.methods.split(","):
+        torch.manual_seed(args.seed)
+        model = build_model("lstm", args.embed, args.hidden)
+        policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16 if method == "bf16" else None)
+        for child in model.children():
+            fully_shard(child, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        state = fsdp.compress(model, compression=compression(method)) if compression(method) else None
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        gen = torch.Generator().manual_seed(args.seed + rank)
+        dense_step = 4 * sum(p.numel() for p in model.parameters())   # the unsharded gradients (DTensor: global numel)
+        times = []
+        for _ in range(args.steps):
+            x, y = sample_batch(train, args.batch, args.seq_len, gen)
+            begin = time.perf_counter()
+            opt.zero_grad()
+            loss = lm_loss(model, x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            opt.step()
+            times.append(time.perf_counter() - begin)
+        with torch.no_grad():
+            logits = model(windows[:, :-1]).reshape(-1, 256)
+            bits = F.cross_entropy(logits, windows[:, 1:].reshape(-1)).item() / math.log(2.0)
+        counted = state.total_bytes if state is not None else None
+        dense = counted.dense if counted else dense_step * args.steps
+        sent = counted.sent if counted else dense // (2 if method == "bf16" else 1)
+        write_result(rank, {"method": method, "step_s": statistics.median(times[5:]), "bits_per_byte": bits,
+                            "dense_bytes": dense, "sent_bytes": sent})
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def sweep(args) -> dict:
+    from benchmarks.netem import launch
+    out = {}
+    for np_ in args.nps:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--methods", ",".join(METHODS),
+               "--steps", str(args.steps), "--seed", str(args.seed)]
+        res = launch(cmd, np_, args.rate, timeout=args.timeout, echo=False, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if not res.ok:
+            raise SystemExit(f"fsdp_bench: np {np_} failed:\n{res.outputs[res.failed_rank][-4000:]}")
+        rows = {r["method"]: r for r in res.results[0]}
+        dense = rows["dense"]
+        print(f"np {np_}, {args.rate}: method, step s (x dense), bytes fewer than dense, bits/byte (- dense)")
+        for method in METHODS:
+            r = rows[method]
+            print(f"  {method:10s} {r['step_s']:.3f} ({r['step_s'] / dense['step_s']:.2f}x)  "
+                  f"{r['dense_bytes'] / r['sent_bytes']:.1f}x  {r['bits_per_byte']:.3f} "
+                  f"({r['bits_per_byte'] - dense['bits_per_byte']:+.3f})")
+        out[f"np{np_}/{args.rate}"] = {"rows": rows, "link_bytes": res.link_bytes, "seconds": res.seconds,
+                                       "steps": args.steps}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--methods", default=",".join(METHODS), help=argparse.SUPPRESS)
+    ap.add_argument("--nps", default="2,4", type=lambda s: [int(v) for v in s.split(",")])
+    ap.add_argument("--rate", default="100mbit")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    # the LM benchmark's LSTM and SGD settings (benchmarks/convergence.py --task lm)
+    args.batch, args.seq_len, args.embed, args.hidden, args.lr, args.clip, args.val_bytes = 16, 64, 64, 128, 1.0, 0.25, 16384
+    if args.worker:
+        worker(args)
+        return
+    results = sweep(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,21 +1,24 @@
-"""The Adam take-over: compression that converges with Adam and AdamW (1-bit Adam style).
+"""The Adam take-over: compression that converges with Adam and AdamW (1-bit / 0/1 Adam style).
 
 Adam divides each coordinate by its running RMS, sqrt(v). Compressing the gradient next to a
 live v fails twice: the compression error of quiet coordinates is amplified by 1/sqrt(v), and
 error feedback delivers its delayed mass into a preconditioner that has moved on meanwhile.
 1-bit Adam (Tang et al., ICML 2021) observed that v stabilises early, so after a warm-up it
 can be frozen; Adam is then a momentum method with a fixed per-coordinate scale, linear in the
-exchanged quantity, and error feedback works again. What :class:`FrozenAdam` runs, per tensor,
-with b1, b2, eps, lr, weight decay λ read from the optimizer's param group at every step:
+exchanged quantity, and error feedback works again. 0/1 Adam (Lu et al., 2022) keeps updating v
+at growing intervals instead of freezing it once. What :class:`FrozenAdam` runs, per tensor,
+with b1, b2, eps, lr, weight decay λ read from the optimizer's param group at every step, in
+two kinds of steps chosen by :mod:`hvdcompress.adam_freeze` (the variance schedule):
 
-warm-up, steps t <= T0 (full precision, exactly Adam on the averaged gradient)::
+v-steps (live Adam on the averaged gradient; the first 128 steps, then refreshes)::
 
-    every rank sends its gradient g_r dense (allreduce);  g = mean_r g_r
-    m <- b1·m + (1-b1)·g;   v <- b2·v + (1-b2)·g²
+    every rank sends its gradient g_r with the warm-up compressor W (int8 by default, stateless;
+    dense where the wrapped compressor sends 16 bits or more);  g = mean_r D(W(g_r))
+    m <- b1·m + (1-b1)·g;   v <- keep·v + alpha·g²      (b2 and 1-b2 in the warm-up)
 
-after the freeze, t > T0 (v kept as it was at T0), ``send="gradient"`` (the default): each
-rank's gradient is compressed by the wrapped compressor (with its error feedback: the residual
-lives in gradient space) and the momentum is formed from the exchanged mean, as in the warm-up::
+compressed steps (v kept), ``send="gradient"`` (the default): each rank's gradient is
+compressed by the wrapped compressor (with its error feedback: the residual lives in gradient
+space, untouched by the v-steps) and the momentum is formed from the exchanged mean::
 
     g = mean_r D(C(g_r))              the exchange (allgather, compressed allreduce, two-level...)
     m <- b1·m + (1-b1)·g
@@ -25,31 +28,60 @@ or, with ``send="momentum"`` (1-bit Adam's placement), each rank's own momentum 
 
     m_r = b1·m + (1-b1)·g_r;   m <- mean_r D(C(m_r))
 
-then in both phases, as torch.optim.Adam/AdamW (bias corrections with v's at T0 once frozen)::
+then in both kinds, as torch.optim.Adam/AdamW, v's bias correction over the v-steps so far::
 
-    w <- w·(1 - lr·λ)  (AdamW);   w <- w - lr · (m / (1-b1^t)) / (sqrt(v / (1-b2^min(t,T0))) + eps)
+    w <- w·(1 - lr·λ)  (AdamW);   w <- w - lr · (m / (1-b1^t)) / (sqrt(v / (1 - decay_t)) + eps)
 
-except that after the freeze a coordinate whose frozen v is 0 (it had no gradient in the whole
-warm-up: an unused embedding row, an always-zero input pixel) is not updated. Its denominator is
+except that in a compressed step a coordinate whose v is 0 (it had no gradient in any v-step
+so far: an unused embedding row, an always-zero input pixel) is not updated. Its denominator is
 eps, so the compression error the exchange gives it (onebit sends ±scale for a zero gradient)
 would move it by lr·scale/eps, about 1e8 steps at once: training went to NaN on digits. Live
 Adam would have grown v with its first real gradient; frozen, no safe step exists, and none is
 taken (DeepSpeed's 1-bit Adam asks the user for such a mask, ``exp_avg_mask``; here it is v = 0).
 
+The schedule (the maths in :mod:`hvdcompress.adam_freeze`): v-steps at t <= 128, then 8 each
+2, 4, 8, ... steps apart, the interval capped at 0.5/(1-b2) (8 steps at b2 = 0.95, 256 at 0.999:
+247 and 173 v-steps of 1,000, 497 and 187 of 3,000); a refresh after I steps weighs
+alpha = min(1 - b2^I, max(1 - b2, 1/16)) (it stands for the I steps, Adam's own decay over
+them, but v stays an average of at least min(1/(1-b2), 16) squares), decay_t = prod(1 - alpha),
+which is b2^t when every step is a v-step. ``freeze_steps=T0`` is the explicit override: v-steps
+t <= T0, v frozen after (1-bit Adam), decay_t = b2^min(t, T0).
+
+Why this rule. The former default froze v for good at ceil(q / (1-b2)), q = 3/4 for the coarse
+compressors: a share of v's time constant, beta2 alone. At b2 = 0.95 that froze v at step 15,
+long before the gradients' scale settled (onebit +0.104, top-k +0.172 bits/byte on a held-out
+LSTM, issue 36); at b2 = 0.999 it kept 750 of 1,000 steps dense (1.3x fewer bytes over the run).
+Refreshing v follows the run whatever b2 is: v tracks the gradients' scale as it falls, most
+often early, when it falls fastest, and ever more rarely once it has settled; each refresh costs
+one int8 step (1/4 of dense's bytes): over 1,000 steps at b2 = 0.999 (0.95) onebit sends about
+1/14 (1/12) of dense's bytes, top-k 1% 1/17 (1/13), PowerSGD rank 4 1/11 (1/9).
+It needs no statistic of v (a freeze decided from v's change would need a reduction over every
+tensor, a host read of device values, and a threshold of its own): the step count decides, so
+every rank and every front end (Horovod torch, DDP hook, Keras: they reach it through
+:class:`hvdcompress.driver.StepDriver`) takes the same steps without exchanging anything. The
+cost: a v that follows the gradients sparsely, noisier per coordinate than Adam's at b2 = 0.999
+(~100 samples instead of 1,000), later than Adam's at small b2 (its 1/(1-b2) samples span up to
+16·I steps); and the EF residual, kept in gradient space, meets a v that changed at the refreshes.
+
+Why int8 for the v-steps: int8 with live Adam measured +0.003 to +0.010 bits/byte over whole
+runs, 4x fewer bytes than dense; it is stateless (no residual), so the exchanged mean is still
+the gradient Adam takes, up to int8's rounding (at most (max-min)/510 per element of a chunk of
+2,048). ``warmup="none"`` sends the v-steps dense, as before (``adam_warmup`` from strings).
+
 Adam's own (L2) weight decay adds λ·w to the exchanged gradient (to m, times 1-b1, after the
 freeze): it is the same on every rank, so it is added exactly instead of being compressed.
 Since m is the same on every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression
-both placements, and both phases, are Adam.
+both placements, and both kinds of steps, are Adam.
 
-``clip_grad_norm`` (the wrappers'): during the warm-up the exchanged mean is the gradient, so
-the torch optimizer clips it after the exchange, as Horovod's pattern does; after the freeze
+``clip_grad_norm`` (the wrappers'): in a v-step the exchanged mean is the gradient Adam takes
+(dense, or int8's stateless decoding: no residual carries unclipped mass to later steps), so
+every front end clips it after the exchange, as Horovod's pattern does; in a compressed step
 each rank clips its own gradient to c before compression (:func:`hvdcompress.clipping.local_clip_limit`),
-which keeps the exchanged mean within c, as in the warm-up. The c·sqrt(N) of the other
+which keeps the exchanged mean within c, as in the v-steps. The c·sqrt(N) of the other
 stateful compressors lets the mean reach sqrt(N)·c when the ranks agree, which the frozen v
 passes through unscaled: at 8 ranks (LSTM, seed 1) that rule measured +0.075 (frozen at 250; the
 loss jumped from 2.91 to 3.24 bits/byte after the freeze) and +0.035 (frozen at 750, 2,000 steps),
 clipping to c +0.053 (jump to 3.11) and +0.021.
-The TF wrappers clip locally throughout (the choice is made when the graph is traced).
 
 Which to send: measured on two byte-level language models (benchmarks/README.md section 8),
 sending the gradient is as good or better for every compressor: with the momentum sent, the
@@ -67,32 +99,11 @@ Adam. Measured at 8 ranks (LSTM, onebit frozen at 250, seed 1): +0.070 against t
 +0.075, within the run's noise; the jump of the loss at the freeze stays. Kept as an ablation of
 where error feedback sits (gradient, momentum or update space), not the default.
 
-The trade-off: T0 steps at full precision (dense bytes), then the wrapped compressor's bytes;
-too early a freeze keeps a v estimated from few gradients. The default T0 is
-``ceil(q / (1 - b2))``, when v's moving average spans the share q of its time constant (1-bit
-Adam warmed up for 15-25% of BERT's training), the coarser the compressor's per-step error, the
-later:
-
-* q = 1/4 (250 steps for b2 = 0.999): int8 and the quantisers, whose error per coordinate is
-  small and unbiased or repaid the next step;
-* q = 3/4 (750): the 1-bit family (onebit, EF-signSGD), one bit per coordinate, the
-  sparsifiers (top-k, random-k, threshold), whose error feedback delivers a coordinate's mass
-  after many steps at once through the frozen 1/sqrt(v), and PowerSGD, whose rank-r
-  approximation drops whole directions for as long: v must be estimated better. (Half,
-  500 steps, served top-k at 2 ranks; at 8 ranks it jumped at the freeze on the transformer,
-  +0.074 against +0.004 at 750, and random-k missed at 2 ranks already. PowerSGD at 250 did
-  best at 2 ranks, -0.017 / -0.024, but jumped at 8 ranks on the transformer, +0.107 against
-  +0.005 at 750.)
-
-Measured (benchmarks/README.md section 8, gap to dense AdamW): top-k 1% on the transformer
-+0.066 frozen at 250, +0.048 / +0.049 (two seeds) at 500; on the LSTM +0.027 -> +0.011. Onebit
-at 8 ranks: on the LSTM +0.011 / +0.080 (two seeds) at 250, +0.001 / +0.003 at 750; on a second,
-untuned LSTM task +0.043 at 250, +0.008 at 750 (1,000-step runs: 250 compressed steps); over
-2,000 steps (1,250 compressed) +0.035 at 750 with the old c·sqrt(N) clip, +0.021 / +0.023 (two seeds) with the
-clip to c. Random-k 1% on the LSTM at 2 ranks: +0.108 / +0.226 (two seeds) at 500, +0.005 / +0.013 at 750. PowerSGD
-at 2 ranks did better frozen early (-0.002 / -0.017 at 250 against +0.004 / +0.005 at 500), but not at 8. At today's
-defaults every compressor is within its target on both models at 2 and 8 ranks wherever it was run
-(``benchmarks/adamw_summary.py``: 0.000-0.020 above dense AdamW).
+History (benchmarks/README.md section 8, gap to dense AdamW, betas (0.9, 0.999)): with the fixed
+freeze, 750 steps (the former default for onebit, top-k, random-k, PowerSGD) kept every
+compressor within 0.000-0.020 at 2 and 8 ranks on both benchmark models; 250 (int8's) jumped at
+the freeze at 8 ranks (onebit +0.075, PowerSGD +0.107 on the transformer); top-k at 500 gave
++0.048 on the transformer. Issue 36's measurements of the variance schedule are in section 8.
 
 The wrapper (torch optimizer) replaces the wrapped optimizer's step with :meth:`after_exchange`;
 the user's param groups, schedulers and checkpoints keep their values; m and v live in the
@@ -185,13 +196,14 @@ class FrozenAdam(Decorator):
     ``inner``: any compressor that does not apply momentum itself (onebit, EF-signSGD, top-k,
     random-k, int8, the quantisers, PowerSGD; with ``ErrorFeedback`` where it keeps no residual
     of its own). ``freeze_steps``: None (default) for the variance schedule of
-    :mod:`hvdcompress.adam_freeze` (live Adam for 32 steps, then v refreshed at growing
+    :mod:`hvdcompress.adam_freeze` (live Adam for 128 steps, then v refreshed at growing
     intervals), or T0: live Adam for T0 steps, then v frozen for good.
     ``send``: what each rank compresses in a compressed step, ``"gradient"`` (default),
     ``"momentum"`` (1-bit Adam's placement) or ``"preconditioned"``.
     ``warmup``: what sends the gradient in a v-step (live Adam): ``"int8"`` (:class:`Int8`,
     stateless), ``"none"`` (dense allreduce), or ``"auto"`` (default): int8, dense where
-    ``inner`` sends 16 bits or more per element (none, fp16, bf16). From strings:
+    ``inner`` sends 16 bits or more per element (none, fp16, bf16). ``live_steps``: W, the
+    v-steps at the start of the variance schedule (None: its default). From strings:
     ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen", "freeze_steps": "100",
     "adam_send": "gradient", "adam_warmup": "int8"}``.
     """
@@ -199,7 +211,7 @@ class FrozenAdam(Decorator):
     takes_over_adam = True
 
     def __init__(self, inner: Compressor, freeze_steps: Optional[int] = None,
-                 send: str = "gradient", warmup: str = "auto"):
+                 send: str = "gradient", warmup: str = "auto", live_steps: Optional[int] = None):
         super().__init__(inner)
         if send not in SEND:
             raise ValueError(f"FrozenAdam: send={send!r}; allowed: {', '.join(map(repr, SEND))}")
@@ -212,11 +224,13 @@ class FrozenAdam(Decorator):
                              "(onebit, efsignsgd, topk, randomk, int8, the quantisers, powersgd)")
         self.freeze_steps = None if freeze_steps is None else check_int(
             "FrozenAdam", "freeze_steps", freeze_steps, 0)
-        self.schedule = VarianceSchedule(self.freeze_steps)
+        self.live_steps = None if live_steps is None else check_int("FrozenAdam", "live_steps", live_steps, 1)
+        self.schedule = VarianceSchedule(self.freeze_steps, **({} if live_steps is None else {"warmup": live_steps}))
         self.warmup = warmup
         wide = isinstance(inner.unwrap(), (NoCompression, Cast))
         self.mild: Optional[Compressor] = None if warmup == "none" or (warmup == "auto" and wide) else Int8()
         self.steps = 0
+        self.beta2: Optional[float] = None   # the b2 of the schedule's intervals (the first step's, smallest)
         self._server: Optional[_Phased] = None
 
     @property
@@ -231,10 +245,17 @@ class FrozenAdam(Decorator):
             self._server = _Phased(inner, self)
         return self._server
 
+    def _phase_b2(self, settings: Optional[AdamSettings]) -> float:
+        """The b2 that sets the schedule's intervals: the smallest of the param groups' at the
+        first step, kept (and checkpointed) after it, so that every tensor and rank agree."""
+        if settings is not None and (self.beta2 is None or (self.steps == 0 and settings.beta2 < self.beta2)):
+            self.beta2 = settings.beta2
+        return 0.999 if self.beta2 is None else self.beta2
+
     def frozen(self, settings: Optional[AdamSettings] = None) -> bool:
         """Whether this step (the ``steps + 1``-th) is a compressed step (v kept), not a v-step
         (:mod:`hvdcompress.adam_freeze`; the same for every param group)."""
-        return not self.schedule.updates(self.steps + 1)
+        return not self.schedule.updates(self.steps + 1, self._phase_b2(settings))
 
     def warming_up(self, groups: Sequence[AdamSettings]) -> bool:
         """Whether this step is a v-step (live Adam on the exchanged mean) for every param group:
@@ -289,7 +310,7 @@ class FrozenAdam(Decorator):
     def _denominator(self, ops: Ops, state: dict, settings: AdamSettings) -> Tensor:
         """sqrt(v / (1 - decay)) + eps: Adam's per-coordinate scale, v's bias correction over the
         v-steps so far (1 - b2^min(t, T0) with freeze_steps)."""
-        decay = self.schedule.decay(self.steps + 1, settings.beta2)
+        decay = self.schedule.decay(self.steps + 1, settings.beta2, self._phase_b2(settings))
         return ops.sqrt(state["adam.v"] * (1.0 / (1.0 - decay))) + settings.eps
 
     def after_exchange(self, ops: Ops, state: dict, param: Tensor, exchanged: Tensor,
@@ -309,7 +330,7 @@ class FrozenAdam(Decorator):
             g = exchanged + param * l2 if l2 else exchanged
             ops.write(state, "adam.m", state["adam.m"] * b1 + g * (1.0 - b1))
             if not frozen:
-                keep, alpha = self.schedule.weights(t, b2)
+                keep, alpha = self.schedule.weights(t, b2, self._phase_b2(settings))
                 ops.write(state, "adam.v", state["adam.v"] * keep + g * g * alpha)
         denom = self._denominator(ops, state, settings)
         update = state["adam.m"] * (1.0 / (1.0 - b1 ** t)) / denom
@@ -325,13 +346,16 @@ class FrozenAdam(Decorator):
         super().on_step()
 
     def state_dict(self) -> dict:
-        return {**self.inner.state_dict(), "adam_steps": self.steps}
+        return {**self.inner.state_dict(), "adam_steps": self.steps,
+                **({} if self.beta2 is None else {"adam_beta2": self.beta2})}
 
     def load_state_dict(self, state: dict) -> None:
         state = dict(state)
         self.steps = int(state.pop("adam_steps", 0))
+        beta2 = state.pop("adam_beta2", None)
+        self.beta2 = None if beta2 is None else float(beta2)
         self.inner.load_state_dict(state)
 
     def config(self) -> dict:
         return {"adam": "frozen", "freeze_steps": self.freeze_steps, "adam_send": self.send,
-                "adam_warmup": self.warmup, **self.inner.config()}
+                "adam_warmup": self.warmup, "adam_live_steps": self.live_steps, **self.inner.config()}

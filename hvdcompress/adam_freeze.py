@@ -3,17 +3,23 @@
 A *v-step* runs live Adam on the exchanged mean gradient (sent with the mild warm-up compressor,
 int8 by default): m and v are both updated. Every other step is a *compressed step*: the wrapped
 compressor sends (with its error feedback), m is updated and v is kept. The schedule depends on
-the step count only, so it is the same on every rank without any exchange, needs no read of a
-device value, and survives a checkpoint with the step count (``adam_steps``).
+the step count and b2 only (the param groups', the same on every rank), so it is the same on
+every rank without any exchange, needs no read of a device value, and survives a checkpoint with
+the step count (``adam_steps``).
 
 Default (0/1 Adam, Lu et al. 2022, "variance update at growing intervals"), step t = 1, 2, ...::
 
-    t <= W                                   every step is a v-step (W = 32)
-    then levels L = 0, 1, 2, ...             R = 16 v-steps each, spaced I_L = 2^(L+1) steps
+    t <= W                                  every step is a v-step (W = 128)
+    then levels L = 0, 1, 2, ...            R = 8 v-steps each, I_L = min(2^(L+1), cap) apart
+    cap = 2^floor(log2(0.5 / (1 - b2)))     (>= 2): 8 at b2 = 0.95, 32 at 0.99, 256 at 0.999
 
-so the v-steps after the warm-up are at t = W + S_L + k·I_L, k = 1..R, with
-S_L = R·(2^(L+1) - 2): every 2nd step up to W + 32, every 4th up to W + 96, ... The number of
-v-steps up to T grows as W + R·log2((T - W)/(2R) + 1): 111 of 1,000 steps, 142 of 3,000.
+the last level (I_L = cap) lasting to the end of the run: every 2nd step up to W + 16, every
+4th up to W + 48, ... The number of v-steps up to T >> W grows as R·log2((T - W)/R) until the
+cap, then as (T - W)/cap: at b2 = 0.999, 173 of 1,000 steps, 187 of 3,000; at b2 = 0.95,
+247 of 1,000 (every 8th step after step 240), 497 of 3,000. The cap is beta2's time constant as
+a bound: a v refreshed every I steps with weight alpha spans I/alpha steps, which must stay
+comparable with Adam's 1/(1-b2) (at b2 = 0.95 without the cap, intervals of 16 and 32 steps
+cost +0.02 bits/byte against 8, benchmarks/README.md section 8).
 
 A v-step after an interval of I steps stands for those I steps: v decays as Adam's would over
 them, with the new gradient's weight bounded so that v stays an average of at least
@@ -31,11 +37,13 @@ them for good (1-bit Adam), bias correction 1 - b2^min(t, T0).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
-WARMUP = 32        # W: steps of live Adam at the start of the run
-PER_LEVEL = 16     # R: v-steps at each interval before it doubles
-MIN_SAMPLES = 16   # a v-step's weight alpha stays <= max(1 - b2, 1/MIN_SAMPLES)
+WARMUP = 128       # W: steps of live Adam at the start of the run
+PER_LEVEL = 8       # R: v-steps at each interval before it doubles
+MIN_SAMPLES = 16    # a v-step's weight alpha stays <= max(1 - b2, 1/MIN_SAMPLES)
+SHARE = 0.5         # the interval stays <= SHARE / (1 - b2), rounded down to a power of 2 (>= 2)
 
 
 class VarianceSchedule:
@@ -43,66 +51,78 @@ class VarianceSchedule:
     growing intervals, else the fixed freeze T0."""
 
     def __init__(self, freeze_steps: Optional[int] = None, warmup: int = WARMUP,
-                 per_level: int = PER_LEVEL, min_samples: int = MIN_SAMPLES):
+                 per_level: int = PER_LEVEL, min_samples: int = MIN_SAMPLES, share: float = SHARE):
         self.freeze_steps = freeze_steps
-        self.warmup, self.per_level, self.min_samples = warmup, per_level, min_samples
+        self.warmup, self.per_level, self.min_samples, self.share = warmup, per_level, min_samples, share
 
-    def _level(self, u: int) -> tuple:
-        """(S_L, I_L) of the level holding step u = t - W > 0 of the growing intervals."""
-        level = 0
-        while u > self.per_level * (2 ** (level + 2) - 2):
-            level += 1
-        return self.per_level * (2 ** (level + 1) - 2), 2 ** (level + 1)
+    def cap(self, beta2: float) -> int:
+        """The longest interval for this b2: a power of 2, >= 2, <= share/(1 - b2)."""
+        if beta2 >= 1.0:
+            return 2 ** 30
+        return 2 ** max(1, min(30, math.floor(math.log2(self.share / (1.0 - beta2)))))
 
-    def updates(self, t: int) -> bool:
+    def _levels(self, beta2: float):
+        """(start, interval, last) of each level: its v-steps are at u = start + k·interval,
+        k = 1..R (k >= 1 without end for the last, capped, level), u = t - W."""
+        cap, start, interval = self.cap(beta2), 0, 2
+        while interval < cap:
+            yield start, interval, False
+            start, interval = start + self.per_level * interval, interval * 2
+        yield start, cap, True
+
+    def _find(self, u: int, beta2: float) -> tuple:
+        for start, interval, last in self._levels(beta2):
+            if last or u <= start + self.per_level * interval:
+                return start, interval
+        raise AssertionError("unreachable")
+
+    def updates(self, t: int, beta2: float) -> bool:
         """Whether step t (1-based) is a v-step."""
         if self.freeze_steps is not None:
             return t <= self.freeze_steps
         if t <= self.warmup:
             return True
-        start, interval = self._level(t - self.warmup)
+        start, interval = self._find(t - self.warmup, beta2)
         return (t - self.warmup - start) % interval == 0
 
-    def interval(self, t: int) -> int:
+    def interval(self, t: int, beta2: float) -> int:
         """Steps since the v-step before the v-step t (1 in the warm-up and with freeze_steps)."""
         if self.freeze_steps is not None or t <= self.warmup:
             return 1
-        return self._level(t - self.warmup)[1]
+        return self._find(t - self.warmup, beta2)[1]
 
-    def weights(self, t: int, beta2: float) -> tuple:
-        """(keep, alpha) of the v-step t: v <- keep·v + alpha·g²; (b2, 1 - b2) for I = 1."""
-        interval = self.interval(t)
+    def weights(self, t: int, beta2: float, phase_beta2: Optional[float] = None) -> tuple:
+        """(keep, alpha) of the v-step t: v <- keep·v + alpha·g²; (b2, 1 - b2) for I = 1.
+        ``phase_beta2``: the b2 that sets the intervals (default: ``beta2``)."""
+        return self._weights(self.interval(t, beta2 if phase_beta2 is None else phase_beta2), beta2)
+
+    def _weights(self, interval: int, beta2: float) -> tuple:
         if interval == 1:
             return beta2, 1.0 - beta2
         alpha = min(1.0 - beta2 ** interval, max(1.0 - beta2, 1.0 / self.min_samples))
         return 1.0 - alpha, alpha
 
-    def count(self, t: int) -> int:
+    def _counts(self, t: int, beta2: float):
+        """(interval, number of v-steps among 1..t) of each level reached (after the warm-up)."""
+        u = t - self.warmup
+        for start, interval, last in self._levels(beta2):
+            if u <= start:
+                return
+            n = (u - start) // interval
+            yield interval, n if last else min(self.per_level, n)
+
+    def count(self, t: int, beta2: float) -> int:
         """The number of v-steps among steps 1..t."""
         if self.freeze_steps is not None:
             return min(t, self.freeze_steps)
-        if t <= self.warmup:
-            return max(t, 0)
-        u, n, level = t - self.warmup, self.warmup, 0
-        while True:
-            start, interval = self.per_level * (2 ** (level + 1) - 2), 2 ** (level + 1)
-            if u <= start:
-                return n
-            n += min(self.per_level, (u - start) // interval)
-            level += 1
+        return min(max(t, 0), self.warmup) + sum(n for _, n in self._counts(t, beta2))
 
-    def decay(self, t: int, beta2: float) -> float:
+    def decay(self, t: int, beta2: float, phase_beta2: Optional[float] = None) -> float:
         """prod(keep) over the v-steps among 1..t: v's bias correction is 1 - decay. At least one
         step's (b2) so that a v never updated (freeze_steps=0, v = 0) divides by 1 - b2, not 0."""
         if self.freeze_steps is not None:
             return beta2 ** min(t, max(self.freeze_steps, 1))
         out = beta2 ** min(max(t, 1), self.warmup)
-        u, level = t - self.warmup, 0
-        while u > 0:
-            start, interval = self.per_level * (2 ** (level + 1) - 2), 2 ** (level + 1)
-            if u <= start:
-                break
-            n = min(self.per_level, (u - start) // interval)
-            out *= self.weights(self.warmup + start + interval, beta2)[0] ** n
-            level += 1
+        for interval, n in self._counts(t, beta2 if phase_beta2 is None else phase_beta2):
+            out *= self._weights(interval, beta2)[0] ** n
         return out

@@ -16,7 +16,8 @@ Values may be strings (as from a command line or a config file) or typed. Keys:
   the Adam/AdamW take-over), with ``freeze_steps`` (default: none, v refreshed at growing intervals, :mod:`hvdcompress.adam_freeze`),
   ``adam_send``: what is compressed after the freeze, ``"gradient"`` (default) or ``"momentum"``,
   and ``adam_warmup``: what sends the gradient while v is updated, ``"auto"`` (default: int8),
-  ``"int8"`` or ``"none"`` (dense).
+  ``"int8"`` or ``"none"`` (dense), and ``adam_live_steps``: the steps of live Adam before the
+  refreshes of v begin (default: :data:`hvdcompress.adam_freeze.WARMUP`).
 * ``seed``: the seed of compressors that draw random numbers; checked and unused by the others.
 * ``compressor="auto"``: :class:`hvdcompress.auto.Auto`, which picks one of the others per
   tensor; keys ``allowed`` (``"none,fp16,int8"``), ``link`` (``"10gbit,50us"``),
@@ -66,7 +67,7 @@ from .validation import check_choice, check_int
 _REGISTRY: Dict[str, Type[Compressor]] = {}
 #: The registered planners over the algorithms (``"auto"``): buildable, not in :func:`available`.
 _PLANNERS: set = set()
-DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "adam_send", "adam_warmup", "seed")
+DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "adam_send", "adam_warmup", "adam_live_steps", "seed")
 #: BytePS's prefixed spelling of the keys (its tensor attributes) -> this registry's key.
 BYTEPS_KEYS: Dict[str, str] = {
     "byteps_compressor_type": "compressor", "byteps_compressor_k": "k",
@@ -217,6 +218,11 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
     freeze = given.pop("freeze_steps", None)
     send = given.pop("adam_send", None)
     adam_warmup = given.pop("adam_warmup", None)
+    live = given.pop("adam_live_steps", None)
+    if live is not None and adam == "none":
+        raise ValueError(f"from_params: {spelled['adam_live_steps']}={live!r} without adam; "
+                         "allowed: with adam 'frozen'")
+    live = None if live is None else _count(spelled["adam_live_steps"], live, 1)
     if adam_warmup is not None and adam == "none":
         raise ValueError(f"from_params: {spelled['adam_warmup']}={adam_warmup!r} without adam; "
                          "allowed: with adam 'frozen'")
@@ -293,7 +299,7 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
         compressor = Momentum(compressor, mu=mu, nesterov=momentum == "nesterov")
     if adam == "frozen":
         compressor = FrozenAdam(compressor, freeze_steps=freeze, send=send or SEND[0],
-                                warmup=adam_warmup or ADAM_WARMUP[0])
+                                warmup=adam_warmup or ADAM_WARMUP[0], live_steps=live)
     return compressor
 
 

@@ -81,17 +81,21 @@ def dense_mean(sent: list) -> np.ndarray:
     return (sent[0] + sent[1]) * np.float32(1 / WORLD)
 
 
-def v_steps(steps: int, warmup: int = 32, per_level: int = 16) -> dict:
+def v_steps(steps: int, b2: float, warmup: int = 128, per_level: int = 8, share: float = 0.5) -> dict:
     """FrozenAdam's default variance schedule (hvdcompress.adam_freeze), simulated: {v-step t:
     the interval since the previous one}; every step up to ``warmup``, then ``per_level``
-    v-steps at each interval 2, 4, 8, ..."""
+    v-steps at each interval 2, 4, 8, ... up to the largest power of 2 <= share/(1-b2), which
+    then lasts."""
+    cap = 2
+    while cap * 2 <= share / (1 - b2):
+        cap *= 2
     out = {t: 1 for t in range(1, min(warmup, steps) + 1)}
     t, interval, count = warmup, 2, 0
     while t + interval <= steps:
         t += interval
         out[t] = interval
         count += 1
-        if count == per_level:
+        if count == per_level and interval < cap:
             interval, count = interval * 2, 0
     return out
 
@@ -112,7 +116,7 @@ def clipped(x: np.ndarray, limit: float) -> np.ndarray:
 
 def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, wd: float, decoupled: bool,
               exchange=None, eps: float = 1e-8, clip: float | None = None,
-              send: str = "gradient", warmup=dense_mean) -> list:
+              send: str = "gradient", warmup=dense_mean, live: int = 128) -> list:
     """Weights after each step of the take-over on WORLD ranks (module doc of hvdcompress.adam):
     dense mean gradient for t <= freeze (clipped after the exchange to ``clip``), then
     ``exchange`` (default: the exact mean) of every rank's b1*m + (1-b1)*g_r (g_r clipped to
@@ -120,7 +124,7 @@ def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, w
     (FrozenAdam's default): after the freeze ``exchange`` takes every rank's g_r and m is formed
     from its result; ``"preconditioned"``: every rank's g_r / (sqrt(v_hat) + eps) (0 where v = 0),
     the result multiplied back, then as ``"gradient"``. ``freeze=None``: the default variance
-    schedule (:func:`v_steps`: live Adam in its v-steps, v updated with :func:`v_weights`, bias
+    schedule (:func:`v_steps`, its first ``live`` steps live: live Adam in its v-steps, v updated with :func:`v_weights`, bias
     correction 1 - prod(keep)); ``warmup``: the v-steps' exchange (:func:`dense_mean`,
     :func:`int8_mean`, :func:`int8_alltoall`)."""
     f32 = np.float32
@@ -129,7 +133,7 @@ def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, w
     residuals: dict = {}
     l2 = 0.0 if decoupled else wd
     out = []
-    schedule = {t: 1 for t in range(1, freeze + 1)} if freeze is not None else v_steps(steps)
+    schedule = {t: 1 for t in range(1, freeze + 1)} if freeze is not None else v_steps(steps, b2, warmup=live)
     decay = 1.0 if freeze is None else b2 ** max(freeze, 1)   # freeze: the old closed form
     for step in range(steps):
         t = step + 1

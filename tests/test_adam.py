@@ -114,26 +114,26 @@ def test_the_warm_up_is_int8_by_default_and_dense_with_warmup_none(runs):
 
 
 @pytest.mark.horovod
-def test_the_default_variance_schedule_matches_numpy_on_both_collectives(runs):
-    """FrozenAdam at its defaults: live Adam (int8) for 32 steps, then v refreshed every 2nd
-    step (34, 36, 38, 40) with weight 1 - b2^2, onebit + EF between; the clip of the v-steps
-    is Horovod's after the exchange, each rank's in the compressed steps."""
-    kw = dict(lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False, exchange=allgather_exchange)
-    want = np.array(reference(40, None, **kw, warmup=int8_mean, clip=20.0))
-    frozen = np.array(reference(40, 32, **kw, warmup=int8_mean, clip=20.0))
-    assert np.abs(want - frozen).max() > 1e-5   # the refreshes of v at 34, 36, ... act
-    assert np.abs(want - np.array(reference(40, None, **kw, warmup=int8_mean))).max() > 1e-5   # so does the clip
+def test_the_variance_schedule_matches_numpy_on_both_collectives(runs):
+    """FrozenAdam's variance schedule after 4 live steps (int8): v refreshed at 6, 8, ..., 20
+    (weight 1 - b2^2), then 24 (1 - b2^4), onebit + EF between; the clip of the v-steps is
+    Horovod's after the exchange, each rank's in the compressed steps."""
+    kw = dict(lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False, exchange=allgather_exchange, live=4)
+    want = np.array(reference(24, None, **kw, warmup=int8_mean, clip=20.0))
+    frozen = np.array(reference(24, 4, **{k: v for k, v in kw.items() if k != "live"}, warmup=int8_mean, clip=20.0))
+    assert np.abs(want - frozen).max() > 1e-5   # the refreshes of v act
+    assert np.abs(want - np.array(reference(24, None, **kw, warmup=int8_mean))).max() > 1e-5   # so does the clip
     for r in range(WORLD):
-        np.testing.assert_allclose(np.array(runs["default"][r]["weights"], dtype=np.float32), want,
+        np.testing.assert_allclose(np.array(runs["schedule"][r]["weights"], dtype=np.float32), want,
                                    rtol=1e-5, atol=1e-6)
-    assert runs["default"][0]["weights"] == runs["default"][1]["weights"]
-    seen = runs["default"][0]
-    # 36 int8 steps (~1/4 of dense), 4 onebit ones (~1/32)
-    assert seen["dense"] / seen["sent"] == pytest.approx(40 / (36 / 4 + 4 / 32), rel=0.02)
-    assert seen["compressor_state"]["adam_steps"] == 40
-    a2a = np.array(reference(40, None, **{**kw, "exchange": compressed_allreduce}, warmup=int8_alltoall))
+    assert runs["schedule"][0]["weights"] == runs["schedule"][1]["weights"]
+    seen = runs["schedule"][0]
+    # 13 int8 steps (~1/4 of dense), 11 onebit ones (~1/32)
+    assert seen["dense"] / seen["sent"] == pytest.approx(24 / (13 / 4 + 11 / 32), rel=0.02)
+    assert seen["compressor_state"]["adam_steps"] == 24 and seen["compressor_state"]["adam_beta2"] == 0.95
+    a2a = np.array(reference(24, None, **{**kw, "exchange": compressed_allreduce}, warmup=int8_alltoall))
     for r in range(WORLD):
-        np.testing.assert_allclose(np.array(runs["default_a2a"][r]["weights"], dtype=np.float32), a2a,
+        np.testing.assert_allclose(np.array(runs["schedule_a2a"][r]["weights"], dtype=np.float32), a2a,
                                    rtol=1e-5, atol=1e-6)
 
 
@@ -141,40 +141,45 @@ def test_the_default_variance_schedule_matches_numpy_on_both_collectives(runs):
 
 def test_the_variance_schedule_matches_its_simulation():
     from hvdcompress.adam_freeze import VarianceSchedule
-    schedule, want = VarianceSchedule(), v_steps(5000)
-    assert [t for t in range(1, 5001) if schedule.updates(t)] == sorted(want)
-    assert len([t for t in want if t <= 1000]) == 111 and schedule.count(1000) == 111
-    assert [schedule.count(t) for t in (1, 32, 33, 34, 100, 3000)] == \
-        [len([s for s in want if s <= t]) for t in (1, 32, 33, 34, 100, 3000)]
-    for b2 in (0.95, 0.99, 0.999):
+    schedule = VarianceSchedule()
+    for b2, in_1000, cap in ((0.95, 247, 8), (0.99, 179, 32), (0.999, 173, 256), (0.9, 350, 4)):
+        want = v_steps(5000, b2)
+        assert schedule.cap(b2) == cap and max(want.values()) == cap
+        assert [t for t in range(1, 5001) if schedule.updates(t, b2)] == sorted(want)
+        assert len([t for t in want if t <= 1000]) == in_1000 and schedule.count(1000, b2) == in_1000
+        assert [schedule.count(t, b2) for t in (1, 128, 129, 130, 300, 3000)] == \
+            [len([s for s in want if s <= t]) for t in (1, 128, 129, 130, 300, 3000)]
         decay = 1.0
         for t in range(1, 5001):
             if t in want:
-                assert schedule.interval(t) == want[t]
+                assert schedule.interval(t, b2) == want[t]
                 keep, alpha = schedule.weights(t, b2)
                 assert (keep, alpha) == pytest.approx(v_weights(want[t], b2), rel=1e-12)
                 decay *= keep
             assert schedule.decay(t, b2) == pytest.approx(decay, rel=1e-9)
     # a refresh stands for its interval (Adam's decay over it), bounded to 1/16 of v
-    assert schedule.weights(40, 0.999)[1] == pytest.approx(1 - 0.999 ** 2)
+    assert schedule.weights(130, 0.999)[1] == pytest.approx(1 - 0.999 ** 2)
     assert schedule.weights(600, 0.999)[1] == pytest.approx(1 - 0.999 ** 32)
     assert schedule.weights(600, 0.95)[1] == pytest.approx(1 / 16)
     fixed = VarianceSchedule(freeze_steps=7)
-    assert [t for t in range(1, 20) if fixed.updates(t)] == list(range(1, 8))
+    assert [t for t in range(1, 20) if fixed.updates(t, 0.9)] == list(range(1, 8))
     assert fixed.decay(3, 0.9) == 0.9 ** 3 and fixed.decay(30, 0.9) == 0.9 ** 7
     assert VarianceSchedule(freeze_steps=0).decay(5, 0.9) == 0.9
 
 
-def test_the_default_take_over_matches_numpy_over_the_first_300_steps():
+@pytest.mark.parametrize("b2", [0.95, 0.999])
+def test_the_default_take_over_matches_numpy_over_the_first_300_steps(b2):
     """after_exchange step by step against the numpy reference at the defaults (one rank, the
     exchanged mean given): the v-steps' weights, the bias correction over them."""
     from adam_reference import gradients, N
     from hvdcompress.adam import AdamSettings
     from hvdcompress.torch.backend import TorchOps
     ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()))
-    settings = AdamSettings(lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1, decoupled=True)
+    settings = AdamSettings(lr=0.01, beta1=0.9, beta2=b2, eps=1e-8, weight_decay=0.1, decoupled=True)
     mean = lambda xs: (xs[0] + xs[1]) * np.float32(1 / WORLD)
-    want = reference(300, None, lr=0.01, b1=0.9, b2=0.999, wd=0.1, decoupled=True, warmup=mean)
+    want = reference(300, None, lr=0.01, b1=0.9, b2=b2, wd=0.1, decoupled=True, warmup=mean)
+    frozen = reference(300, 128, lr=0.01, b1=0.9, b2=b2, wd=0.1, decoupled=True, warmup=mean)
+    assert np.abs(want[-1] - frozen[-1]).max() > 1e-4   # the refreshes after step 128 act
     param, state = torch.linspace(-1, 1, N), {}
     for step in range(300):
         g = torch.from_numpy(mean(gradients(step)))
@@ -233,7 +238,7 @@ def test_from_params_and_defaults():
     # the default: the variance schedule for every compressor and every b2, the warm-up int8
     for inner in (c.inner, hc.ErrorFeedback(hc.OneBit()), hc.PowerSGD(2), hc.Int8(), hc.QSGD()):
         adam = hc.FrozenAdam(inner)
-        assert adam.freeze_steps is None and adam.schedule.freeze_steps is None
+        assert adam.freeze_steps is None and adam.schedule.freeze_steps is None and adam.schedule.warmup == 128
         assert isinstance(adam.mild, hc.Int8) and adam.config()["adam_warmup"] == "auto"
     for wide in (hc.NoCompression(), hc.FP16()):   # no coarser than the compressor itself: dense
         assert hc.FrozenAdam(wide).mild is None
@@ -256,6 +261,8 @@ def test_from_params_and_defaults():
     restored = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
     restored.load_state_dict(c.state_dict())
     assert restored.steps == 1
+    live = hc.from_params({"compressor": "onebit", "adam": "frozen", "adam_live_steps": "4"})
+    assert live.schedule.warmup == 4 and live.config()["adam_live_steps"] == 4
 
 
 def test_a_coordinate_without_gradient_in_the_warm_up_is_not_moved_after_the_freeze():

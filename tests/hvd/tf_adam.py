@@ -8,8 +8,9 @@ recomputes every step in numpy, tests/adam_reference.py). Cases, each reporting 
 "function": the same with the default send="gradient", apply_gradients inside a tf.function
 "clip":     "none" with clip_grad_norm=5 inside a tf.function (Horovod's clip in the warm-up, the
             local one after: the same order as the torch front ends, tests/hvd/torch_adam.py)
-"default":  FrozenAdam(ErrorFeedback(OneBit)) at its defaults (hvdcompress.adam_freeze: 32 int8
-            v-steps, then v refreshed at 34, 36, ...), 38 steps in a tf.function, clip_grad_norm=20
+"schedule": FrozenAdam(ErrorFeedback(OneBit), live_steps=4): the default variance schedule
+            (hvdcompress.adam_freeze, int8 v-steps) after 4 live steps, 24 steps in a tf.function,
+            clip_grad_norm=20
 """
 import horovod.tensorflow as hvd
 import numpy as np
@@ -52,6 +53,6 @@ for name, function, send in (("onebit", False, "momentum"), ("function", True, "
 weights, iterations = run(hc.FrozenAdam(hc.NoCompression(), freeze_steps=3), 0.01, 0.9, 0.99, 0.1, 6,
                          function=True, clip=5.0)
 result(rank, case="clip", weights=weights, iterations=iterations)
-weights, iterations = run(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit())), 0.01, 0.8, 0.95, 0.05, 38,
+weights, iterations = run(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), live_steps=4), 0.01, 0.8, 0.95, 0.05, 24,
                          function=True, clip=20.0)
-result(rank, case="default", weights=weights, iterations=iterations)
+result(rank, case="schedule", weights=weights, iterations=iterations)

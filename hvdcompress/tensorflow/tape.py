@@ -25,6 +25,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ..arguments import documented
 from .subclass import subclass_with
 from .exchange import GradientExchange, exchange_options
 
@@ -92,6 +93,8 @@ class _DistributedGradientTape:
         return local, shared
 
 
+@documented("compression", "clip_grad_norm", "collective", "intra_node", "check_replicas", "auto",
+            "scaler", "fusion", "bytes")
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             device_sparse: str = "", compression: Any = None,
                             sparse_as_dense: bool = False, op=hvd.Average,
@@ -109,46 +112,17 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     an hvdcompress compressor (default: none) or a dict for :func:`hvdcompress.from_params`.
     The returned tape is an instance of ``gradtape``'s class sharing its recording; its
     ``total_bytes`` / ``last_step_bytes``: dense vs sent bytes (the driver's, as on every front end).
-    ``clip_grad_norm=c``: the way to clip with compression. With a compressor that carries
-    state each rank clips its local gradients together to ``c * sqrt(N)`` (op=Average;
-    ``c / sqrt(N)`` for op=Sum) before compression; with a stateless one the exchanged
-    gradients are clipped to ``c``, as Horovod's clip (see :mod:`hvdcompress.clipping`).
-    ``collective``: ``"auto"`` | ``"allgather"`` | ``"alltoall"``, as on the torch optimizer
-    (see :mod:`hvdcompress.collectives`). ``intra_node`` / ``ranks_per_node``: two-level
-    compression, as on the torch optimizer (:mod:`hvdcompress.two_level`; register the process
-    sets with ``hvd.init(process_sets=hvdcompress.tensorflow.node_process_sets())``). The tape is
-    created every step, its exchange with it: build it with the same arguments on every rank.
-    ``check_replicas=N``: every N steps, compare a checksum of every variable (and the
-    compressor's counters) across the process set before the exchange, and raise
-    :class:`hvdcompress.replicas.ReplicaMismatch` on every rank at the first difference (default:
-    the environment variable ``HVDCOMPRESS_CHECK_REPLICAS``, else off; the step count lives
-    with the compressor, across tapes; see :mod:`hvdcompress.replicas`).
-    ``compression="auto"`` with ``auto_allowed`` / ``link``: per tensor, the compressor and
-    collective the cost model picks, as on the torch optimizer (:mod:`hvdcompress.auto`); the
-    plan lives with the compressor object: pass the same ``hvdcompress.auto.Auto`` (or
-    ``tape.exchange.compressor`` of the first tape) to every step's tape, or it plans anew.
-
-    ``scaler=``: the Keras ``tf.keras.mixed_precision.LossScaleOptimizer`` of mixed-precision
-    training (Keras 2), whose current loss scale s the loss was multiplied by. Each gradient is
-    divided by s (the scaler's ``get_unscaled_gradients``) before the clip and the compressor
-    see it, so residuals and momenta hold unscaled gradients and the result does not depend on
-    s; ``gradient`` returns unscaled gradients (do not call ``get_unscaled_gradients`` again).
-    Before compressing, the ranks sum their overflow flags (one allreduce of one number): if any
-    rank's gradients hold an inf or NaN, nothing is compressed, the compressor state stays as it
-    was on every rank, and every returned gradient is NaN, so ``scaler.apply_gradients`` skips
-    the step and lowers the scale on every rank alike::
+    The tape is created every step, its exchange with it: build it with the same arguments on
+    every rank; the compressor's state, counters, replica guard and ``auto``'s plan live with the
+    compressor object (pass the same one to every step's tape). Two-level compression needs the
+    process sets: ``hvd.init(process_sets=hvdcompress.tensorflow.node_process_sets())``.
+    ``scaler=``: a Keras 2 ``LossScaleOptimizer``; ``gradient`` then returns unscaled gradients::
 
         with tf.GradientTape() as tape:
             scaled_loss = opt.get_scaled_loss(loss_fn(model(x), y))   # opt: LossScaleOptimizer
         tape = hvc.DistributedGradientTape(tape, compression=dgc, scaler=opt)
         grads = tape.gradient(scaled_loss, model.trainable_variables)  # unscaled, averaged
         opt.apply_gradients(zip(grads, model.trainable_variables))
-
-    See docs/mixed_precision.md and :mod:`hvdcompress.loss_scale`.
-
-    ``fusion=B``: fused compression, as on the torch optimizer (:mod:`hvdcompress.fusion`):
-    consecutive gradients in name order, of one dtype, up to ``B`` bytes (``True``: 64 MiB), are
-    compressed as one buffer and sent in one collective per round.
 
     ``scale_local_gradients``: divide the gradients of the sources registered with
     :meth:`register_local_source` by the number of ranks (Horovod's default, True), or leave

@@ -65,6 +65,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ...adam import AdamSettings
+from ...arguments import documented
 from ...clipping import state_carrier, what_it_keeps
 from ...compressor import Compressor
 from ..subclass import subclass_with
@@ -315,6 +316,8 @@ def _mixin_for(base: type) -> type:
                  if k not in lacking | {"__dict__", "__weakref__"}})
 
 
+@documented("compression", "clip_grad_norm", "collective", "intra_node", "check_replicas", "auto",
+            "fusion", "bytes")
 def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "",
                          device_sparse: str = "", compression: Any = None,
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
@@ -334,26 +337,11 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
 
     ``scale_local_gradients``: divide the gradients of the variables registered with
     ``register_local_var`` by the number of ranks (default True, as Horovod).
-    ``clip_grad_norm=c``: the way to clip with compression. With a compressor that carries
-    state each rank clips its local gradients together to ``c * sqrt(N)`` (op=Average;
-    ``c / sqrt(N)`` for op=Sum) before compression; with a stateless one the exchanged
-    gradients are clipped to ``c``, as Horovod's clip (see :mod:`hvdcompress.clipping`). Keras's own
-    ``clipnorm`` / ``global_clipnorm`` / ``clipvalue`` act on the exchanged update, which, with a
-    compressor that applies the momentum or keeps a residual, is not the gradient: that warns.
-    ``collective``: ``"auto"`` | ``"allgather"`` | ``"alltoall"``, as on the torch optimizer
-    (see :mod:`hvdcompress.collectives`). ``intra_node`` / ``ranks_per_node``: two-level
-    compression, as on the torch optimizer (:mod:`hvdcompress.two_level`; register the process
-    sets with ``hvd.init(process_sets=hvdcompress.tensorflow.node_process_sets())``).
-    ``check_replicas=N``: every N steps, compare a checksum of every variable (and the
-    compressor's counters) across the process set before the exchange, and raise
-    :class:`hvdcompress.replicas.ReplicaMismatch` on every rank at the first difference (default:
-    the environment variable ``HVDCOMPRESS_CHECK_REPLICAS``, else off; see
-    :mod:`hvdcompress.replicas`).
-    ``compression="auto"`` with ``auto_allowed`` / ``link``: per tensor, the compressor and
-    collective the cost model picks, as on the torch optimizer (:mod:`hvdcompress.auto`).
-    ``fusion=B``: fused compression, as on the torch optimizer (:mod:`hvdcompress.fusion`):
-    consecutive gradients in name order, of one dtype, up to ``B`` bytes (``True``: 64 MiB), are
-    compressed as one buffer and sent in one collective per round.
+    Keras's own ``clipnorm`` / ``global_clipnorm`` / ``clipvalue`` act on the exchanged update,
+    which, with a compressor that applies the momentum or keeps a residual, is not the gradient:
+    that warns; use ``clip_grad_norm``. Two-level compression needs the process sets:
+    ``hvd.init(process_sets=hvdcompress.tensorflow.node_process_sets())``. A Keras
+    ``LossScaleOptimizer`` wrapped here is the loss scaler (the overflow check of ``scaler``).
     """
     if not isinstance(optimizer, _keras_classes("Optimizer")):
         raise TypeError(f"optimizer={optimizer!r}: allowed: a Keras optimizer "

@@ -346,14 +346,14 @@ class FrozenAdam(Decorator):
         super().on_step()
 
     def state_dict(self) -> dict:
-        return {**self.inner.state_dict(), "adam_steps": self.steps,
-                **({} if self.beta2 is None else {"adam_beta2": self.beta2})}
+        return {**self.inner.state_dict(), "adam_steps": self.steps,   # the same keys from the start (TF)
+                "adam_beta2": 0.0 if self.beta2 is None else self.beta2}   # 0.0: not set yet
 
     def load_state_dict(self, state: dict) -> None:
         state = dict(state)
         self.steps = int(state.pop("adam_steps", 0))
-        beta2 = state.pop("adam_beta2", None)
-        self.beta2 = None if beta2 is None else float(beta2)
+        beta2 = float(state.pop("adam_beta2", 0.0))
+        self.beta2 = beta2 if beta2 > 0.0 else None
         self.inner.load_state_dict(state)
 
     def config(self) -> dict:

@@ -16,12 +16,10 @@ the gradient bytes of its last step (dense vs sent) with ``hvdrun.write_result``
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hvdcompress import SparsityScheduler
@@ -30,7 +28,7 @@ from hvdrun import write_result
 
 from compression_cli import (add_compression_arguments, add_intra_node_arguments,  # examples/
                              compression_from_args, intra_node_from_args)
-from pytorch_train import build_model, load_data
+from pytorch_train import build_model, load_data, train_step
 
 
 def main() -> None:
@@ -69,12 +67,8 @@ def main() -> None:
     times = []
     for epoch in range(args.epochs):
         for idx in torch.randperm(len(x_tr), generator=gen)[:steps * args.batch_size].view(steps, -1):
-            begin = time.perf_counter()
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x_tr[idx]), y_tr[idx])
-            loss.backward()
-            opt.step()
-            times.append(time.perf_counter() - begin)
+            loss, seconds = train_step(model, opt, x_tr[idx], y_tr[idx])
+            times.append(seconds)
         if rank == 0:
             print(f"epoch {epoch + 1}/{args.epochs}: loss {loss.item():.3f}, "
                   f"sparsity {warmup.get_sparsity() or 0:.4f}", flush=True)

@@ -16,19 +16,17 @@ reports test accuracy, mean step time and its gradient bytes over the run (dense
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 import hvdcompress
 from hvdcompress.torch import fsdp
 from hvdrun import write_result
 
 from compression_cli import parse_params   # examples/
-from pytorch_train import build_model, load_data
+from pytorch_train import build_model, load_data, train_step
 
 COMPRESSIONS = {
     "dense": None,
@@ -90,12 +88,8 @@ def main() -> None:
     times = []
     for epoch in range(args.epochs):
         for idx in torch.randperm(len(x_tr), generator=gen)[:steps * args.batch_size].view(steps, -1):
-            begin = time.perf_counter()
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x_tr[idx]), y_tr[idx])
-            loss.backward()
-            opt.step()
-            times.append(time.perf_counter() - begin)
+            loss, seconds = train_step(model, opt, x_tr[idx], y_tr[idx])
+            times.append(seconds)
         if rank == 0:
             print(f"epoch {epoch + 1}/{args.epochs}: loss {loss.item():.3f}", flush=True)
     with torch.no_grad():

@@ -51,6 +51,16 @@ def build_model(hidden: int) -> torch.nn.Module:
         torch.nn.Linear(hidden, 10))
 
 
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> tuple:
+    """One training step on ``(x, y)``: ``(loss, seconds)``."""
+    start = time.perf_counter()
+    opt.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss, time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     add_compression_arguments(parser)
@@ -83,12 +93,8 @@ def main() -> None:
         order = torch.randperm(len(x_tr), generator=gen)
         for i in range(steps_per_epoch):
             idx = order[i * args.batch_size:(i + 1) * args.batch_size]
-            start = time.perf_counter()
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x_tr[idx]), y_tr[idx])
-            loss.backward()
-            opt.step()
-            step_times.append(time.perf_counter() - start)
+            loss, seconds = train_step(model, opt, x_tr[idx], y_tr[idx])
+            step_times.append(seconds)
             bar.set_postfix(loss=f"{loss.item():.3f}", sparsity=f"{warmup.get_sparsity() or 0:.4f}")
             bar.update()
         warmup.step()

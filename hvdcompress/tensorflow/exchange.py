@@ -23,7 +23,6 @@ flags are summed before the exchange, and after an overflow on any rank nothing 
 """
 from __future__ import annotations
 
-import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import horovod.tensorflow as hvd
@@ -45,14 +44,13 @@ from .resume import apply_loaded
 from .state import compression_state
 
 OPS = TFOps()
-#: One driver per compressor state (and options): tapes, and their exchanges, are created every
-#: step; the driver (agreement, replica guard, bytes, engine) lives with the state.
-_DRIVERS: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
 
 
 def _driver(options: ExchangeOptions, state: Any, adam: Any) -> StepDriver:
-    """The driver of ``state`` for ``options`` (made at the first exchange built on them)."""
-    kept = _DRIVERS.get(state)
+    """The driver of ``state`` for ``options``: tapes, and their exchanges, are created every step;
+    the driver (agreement, replica guard, bytes, engine) lives with the state, as its attribute
+    (outside tf.Module's tracking), so both go together."""
+    kept = vars(state).get("_hvdc_driver")
     if kept is not None and kept[0] == options:
         return kept[1]
     core, ps = options.core, options.process_set
@@ -64,7 +62,7 @@ def _driver(options: ExchangeOptions, state: Any, adam: Any) -> StepDriver:
         hvd, comm, ps, core.compressor, OPS, intra_node=core.intra_node, ranks_per_node=core.ranks_per_node,
         average=core.average, predivide=core.predivide, collective=core.collective),
         comm, "hvdcompress.tensorflow", adam=adam, states=state, ranks=getattr(ps, "ranks", None))
-    _DRIVERS[state] = (options, driver)
+    vars(state)["_hvdc_driver"] = (options, driver)
     return driver
 
 

@@ -206,7 +206,7 @@ def reference(case: Case, comm, steps: int, node=None, cross=None,
             sent = p.grad.view(-1)
             if adam is not None:
                 sent = adam.before_exchange(OPS, sent, states[name], settings, p.detach().reshape(-1))
-                info.dense = not adam.frozen(settings)
+                info.dense = adam.sends_dense(settings)   # as the driver (hvdcompress.driver.StepDriver.outgoing)
             if name not in fused:
                 entries.append(engine.compress(p, sent, states[name], info))
             else:

@@ -33,7 +33,7 @@ import numpy as np
 
 from .accounting import ByteCount
 from .backend import Ops, Tensor
-from .collectives import Collectives
+from .collectives import Collectives, Planner
 from .compressor import Compressor, TensorInfo, payload_bytes
 from .compressors.sparse import SparseCompressor
 from .prefixed_state import PrefixedState
@@ -46,6 +46,10 @@ INT16_BLOCK = 2 ** 15
 
 def check_sharded(compressor: Compressor) -> Compressor:
     """``compressor`` if the compressed reduce-scatter can run it, else a ValueError naming it."""
+    if isinstance(compressor, Planner):
+        raise ValueError(f"compression={compressor!r}: 'auto' plans each tensor's compressor and collective "
+                         "on the flat exchange; the sharded reduce-scatter takes a fixed compressor "
+                         "(e.g. Int8(), ErrorFeedback(OneBit()), ErrorFeedback(TopK(0.05)))")
     if compressor.takes_over_momentum or getattr(compressor, "takes_over_adam", False):
         raise ValueError(f"compression={compressor!r} takes the optimizer's momentum or Adam over, "
                          "which needs every coordinate's optimizer state on every rank; under FSDP the "

@@ -198,7 +198,8 @@ def test_another_world_size_pools_each_units_mass():
 
 @pytest.mark.parametrize("compression,words", [
     (hc.DGC(0.99), "DGC"), (hc.PowerSGD(rank=2), "PowerSGD"), (hc.FrozenAdam(hc.OneBit()), "optimizer state is sharded"),
-    (hc.Momentum(hc.OneBit(), 0.9), "optimizer state is sharded"), (hc.Signum(), "signum")])
+    (hc.Momentum(hc.OneBit(), 0.9), "optimizer state is sharded"), (hc.Signum(), "signum"),
+    ("auto", "fixed compressor")])
 def test_compressors_that_cannot_run_sharded_are_refused(compression, words):
     with pytest.raises(ValueError, match=f"compression=.*{words}"):
         fsdp.CompressionState(compression=compression)

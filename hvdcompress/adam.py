@@ -130,6 +130,9 @@ SEND = ("gradient", "momentum", "preconditioned")
 #: what sends the gradient in a v-step (live Adam), FrozenAdam's ``warmup`` (the first: the default)
 WARMUP = ("auto", "int8", "none")
 
+#: the state keys of error-feedback residuals (ErrorFeedback's, a compressor's own)
+RESIDUALS = ("residual", "quant_residual")
+
 #: the param-group keys of torch.optim.Adam/AdamW that the take-over refuses when set
 UNSUPPORTED = {"amsgrad": False, "maximize": False}
 
@@ -211,7 +214,8 @@ class FrozenAdam(Decorator):
     takes_over_adam = True
 
     def __init__(self, inner: Compressor, freeze_steps: Optional[int] = None,
-                 send: str = "gradient", warmup: str = "auto", live_steps: Optional[int] = None):
+                 send: str = "gradient", warmup: str = "auto", live_steps: Optional[int] = None,
+                 flush: bool = False):
         super().__init__(inner)
         if send not in SEND:
             raise ValueError(f"FrozenAdam: send={send!r}; allowed: {', '.join(map(repr, SEND))}")
@@ -229,6 +233,7 @@ class FrozenAdam(Decorator):
         self.warmup = warmup
         wide = isinstance(inner.unwrap(), (NoCompression, Cast))
         self.mild: Optional[Compressor] = None if warmup == "none" or (warmup == "auto" and wide) else Int8()
+        self.flush = bool(flush)
         self.steps = 0
         self.beta2: Optional[float] = None   # the b2 of the schedule's intervals (the first step's, smallest)
         self._server: Optional[_Phased] = None
@@ -272,6 +277,11 @@ class FrozenAdam(Decorator):
     def _compress(self, inner: Compressor, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         if self.mild is None or self.frozen():
             return inner.compress(ops, x, state, info)
+        if self.flush:   # the error-feedback residual delivered with this v-step's gradient
+            for key in RESIDUALS:
+                if key in state:
+                    x = x + state[key]
+                    ops.write(state, key, state[key] * 0.0)
         packet = self.mild.compress(ops, x, {}, info)   # stateless: inner's residual untouched
         return Packet(packet.tensors, _Mild(packet.ctx), packet.summable, packet.resume)
 
@@ -358,4 +368,5 @@ class FrozenAdam(Decorator):
 
     def config(self) -> dict:
         return {"adam": "frozen", "freeze_steps": self.freeze_steps, "adam_send": self.send,
-                "adam_warmup": self.warmup, "adam_live_steps": self.live_steps, **self.inner.config()}
+                "adam_warmup": self.warmup, "adam_live_steps": self.live_steps,
+                **({"adam_flush": True} if self.flush else {}), **self.inner.config()}

@@ -67,7 +67,7 @@ from .validation import check_choice, check_int
 _REGISTRY: Dict[str, Type[Compressor]] = {}
 #: The registered planners over the algorithms (``"auto"``): buildable, not in :func:`available`.
 _PLANNERS: set = set()
-DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "adam_send", "adam_warmup", "adam_live_steps", "seed")
+DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "adam_send", "adam_warmup", "adam_live_steps", "adam_flush", "seed")
 #: BytePS's prefixed spelling of the keys (its tensor attributes) -> this registry's key.
 BYTEPS_KEYS: Dict[str, str] = {
     "byteps_compressor_type": "compressor", "byteps_compressor_k": "k",
@@ -223,6 +223,9 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
         raise ValueError(f"from_params: {spelled['adam_live_steps']}={live!r} without adam; "
                          "allowed: with adam 'frozen'")
     live = None if live is None else _count(spelled["adam_live_steps"], live, 1)
+    flush = given.pop("adam_flush", "false")
+    if str(flush).lower() not in ("true", "false"):
+        raise ValueError(f"from_params: {spelled['adam_flush']}={flush!r} is unknown; allowed: 'true', 'false'")
     if adam_warmup is not None and adam == "none":
         raise ValueError(f"from_params: {spelled['adam_warmup']}={adam_warmup!r} without adam; "
                          "allowed: with adam 'frozen'")
@@ -299,7 +302,8 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
         compressor = Momentum(compressor, mu=mu, nesterov=momentum == "nesterov")
     if adam == "frozen":
         compressor = FrozenAdam(compressor, freeze_steps=freeze, send=send or SEND[0],
-                                warmup=adam_warmup or ADAM_WARMUP[0], live_steps=live)
+                                warmup=adam_warmup or ADAM_WARMUP[0], live_steps=live,
+                                flush=str(flush).lower() == "true")
     return compressor
 
 

@@ -206,9 +206,10 @@ class FrozenAdam(Decorator):
     ``warmup``: what sends the gradient in a v-step (live Adam): ``"int8"`` (:class:`Int8`,
     stateless), ``"none"`` (dense allreduce), or ``"auto"`` (default): int8, dense where
     ``inner`` sends 16 bits or more per element (none, fp16, bf16). ``live_steps``: W, the
-    v-steps at the start of the variance schedule (None: its default). From strings:
+    v-steps at the start of the variance schedule (None: its default). ``flush``: a v-step also
+    sends (int8) and clears the wrapped compressor's error-feedback residual. From strings:
     ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen", "freeze_steps": "100",
-    "adam_send": "gradient", "adam_warmup": "int8"}``.
+    "adam_send": "gradient", "adam_warmup": "int8", "adam_live_steps": "128", "adam_flush": "false"}``.
     """
 
     takes_over_adam = True

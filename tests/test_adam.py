@@ -284,3 +284,33 @@ def test_a_coordinate_without_gradient_in_the_warm_up_is_not_moved_after_the_fre
     m, v = state["adam.m"][1].item(), state["adam.v"][1].item()
     expected = moved[1].item() - 1e-3 * (m / (1 - 0.9 ** 2)) / (np.sqrt(v / (1 - 0.999)) + 1e-8)
     assert after[1].item() == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("flush", [False, True])
+def test_a_v_step_sends_int8_and_leaves_or_delivers_the_residual(flush):
+    """In a v-step the wrapped compressor is not called: int8 sends the gradient (decoded within
+    its rounding) and the error-feedback residual waits for the next compressed step, or with
+    flush=True is sent with the gradient and cleared."""
+    from hvdcompress.compressor import TensorInfo
+    from hvdcompress.torch.backend import TorchOps
+    from adam_reference import int8_decoded
+    ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.TopK(0.1)), live_steps=1, flush=flush)
+    info, state = TensorInfo(name="w", numel=100), {}
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal(100).astype(np.float32))
+    adam.init_state(ops, x, state, info)
+    adam.on_step()                                   # step 2: compressed (v-steps 1, 3, 5, ...)
+    assert adam.frozen()
+    adam.compress(ops, x, state, info)
+    residual = state["residual"].clone()
+    assert residual.abs().sum() > 0
+    adam.on_step()                                   # step 3: a v-step
+    assert not adam.frozen() and not adam.sends_dense()
+    packet = adam.compress(ops, x, state, info)
+    sent = (x + residual) if flush else x
+    want = int8_decoded(sent.numpy())
+    np.testing.assert_allclose(adam.decompress(ops, packet.tensors, packet.ctx, info).numpy(), want, rtol=1e-6, atol=1e-6)
+    assert packet.tensors[0].dtype == torch.uint8
+    if flush:
+        assert state["residual"].abs().sum() == 0
+    else:
+        assert torch.equal(state["residual"], residual)

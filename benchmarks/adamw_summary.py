@@ -116,14 +116,18 @@ def gaps(issue: int = 36) -> dict:
     return out
 
 
-def table(found: dict, issue: int = 36) -> str:
+def table(found: dict, issue: int = 36, run_only: bool = False) -> str:
     """A markdown table: a row per compressor, a column per model, number of ranks and b2, each
     cell the gaps of seeds 0 / 1 with the whole run's bytes ratio, bold where every seed meets
     the targets."""
     settings = SETTINGS if issue == 36 else [(m, r, "0.999") for m, r in SETTINGS_20]
+    if run_only:   # only the columns with a run
+        settings = [x for x in settings if any(k[1:] == x for k in found)]
     lines = ["| compressor (target) | " + " | ".join(f"{m}, {r} ranks, b2 {b}" for m, r, b in settings) + " |",
              "|---" * (len(settings) + 1) + "|"]
     for compressor, target in TARGETS.items():
+        if run_only and not any(k[0] == compressor for k in found):
+            continue
         cells = []
         for model, ranks, betas in settings:
             seeds = found.get((compressor, model, ranks, betas), {})
@@ -167,9 +171,10 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="write the plot here (PNG)")
     parser.add_argument("--issue", type=int, choices=(20, 36), default=36,
                         help="36: today's defaults (both betas, bytes); 20: the fixed freeze at 750")
+    parser.add_argument("--run-only", action="store_true", help="only the rows and columns with a run")
     args = parser.parse_args()
     found = gaps(args.issue)
-    print(table(found, args.issue))
+    print(table(found, args.issue, args.run_only))
     if args.plot:
         plot(found, args.plot, args.issue)
 

@@ -30,6 +30,7 @@ import tensorflow as tf  # noqa: E402
 import hvdcompress as hc  # noqa: E402
 import hvdcompress.tensorflow.keras as hvck  # noqa: E402
 from hvdcompress.tensorflow.elastic import TensorFlowKerasState  # noqa: E402
+from hvdcompress.tensorflow.resume import lay_out  # noqa: E402
 from common import dump_stacks_before_kill, wait_for_world  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
@@ -80,7 +81,7 @@ def train(state):
     rank, world = hvd.rank(), hvd.size()
     if state.batch:
         saved = state._handlers[0].saved
-        opt._hvdc_exchange.lay_out(variables)   # what the next step would do first (local)
+        lay_out(opt._hvdc_exchange, variables)   # what the next step would do first (local)
         save(f"{OUT}/b{state.batch}.new.rank{rank}.npz",
              {n: dict(st.items()) for n, st in opt._hvdc_exchange.state.named().items()})
         if rank == 0:

@@ -23,6 +23,7 @@ import tensorflow as tf  # noqa: E402
 import hvdcompress as hc  # noqa: E402
 import hvdcompress.tensorflow as hvc  # noqa: E402
 import hvdcompress.tensorflow.keras as hvck  # noqa: E402
+from hvdcompress.tensorflow.resume import lay_out  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
 OUT, MODE = sys.argv[1], sys.argv[2]
@@ -94,7 +95,7 @@ def run(case: str) -> None:
         else:   # laid out by a tape's exchange, as the next step would
             hvc.load_compression_state(dgc, saved)
             tape = hvc.DistributedGradientTape(tf.GradientTape(), compression=dgc)
-            tape.exchange.lay_out(variables)
+            lay_out(tape.exchange, variables)
         save_npz(f"{OUT}/{case}.{MODE}.rank{rank}.npz", state)
         step(*batch(STEPS))
         refused = ""

@@ -63,7 +63,7 @@ def worker(args) -> None:
         for child in model.children():
             fully_shard(child, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
-        state = fsdp.compress(model, compression=compression(method)) if compression(method) else None
+        state = fsdp.compress(model, compression=compression(method), block=args.block) if compression(method) else None
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         gen = torch.Generator().manual_seed(args.seed + rank)
         dense_step = 4 * sum(p.numel() for p in model.parameters())   # the unsharded gradients (DTensor: global numel)
@@ -93,15 +93,15 @@ def sweep(args) -> dict:
     from benchmarks.netem import launch
     out = {}
     for np_ in args.nps:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--methods", ",".join(METHODS),
-               "--steps", str(args.steps), "--seed", str(args.seed)]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--methods", args.methods,
+               "--steps", str(args.steps), "--seed", str(args.seed), "--block", str(args.block)]
         res = launch(cmd, np_, args.rate, timeout=args.timeout, echo=False, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if not res.ok:
             raise SystemExit(f"fsdp_bench: np {np_} failed:\n{res.outputs[res.failed_rank][-4000:]}")
         rows = {r["method"]: r for r in res.results[0]}
         dense = rows["dense"]
         print(f"np {np_}, {args.rate}: method, step s (x dense), bytes fewer than dense, bits/byte (- dense)")
-        for method in METHODS:
+        for method in args.methods.split(","):
             r = rows[method]
             print(f"  {method:10s} {r['step_s']:.3f} ({r['step_s'] / dense['step_s']:.2f}x)  "
                   f"{r['dense_bytes'] / r['sent_bytes']:.1f}x  {r['bits_per_byte']:.3f} "
@@ -114,7 +114,8 @@ def sweep(args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--methods", default=",".join(METHODS), help=argparse.SUPPRESS)
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated, from " + ",".join(METHODS))
+    ap.add_argument("--block", type=int, default=4096, help="elements per compressed block (fsdp.compress's block=)")
     ap.add_argument("--nps", default="2,4", type=lambda s: [int(v) for v in s.split(",")])
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--steps", type=int, default=300)

@@ -28,7 +28,7 @@ from hvdrun import write_result
 
 from compression_cli import (add_compression_arguments, add_intra_node_arguments,  # examples/
                              compression_from_args, intra_node_from_args)
-from pytorch_train import build_model, load_data, train_step
+from pytorch_train import build_model, load_data, train_epochs
 
 
 def main() -> None:
@@ -63,16 +63,14 @@ def main() -> None:
     warmup = SparsityScheduler(state.compressor)
 
     steps = len(x_tr) // args.batch_size
-    gen = torch.Generator().manual_seed(args.seed + rank)
-    times = []
-    for epoch in range(args.epochs):
-        for idx in torch.randperm(len(x_tr), generator=gen)[:steps * args.batch_size].view(steps, -1):
-            loss, seconds = train_step(model, opt, x_tr[idx], y_tr[idx])
-            times.append(seconds)
+
+    def report(epoch: int, loss: torch.Tensor) -> None:
         if rank == 0:
             print(f"epoch {epoch + 1}/{args.epochs}: loss {loss.item():.3f}, "
                   f"sparsity {warmup.get_sparsity() or 0:.4f}", flush=True)
         warmup.step()
+    times = train_epochs(model, opt, x_tr, y_tr, args.epochs, args.batch_size,
+                         torch.Generator().manual_seed(args.seed + rank), report)
     with torch.no_grad():
         accuracy = (net(x_te).argmax(1) == y_te).float().mean().item()
     checksum = float(sum(p.detach().double().sum() for p in net.parameters()))

@@ -26,7 +26,7 @@ from hvdcompress.torch import fsdp
 from hvdrun import write_result
 
 from compression_cli import parse_params   # examples/
-from pytorch_train import build_model, load_data, train_step
+from pytorch_train import build_model, load_data, train_epochs
 
 COMPRESSIONS = {
     "dense": None,
@@ -84,14 +84,12 @@ def main() -> None:
     model, state = shard(build_model(args.hidden), args.fsdp, compression)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     steps = len(x_tr) // args.batch_size
-    gen = torch.Generator().manual_seed(args.seed + rank)
-    times = []
-    for epoch in range(args.epochs):
-        for idx in torch.randperm(len(x_tr), generator=gen)[:steps * args.batch_size].view(steps, -1):
-            loss, seconds = train_step(model, opt, x_tr[idx], y_tr[idx])
-            times.append(seconds)
+
+    def report(epoch: int, loss: torch.Tensor) -> None:
         if rank == 0:
             print(f"epoch {epoch + 1}/{args.epochs}: loss {loss.item():.3f}", flush=True)
+    times = train_epochs(model, opt, x_tr, y_tr, args.epochs, args.batch_size,
+                         torch.Generator().manual_seed(args.seed + rank), report)
     with torch.no_grad():
         accuracy = (model(x_te).argmax(1) == y_te).float().mean().item()
     counted = state.total_bytes if state is not None else None

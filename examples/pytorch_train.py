@@ -61,6 +61,20 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tens
     return loss, time.perf_counter() - start
 
 
+def train_epochs(model: torch.nn.Module, opt: torch.optim.Optimizer, x_tr: torch.Tensor, y_tr: torch.Tensor,
+                 epochs: int, batch_size: int, gen: torch.Generator, on_epoch) -> list:
+    """``epochs`` passes over shuffled batches of ``(x_tr, y_tr)``, ``on_epoch(epoch, loss)``
+    after each; the step times."""
+    steps = len(x_tr) // batch_size
+    times = []
+    for epoch in range(epochs):
+        for idx in torch.randperm(len(x_tr), generator=gen)[:steps * batch_size].view(steps, -1):
+            loss, seconds = train_step(model, opt, x_tr[idx], y_tr[idx])
+            times.append(seconds)
+        on_epoch(epoch, loss)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     add_compression_arguments(parser)

@@ -106,7 +106,8 @@ the freeze at 8 ranks (onebit +0.075, PowerSGD +0.107 on the transformer); top-k
 +0.048 on the transformer. The variance schedule (issue 36, LSTM, 2 ranks, 1,000 steps; bytes
 over the whole run): at b2 0.95 onebit +0.030 (11.7x fewer bytes), top-k 1% +0.078 (13x),
 PowerSGD +0.022 (9.3x), int8 -0.000 (4x); at 0.999 +0.032 (14.4x), +0.061 (16.7x), +0.020
-(10.7x), +0.001. 0/1 Adam's own constants (32 live steps, no cap) gave +0.056 / +0.100 / +0.041 /
+(10.7x), +0.001; transformer at 0.95 +0.055 / +0.142 / +0.092 / +0.025 (10-13x): the targets
+(0.03, 0.05, 0.05, 0.01) are met on the LSTM by int8, PowerSGD, onebit at 0.95 only. 0/1 Adam's own constants (32 live steps, no cap) gave +0.056 / +0.100 / +0.041 /
 +0.027 at 0.95: compression from step 33 lost its gap by step 75 and kept it, and intervals of
 16-32 steps let v (20 samples at b2 0.95) lag, hence W = 128 and the cap. ``flush=True`` (the
 residual sent in the v-steps) measured top-k +0.243 at 0.999: its mass enters v squared.

@@ -16,8 +16,10 @@ setup: $(SETUP_STAMP)
 demo: setup
 	PATH=$(VENV)/bin:$$PATH $(PY) examples/demo.py
 
+# Two workers, one test file each at a time (--dist loadfile: a file's launches and module
+# fixtures stay on one worker): the launches wait on their ranks much of the time.
 test: setup
-	PATH=$(VENV)/bin:$$PATH $(PY) -m pytest -q -p no:cacheprovider --durations=15 tests
+	PATH=$(VENV)/bin:$$PATH $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15 tests
 
 test-unit: setup
 	PATH=$(VENV)/bin:$$PATH $(PY) -m pytest -q -p no:cacheprovider tests -m "not horovod"
@@ -29,7 +31,7 @@ $(KERAS3_STAMP): setup.py pyproject.toml scripts/setup_env.sh $(wildcard hvdcomp
 	bash scripts/setup_env.sh $(KERAS3_VENV) keras3
 
 test-keras3: $(KERAS3_STAMP)
-	PATH=$(KERAS3_VENV)/bin:$$PATH $(KERAS3_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_tf_*.py
+	PATH=$(KERAS3_VENV)/bin:$$PATH $(KERAS3_VENV)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests/test_tf_*.py
 
 bench-kernels: setup
 	PATH=$(VENV)/bin:$$PATH $(PY) benchmarks/kernels.py

@@ -97,4 +97,8 @@ if [ -n "$stale" ]; then
   "$VPY" -m pip install -q --no-build-isolation --no-deps -e "$ROOT" || fail "hvdcompress" "editable install failed"
   touch "$STAMP.project"
 fi
+if ! "$VPY" -c "import xdist" 2>/dev/null; then  # make test runs the suite on 2 workers, a file each
+  step "installing pytest-xdist"
+  "$VPY" -m pip install -q pytest-xdist || fail "pytest-xdist" "could not install pytest-xdist"
+fi
 step "environment ready: $VENV ($PROFILE)"

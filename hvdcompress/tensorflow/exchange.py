@@ -38,7 +38,7 @@ from ..loss_scale import any_overflow
 from ..two_level import build_exchange
 from .backend import TFOps
 from .collectives import HorovodCollectives
-from .gradients import clipped, gathered_slices, overflow_flag, scaled_local, source_names
+from .gradients import clipped, gathered_slices, in_order, overflow_flag, scaled_local, source_names
 from .options import ExchangeOptions, exchange_options, is_loss_scale_optimizer  # noqa: F401 (the API)
 from .resume import apply_loaded
 from .state import compression_state
@@ -187,11 +187,11 @@ class GradientExchange:
         if tf.executing_eagerly():
             reduced = self._exchange(inputs, params, infos, variables, flag)
         elif flag is None:
-            reduced = tf.py_function(lambda *g: self._exchange(list(g), params, infos, variables), inputs,
-                                     Tout=[g.dtype for g in inputs])
+            reduced = in_order(lambda: tf.py_function(lambda *g: self._exchange(list(g), params, infos, variables),
+                                                      inputs, Tout=[g.dtype for g in inputs]))
         else:
-            reduced = tf.py_function(lambda f, *g: self._exchange(list(g), params, infos, variables, f),
-                                     [flag] + inputs, Tout=[g.dtype for g in inputs])
+            reduced = in_order(lambda: tf.py_function(lambda f, *g: self._exchange(list(g), params, infos, variables, f),
+                                                      [flag] + inputs, Tout=[g.dtype for g in inputs]))
             for r, g in zip(reduced, inputs):
                 r.set_shape(g.shape)
         for i, r in zip(dense, reduced):

@@ -2,7 +2,8 @@
 the global-norm clip, Horovod's uncompressed path for IndexedSlices and local gradients."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+import weakref
+from typing import Any, Callable, Sequence
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -62,3 +63,20 @@ def scaled_local(grad: Any, process_set: Any) -> Any:
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values / tf.cast(n, grad.values.dtype), grad.indices, grad.dense_shape)
     return grad / tf.cast(n, grad.dtype)
+
+
+#: graph -> the last exchange built in it (:func:`in_order`)
+_LAST: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def in_order(build: Callable[[], list]) -> list:
+    """``build()`` (an exchange's ``tf.py_function``) made to run after the previous exchange built
+    in the same graph: a TF1 graph runs independent ops concurrently, and two exchanges at once
+    would issue Horovod collectives of the same names (Horovod refuses them, and every rank must
+    issue them in one order anyway); inside a ``tf.function`` the order is already the program's."""
+    graph = tf.compat.v1.get_default_graph()
+    last = _LAST.get(graph)
+    with tf.control_dependencies([] if last is None else [last]):
+        out = build()
+    _LAST[graph] = out[0].op
+    return out

@@ -219,27 +219,19 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
     send = given.pop("adam_send", None)
     adam_warmup = given.pop("adam_warmup", None)
     live = given.pop("adam_live_steps", None)
-    if live is not None and adam == "none":
-        raise ValueError(f"from_params: {spelled['adam_live_steps']}={live!r} without adam; "
-                         "allowed: with adam 'frozen'")
+    for key, value in (("adam_live_steps", live), ("adam_warmup", adam_warmup), ("freeze_steps", freeze),
+                       ("adam_send", send)):
+        if value is not None and adam == "none":
+            raise ValueError(f"from_params: {spelled[key]}={value!r} without adam; allowed: with adam 'frozen'")
     live = None if live is None else _count(spelled["adam_live_steps"], live, 1)
     flush = given.pop("adam_flush", "false")
     if str(flush).lower() not in ("true", "false"):
         raise ValueError(f"from_params: {spelled['adam_flush']}={flush!r} is unknown; allowed: 'true', 'false'")
-    if adam_warmup is not None and adam == "none":
-        raise ValueError(f"from_params: {spelled['adam_warmup']}={adam_warmup!r} without adam; "
-                         "allowed: with adam 'frozen'")
     if adam_warmup is not None and adam_warmup not in ADAM_WARMUP:
         raise ValueError(f"from_params: {spelled['adam_warmup']}={adam_warmup!r} is unknown; allowed: "
                          f"{', '.join(map(repr, ADAM_WARMUP))}")
     if adam not in ("none", "frozen"):
         raise ValueError(f"from_params: {spelled['adam']}={adam!r} is unknown; allowed: 'none', 'frozen'")
-    if freeze is not None and adam == "none":
-        raise ValueError(f"from_params: {spelled['freeze_steps']}={freeze!r} without adam; "
-                         "allowed: with adam 'frozen'")
-    if send is not None and adam == "none":
-        raise ValueError(f"from_params: {spelled['adam_send']}={send!r} without adam; "
-                         "allowed: with adam 'frozen'")
     if send is not None and send not in SEND:
         raise ValueError(f"from_params: {spelled['adam_send']}={send!r} is unknown; allowed: "
                          f"{', '.join(map(repr, SEND))}")

@@ -144,19 +144,16 @@ class ReduceScatterExchange:
         for entry, handle in flights:
             received = wait(ops, self.comm, handle)
             mine = [(packet, binfo, ts) for j, _, packet, binfo, ts in entry.blocks if j == me]
-            widths = [ops.numel(t) for _, _, ts in mine for t in ts]   # every rank's are the same
-            count = len(mine[0][2])
+            # received[k]: every rank's part, in rank order, each part this chunk's blocks' tensor k side by
+            # side (every rank's are as long as this rank's): cut once into [rank][block]
+            parts = []
+            for k in range(len(mine[0][2])):
+                widths = [ops.numel(ts[k]) for _, _, ts in mine]
+                parts.append([ops.split(piece, widths) for piece in ops.split(received[k], [sum(widths)] * world)])
             decoded = []
             for position, (packet, binfo, _) in enumerate(mine):
-                gathered = []
-                for k in range(count):   # tensor k of this block, every rank's in rank order
-                    start = sum(widths[p * count + k] for p in range(position))
-                    width = widths[position * count + k]
-                    per_rank = sum(widths[p * count + k] for p in range(len(mine)))
-                    pieces = ops.split(received[k], [per_rank] * world)
-                    parts = [ops.split(piece, [start, width, per_rank - start - width])[1] for piece in pieces]
-                    got = ops.concat(parts)
-                    gathered.append(ops.cast(got, "int32") if self.compact and ops.dtype(got) == "int16" else got)
+                gathered = [ops.concat([by_rank[position] for by_rank in per_rank]) for per_rank in parts]
+                gathered = [ops.cast(g, "int32") if self.compact and ops.dtype(g) == "int16" else g for g in gathered]
                 decoded.append(self.compressor.decompress_gathered(ops, gathered, packet.ctx, binfo, world))
             flat = ops.concat(decoded) if len(decoded) > 1 else decoded[0]
             out = out_of(entry)

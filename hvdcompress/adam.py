@@ -140,6 +140,9 @@ WARMUP = ("auto", "int8", "none")
 #: the state keys of error-feedback residuals (ErrorFeedback's, a compressor's own)
 RESIDUALS = ("residual", "quant_residual")
 
+#: tensors with fewer elements run live Adam at every step (FrozenAdam's ``min_numel``)
+MIN_NUMEL = 0
+
 #: the param-group keys of torch.optim.Adam/AdamW that the take-over refuses when set
 UNSUPPORTED = {"amsgrad": False, "maximize": False}
 
@@ -214,16 +217,19 @@ class FrozenAdam(Decorator):
     stateless), ``"none"`` (dense allreduce), or ``"auto"`` (default): int8, dense where
     ``inner`` sends 16 bits or more per element (none, fp16, bf16). ``live_steps``: W, the
     v-steps at the start of the variance schedule (None: its default). ``flush``: a v-step also
-    sends (int8) and clears the wrapped compressor's error-feedback residual. From strings:
+    sends (int8) and clears the wrapped compressor's error-feedback residual. ``min_numel``:
+    tensors with fewer elements (biases, norms) run live Adam at every step, their gradient sent
+    by the warm-up compressor (default :data:`MIN_NUMEL`). From strings:
     ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen", "freeze_steps": "100",
-    "adam_send": "gradient", "adam_warmup": "int8", "adam_live_steps": "128", "adam_flush": "false"}``.
+    "adam_send": "gradient", "adam_warmup": "int8", "adam_live_steps": "128", "adam_min_numel": "4096",
+    "adam_flush": "false"}``.
     """
 
     takes_over_adam = True
 
     def __init__(self, inner: Compressor, freeze_steps: Optional[int] = None,
                  send: str = "gradient", warmup: str = "auto", live_steps: Optional[int] = None,
-                 flush: bool = False):
+                 flush: bool = False, min_numel: Optional[int] = None):
         super().__init__(inner)
         if send not in SEND:
             raise ValueError(f"FrozenAdam: send={send!r}; allowed: {', '.join(map(repr, SEND))}")
@@ -241,7 +247,14 @@ class FrozenAdam(Decorator):
         self.warmup = warmup
         wide = isinstance(inner.unwrap(), (NoCompression, Cast))
         self.mild: Optional[Compressor] = None if warmup == "none" or (warmup == "auto" and wide) else Int8()
+        # around a stateless compressor as mild as int8, freezing v saves no byte: live Adam at
+        # every step, each sent by that compressor (int8 with live AdamW: -0.000 bits/byte, issue 36)
+        self.every_step = (warmup == "auto" and freeze_steps is None and inner is inner.unwrap()
+                           and isinstance(inner, (NoCompression, Cast, Int8)))
+        if self.every_step:
+            self.mild = None if isinstance(inner, NoCompression) else inner
         self.flush = bool(flush)
+        self.min_numel = MIN_NUMEL if min_numel is None else check_int("FrozenAdam", "min_numel", min_numel, 0)
         self.steps = 0
         self.beta2: Optional[float] = None   # the b2 of the schedule's intervals (the first step's, smallest)
         self._server: Optional[_Phased] = None
@@ -265,10 +278,16 @@ class FrozenAdam(Decorator):
             self.beta2 = settings.beta2
         return 0.999 if self.beta2 is None else self.beta2
 
-    def frozen(self, settings: Optional[AdamSettings] = None) -> bool:
+    def live(self, numel: Optional[int] = None) -> bool:
+        """Whether a tensor of ``numel`` elements (None: any) runs live Adam at every step:
+        ``min_numel``, or every tensor around a stateless mild compressor."""
+        return self.every_step or (numel is not None and numel < self.min_numel)
+
+    def frozen(self, settings: Optional[AdamSettings] = None, numel: Optional[int] = None) -> bool:
         """Whether this step (the ``steps + 1``-th) is a compressed step (v kept), not a v-step
-        (:mod:`hvdcompress.adam_freeze`; the same for every param group)."""
-        return not self.schedule.updates(self.steps + 1, self._phase_b2(settings))
+        (:mod:`hvdcompress.adam_freeze`; the same for every param group), for a tensor of
+        ``numel`` elements (None: a large one)."""
+        return not self.live(numel) and not self.schedule.updates(self.steps + 1, self._phase_b2(settings))
 
     def warming_up(self, groups: Sequence[AdamSettings]) -> bool:
         """Whether this step is a v-step (live Adam on the exchanged mean) for every param group:
@@ -278,12 +297,18 @@ class FrozenAdam(Decorator):
         model, benchmarks/README.md section 8)."""
         return not any(self.frozen(s) for s in groups)
 
-    def sends_dense(self, settings: Optional[AdamSettings] = None) -> bool:
-        """Whether this step's tensors go as they are (allreduce): a v-step with warmup none."""
-        return self.mild is None and not self.frozen(settings)
+    def sends_dense(self, settings: Optional[AdamSettings] = None, numel: Optional[int] = None) -> bool:
+        """Whether this step's tensor of ``numel`` elements goes as it is (allreduce): live Adam
+        with warmup none."""
+        return self.mild is None and not self.frozen(settings, numel)
+
+    def sends_mild(self, settings: Optional[AdamSettings] = None, numel: Optional[int] = None) -> bool:
+        """Whether this step's tensor of ``numel`` elements is sent by the warm-up compressor
+        (:attr:`TensorInfo.mild <hvdcompress.compressor.TensorInfo>`): live Adam with warmup int8."""
+        return self.mild is not None and not self.frozen(settings, numel)
 
     def _compress(self, inner: Compressor, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
-        if self.mild is None or self.frozen():
+        if self.mild is None or (self.frozen() and not info.mild):
             return inner.compress(ops, x, state, info)
         if self.flush:   # the error-feedback residual delivered with this v-step's gradient
             for key in RESIDUALS:
@@ -317,7 +342,7 @@ class FrozenAdam(Decorator):
         for key in ("adam.m", "adam.v"):
             if key not in state:
                 ops.write(state, key, ops.zeros(ops.numel(x), like=x))
-        if not self.frozen(settings) or self.send == "gradient":
+        if self.send == "gradient" or not self.frozen(settings, ops.numel(x)):
             return x
         if self.send == "preconditioned":   # coordinates with v = 0 send 0 (not updated)
             v = state["adam.v"]
@@ -325,10 +350,11 @@ class FrozenAdam(Decorator):
                              ops.zeros(ops.numel(x), like=x))
         return state["adam.m"] * settings.beta1 + x * (1.0 - settings.beta1)
 
-    def _denominator(self, ops: Ops, state: dict, settings: AdamSettings) -> Tensor:
+    def _denominator(self, ops: Ops, state: dict, settings: AdamSettings, live: bool = False) -> Tensor:
         """sqrt(v / (1 - decay)) + eps: Adam's per-coordinate scale, v's bias correction over the
-        v-steps so far (1 - b2^min(t, T0) with freeze_steps)."""
-        decay = self.schedule.decay(self.steps + 1, settings.beta2, self._phase_b2(settings))
+        v-steps so far (1 - b2^min(t, T0) with freeze_steps, Adam's 1 - b2^t for a ``live`` tensor)."""
+        t = self.steps + 1
+        decay = settings.beta2 ** t if live else self.schedule.decay(t, settings.beta2, self._phase_b2(settings))
         return ops.sqrt(state["adam.v"] * (1.0 / (1.0 - decay))) + settings.eps
 
     def after_exchange(self, ops: Ops, state: dict, param: Tensor, exchanged: Tensor,
@@ -339,7 +365,8 @@ class FrozenAdam(Decorator):
         b1, b2 = settings.beta1, settings.beta2
         t = self.steps + 1
         l2 = settings.weight_decay if not settings.decoupled else 0.0
-        frozen = self.frozen(settings)
+        live = self.live(ops.numel(param))
+        frozen = self.frozen(settings, ops.numel(param))
         if frozen and self.send == "momentum":
             ops.write(state, "adam.m", exchanged + param * ((1.0 - b1) * l2) if l2 else exchanged * 1.0)
         else:
@@ -348,9 +375,9 @@ class FrozenAdam(Decorator):
             g = exchanged + param * l2 if l2 else exchanged
             ops.write(state, "adam.m", state["adam.m"] * b1 + g * (1.0 - b1))
             if not frozen:
-                keep, alpha = self.schedule.weights(t, b2, self._phase_b2(settings))
+                keep, alpha = (b2, 1.0 - b2) if live else self.schedule.weights(t, b2, self._phase_b2(settings))
                 ops.write(state, "adam.v", state["adam.v"] * keep + g * g * alpha)
-        denom = self._denominator(ops, state, settings)
+        denom = self._denominator(ops, state, settings, live)
         update = state["adam.m"] * (1.0 / (1.0 - b1 ** t)) / denom
         if frozen:  # coordinates without a gradient in any v-step so far (v = 0) stay where they are
             update = ops.where(state["adam.v"] > 0.0, update, ops.zeros(ops.numel(update), like=update))
@@ -376,5 +403,5 @@ class FrozenAdam(Decorator):
 
     def config(self) -> dict:
         return {"adam": "frozen", "freeze_steps": self.freeze_steps, "adam_send": self.send,
-                "adam_warmup": self.warmup, "adam_live_steps": self.live_steps,
+                "adam_warmup": self.warmup, "adam_live_steps": self.live_steps, "adam_min_numel": self.min_numel,
                 **({"adam_flush": True} if self.flush else {}), **self.inner.config()}

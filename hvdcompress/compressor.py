@@ -34,7 +34,8 @@ class TensorInfo:
     ``momentum``, ``nesterov`` and ``weight_decay`` are the wrapped optimizer's settings for this
     tensor when the compressor took them over (see :attr:`Compressor.takes_over_momentum`).
     ``dense``: the wrapper asks for the tensor to be exchanged as it is this step (an allreduce,
-    no compressor call), e.g. during :class:`hvdcompress.adam.FrozenAdam`'s warm-up.
+    no compressor call), e.g. during :class:`hvdcompress.adam.FrozenAdam`'s warm-up; ``mild``:
+    FrozenAdam sends it with its warm-up compressor (int8) this step (a small tensor's live Adam).
     """
 
     name: str
@@ -47,6 +48,7 @@ class TensorInfo:
     nesterov: bool = False
     weight_decay: float = 0.0
     dense: bool = False   # send this step's tensor uncompressed (FrozenAdam's warm-up)
+    mild: bool = False    # send it with FrozenAdam's warm-up compressor (its live Adam steps)
 
 
 @dataclass

@@ -210,7 +210,8 @@ class StepDriver:
             self.guard.save(info.name, state)
         if self.adam is not None:
             x = self.adam.before_exchange(self.ops, x, state, settings, param)
-            info.dense = self.adam.sends_dense(settings)   # a v-step sent dense (warmup="none")
+            info.dense = self.adam.sends_dense(settings, info.numel)   # live Adam sent dense (warmup="none")
+            info.mild = self.adam.sends_mild(settings, info.numel)     # or int8 (FrozenAdam's warm-up compressor)
         if self.options.predivide != 1.0:
             x = x / self.options.predivide
         return x

@@ -198,7 +198,7 @@ class Exchange:
     @staticmethod
     def _segment_info(info: TensorInfo, j: int, length: int, role: str = "seg") -> TensorInfo:
         return TensorInfo(name=f"{info.name}#{role}{j}", numel=length, world=info.world, dense=info.dense,
-                          shape=(length,), rank=info.rank, momentum=info.momentum,
+                          mild=info.mild, shape=(length,), rank=info.rank, momentum=info.momentum,
                           nesterov=info.nesterov, weight_decay=info.weight_decay)
 
     # ---- communicate ---------------------------------------------------------------------------

@@ -114,7 +114,7 @@ def bucket_info(bucket: Bucket, infos: Sequence[TensorInfo], ops: Ops) -> Tensor
     parameter their concatenation where a take-over's weight decay reads it (a copy per step),
     else None."""
     first = infos[0]
-    mixed = [f for f in ("momentum", "nesterov", "weight_decay", "dense")
+    mixed = [f for f in ("momentum", "nesterov", "weight_decay", "dense", "mild")
              if any(getattr(i, f) != getattr(first, f) for i in infos)]
     if mixed:
         raise ValueError(f"fused bucket {bucket.name}: its tensors differ in {mixed}; a bucket holds "
@@ -123,7 +123,7 @@ def bucket_info(bucket: Bucket, infos: Sequence[TensorInfo], ops: Ops) -> Tensor
     param = ops.concat(params) if first.weight_decay and all(p is not None for p in params) else None
     return TensorInfo(name=bucket.name, numel=bucket.numel, world=first.world, shape=(bucket.numel,),
                       rank=first.rank, param=param, momentum=first.momentum, nesterov=first.nesterov,
-                      weight_decay=first.weight_decay, dense=first.dense)
+                      weight_decay=first.weight_decay, dense=first.dense, mild=first.mild)
 
 
 def compress_bucket(engine: Any, bucket: Bucket, items: Sequence[tuple], state: Any) -> Any:

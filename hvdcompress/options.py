@@ -113,9 +113,13 @@ class Options:
 
     def buckets(self, tensors: Sequence[tuple]) -> list:
         """The fused buckets (:func:`hvdcompress.fusion.buckets`) of ``tensors`` =
-        ``(name, numel, bytes, key)``, where ``key`` holds the dtype and param group; none
-        without ``fusion``."""
-        return [] if self.fusion is None else buckets(tensors, self.fusion)
+        ``(name, numel, bytes, key)``, where ``key`` holds the dtype and param group (and
+        whether FrozenAdam runs the tensor live at every step); none without ``fusion``."""
+        if self.fusion is None:
+            return []
+        live = getattr(self.compressor, "live", None)   # FrozenAdam's small tensors fuse apart
+        return buckets(tensors if live is None else [(n, s, b, (k, live(s))) for n, s, b, k in tensors],
+                       self.fusion)
 
     def agreement(self, exchange: Any) -> dict:
         """The settings every rank must share (besides its tensors), for

@@ -17,7 +17,8 @@ Values may be strings (as from a command line or a config file) or typed. Keys:
   ``adam_send``: what is compressed after the freeze, ``"gradient"`` (default) or ``"momentum"``,
   and ``adam_warmup``: what sends the gradient while v is updated, ``"auto"`` (default: int8),
   ``"int8"`` or ``"none"`` (dense), and ``adam_live_steps``: the steps of live Adam before the
-  refreshes of v begin (default: :data:`hvdcompress.adam_freeze.WARMUP`).
+  refreshes of v begin (default: :data:`hvdcompress.adam_freeze.WARMUP`), and ``adam_min_numel``:
+  tensors with fewer elements run live Adam at every step (default: :data:`hvdcompress.adam.MIN_NUMEL`).
 * ``seed``: the seed of compressors that draw random numbers; checked and unused by the others.
 * ``compressor="auto"``: :class:`hvdcompress.auto.Auto`, which picks one of the others per
   tensor; keys ``allowed`` (``"none,fp16,int8"``), ``link`` (``"10gbit,50us"``),
@@ -67,7 +68,7 @@ from .validation import check_choice, check_int
 _REGISTRY: Dict[str, Type[Compressor]] = {}
 #: The registered planners over the algorithms (``"auto"``): buildable, not in :func:`available`.
 _PLANNERS: set = set()
-DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "adam_send", "adam_warmup", "adam_live_steps", "adam_flush", "seed")
+DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "adam_send", "adam_warmup", "adam_live_steps", "adam_min_numel", "adam_flush", "seed")
 #: BytePS's prefixed spelling of the keys (its tensor attributes) -> this registry's key.
 BYTEPS_KEYS: Dict[str, str] = {
     "byteps_compressor_type": "compressor", "byteps_compressor_k": "k",
@@ -219,11 +220,13 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
     send = given.pop("adam_send", None)
     adam_warmup = given.pop("adam_warmup", None)
     live = given.pop("adam_live_steps", None)
+    small = given.pop("adam_min_numel", None)
     for key, value in (("adam_live_steps", live), ("adam_warmup", adam_warmup), ("freeze_steps", freeze),
-                       ("adam_send", send)):
+                       ("adam_send", send), ("adam_min_numel", small)):
         if value is not None and adam == "none":
             raise ValueError(f"from_params: {spelled[key]}={value!r} without adam; allowed: with adam 'frozen'")
     live = None if live is None else _count(spelled["adam_live_steps"], live, 1)
+    small = None if small is None else _count(spelled["adam_min_numel"], small, 0)
     flush = given.pop("adam_flush", "false")
     if str(flush).lower() not in ("true", "false"):
         raise ValueError(f"from_params: {spelled['adam_flush']}={flush!r} is unknown; allowed: 'true', 'false'")
@@ -294,7 +297,7 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
         compressor = Momentum(compressor, mu=mu, nesterov=momentum == "nesterov")
     if adam == "frozen":
         compressor = FrozenAdam(compressor, freeze_steps=freeze, send=send or SEND[0],
-                                warmup=adam_warmup or ADAM_WARMUP[0], live_steps=live,
+                                warmup=adam_warmup or ADAM_WARMUP[0], live_steps=live, min_numel=small,
                                 flush=str(flush).lower() == "true")
     return compressor
 

@@ -107,7 +107,7 @@ class TwoLevelExchange(Exchange):
         return TensorInfo(name=f"{info.name}#shard{me}", numel=length, world=self.cross.comm.world,
                           shape=shape, rank=self.cross.comm.rank, param=param,
                           momentum=info.momentum, nesterov=info.nesterov,
-                          weight_decay=info.weight_decay, dense=info.dense)
+                          weight_decay=info.weight_decay, dense=info.dense, mild=info.mild)
 
     def init_state(self, x: Tensor, state, info: TensorInfo) -> None:
         """The node level's state (``seg<j>.``, ``sum.``) and the shard's (``cross.``)."""

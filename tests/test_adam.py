@@ -137,6 +137,22 @@ def test_the_variance_schedule_matches_numpy_on_both_collectives(runs):
                                    rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.horovod
+@pytest.mark.parametrize("case", ["small", "int8"])
+def test_small_tensors_and_int8_run_live_adam_at_every_step(runs, case):
+    """A tensor under ``min_numel`` elements, and every tensor around a stateless int8, runs live
+    Adam at every step on the int8 mean (v updated with b2, bias correction 1 - b2^t), never the
+    variance schedule's compressed steps."""
+    kw = dict(lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False)
+    want = np.array(reference(12, 12, **kw, warmup=int8_mean))
+    schedule = np.array(reference(12, None, **kw, exchange=allgather_exchange, live=4, warmup=int8_mean))
+    assert np.abs(want - schedule).max() > 1e-5   # the schedule would have compressed steps 5, 7, 9, 11
+    for r in range(WORLD):
+        np.testing.assert_allclose(np.array(runs[case][r]["weights"], dtype=np.float32), want, rtol=1e-5, atol=1e-6)
+    assert runs[case][0]["weights"] == runs[case][1]["weights"]
+    assert runs[case][0]["dense"] / runs[case][0]["sent"] == pytest.approx(4, rel=0.02)   # int8 every step
+
+
 # ---- the variance schedule (one process) ------------------------------------------------------
 
 def test_the_variance_schedule_matches_its_simulation():
@@ -240,8 +256,22 @@ def test_from_params_and_defaults():
         adam = hc.FrozenAdam(inner)
         assert adam.freeze_steps is None and adam.schedule.freeze_steps is None and adam.schedule.warmup == 128
         assert isinstance(adam.mild, hc.Int8) and adam.config()["adam_warmup"] == "auto"
-    for wide in (hc.NoCompression(), hc.FP16()):   # no coarser than the compressor itself: dense
-        assert hc.FrozenAdam(wide).mild is None
+    # around a stateless compressor as mild as int8: live Adam at every step, sent by that compressor
+    for mild in (hc.NoCompression(), hc.FP16(), hc.Int8()):
+        adam = hc.FrozenAdam(mild)
+        assert adam.every_step and adam.live() and not adam.frozen()
+        assert adam.mild is (None if isinstance(mild, hc.NoCompression) else mild)
+    for stateful in (hc.FrozenAdam(hc.ErrorFeedback(hc.Int8())), hc.FrozenAdam(hc.Int8(), freeze_steps=5),
+                     hc.FrozenAdam(hc.FP16(), warmup="none"), hc.FrozenAdam(hc.OneBit())):
+        assert not stateful.every_step and not stateful.live()
+    assert hc.FrozenAdam(hc.FP16(), warmup="none").mild is None
+    small = hc.from_params({"compressor": "onebit", "adam": "frozen", "adam_min_numel": "4096"})
+    assert small.min_numel == 4096 and small.live(4095) and not small.live(4096)
+    assert small.config()["adam_min_numel"] == 4096
+    with pytest.raises(ValueError, match="adam_min_numel"):
+        hc.from_params({"compressor": "onebit", "adam": "frozen", "adam_min_numel": "-1"})
+    with pytest.raises(ValueError, match="adam_min_numel=.4096. without adam"):
+        hc.from_params({"compressor": "onebit", "adam_min_numel": "4096"})
     assert hc.FrozenAdam(hc.OneBit(), warmup="none").mild is None
     assert isinstance(hc.FrozenAdam(hc.NoCompression(), warmup="int8").mild, hc.Int8)
     fixed = hc.from_params({"compressor": "int8", "adam": "frozen", "freeze_steps": "7", "adam_warmup": "none"})

@@ -17,6 +17,8 @@ step in numpy). Cases, each reporting every step's weights:
           hvdcompress.adam_freeze (v-steps int8) after 4 live steps instead of 128, Adam, 24 steps,
           clip_grad_norm=20 (the v-steps' clip after the exchange, the local one in the others)
 "schedule_a2a": "schedule" without the clip through the compressed allreduce
+"small":  "schedule" with min_numel=N+1: the tensor is small, so it runs live Adam (int8) at every step
+"int8":   FrozenAdam(Int8()) at its defaults: live Adam at every step, every step int8
 """
 import horovod.torch as hvd
 import torch
@@ -102,3 +104,7 @@ result(rank, case="schedule", weights=weights, sent=opt.total_bytes.sent, dense=
        compressor_state=opt.state_dict()["hvdcompress"]["compressor"])
 model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), live_steps=4), kind="adam", collective="alltoall")
 result(rank, case="schedule_a2a", weights=train(model, opt, 24))
+model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), live_steps=4, min_numel=N + 1), kind="adam")
+result(rank, case="small", weights=train(model, opt, 12), sent=opt.total_bytes.sent, dense=opt.total_bytes.dense)
+model, opt = make(hc.FrozenAdam(hc.Int8()), kind="adam")
+result(rank, case="int8", weights=train(model, opt, 12), sent=opt.total_bytes.sent, dense=opt.total_bytes.dense)

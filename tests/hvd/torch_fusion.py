@@ -74,13 +74,15 @@ def dgc(model):
                                     compression=hc.DGC(0.99, min_numel=0), fusion=True, check_replicas=1)
 
 
-def frozen_adam(model):
+def frozen_adam(model, **extra):
     """1-bit Adam's shape: an AdamW warm-up, then error-fed signs of the whole model in one buffer."""
     return hvc.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-3),
                                     named_parameters=model.named_parameters(), check_replicas=1,
                                     compression={"compressor": "onebit", "ef": "vanilla", "adam": "frozen",
-                                                 "freeze_steps": 3}, fusion=True)
+                                                 "freeze_steps": 3, **extra}, fusion=True)
 
 
 train("dgc_two_groups", dgc)
 train("frozen_adam_onebit", frozen_adam)
+# the tensors under 4096 elements (0.bias, 2.bias, 2.weight) run live Adam: they fuse apart from 0.weight
+train("frozen_adam_small", lambda model: frozen_adam(model, adam_min_numel=4096))

@@ -35,11 +35,13 @@ POWERSGD = "powersgd:rank=4:adam=frozen:freeze_steps=750"
 BYTES_TARGET = 10.0
 
 #: (compressor, model, ranks, betas, seed, file, method): issue 36's runs at today's defaults
-FILES = [("LSTM", "0.95", "lm_adamw_i36_lstm_b095_np2_v2.json"), ("LSTM", "0.999", "lm_adamw_i36_lstm_b0999_np2.json"),
-         ("transformer", "0.95", "lm_adamw_i36_transformer_b095_np2.json")]
+FILES = [("LSTM", 2, "0.95", "lm_adamw_i36_lstm_b095_np2.json"), ("LSTM", 2, "0.999", "lm_adamw_i36_lstm_b0999_np2.json"),
+         ("transformer", 2, "0.95", "lm_adamw_i36_transformer_b095_np2.json"),
+         ("transformer", 2, "0.999", "lm_adamw_i36_transformer_b0999_np2.json"),
+         ("LSTM", 8, "0.95", "lm_adamw_i36_lstm_b095_np8.json")]
 METHODS = [("onebit + EF", "onebit-ef-adam"), ("top-k 1% + EF", "topk-ef-adam"),
            ("PowerSGD rank 4", "powersgd-adam"), ("int8", "int8-adam")]
-RUNS = [(name, model, 2, betas, 0, file, method) for model, betas, file in FILES for name, method in METHODS]
+RUNS = [(name, model, ranks, betas, 0, file, method) for model, ranks, betas, file in FILES for name, method in METHODS]
 SETTINGS = [(m, r, b) for m in ("LSTM", "transformer") for r in (2, 8) for b in ("0.95", "0.999")]
 
 #: issue 20's runs at its defaults, betas (0.9, 0.999) (the aliases onebit-ef-adam, topk-ef-adam,

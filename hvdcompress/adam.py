@@ -16,7 +16,7 @@ v-steps (live Adam on the averaged gradient; the first 128 steps, then refreshes
     dense where the wrapped compressor sends 16 bits or more);  g = mean_r D(W(g_r))
     m <- b1·m + (1-b1)·g;   v <- keep·v + alpha·g²      (b2 and 1-b2 in the warm-up)
 
-compressed steps (v kept), ``send="gradient"`` (the default): each rank's gradient is
+compressed steps (v kept), ``send="gradient"`` (the default but for top-k): each rank's gradient is
 compressed by the wrapped compressor (with its error feedback: the residual lives in gradient
 space, untouched by the v-steps) and the momentum is formed from the exchanged mean::
 
@@ -47,6 +47,17 @@ them, but v stays an average of at least min(1/(1-b2), 16) squares), decay_t = p
 which is b2^t when every step is a v-step. ``freeze_steps=T0`` is the explicit override: v-steps
 t <= T0, v frozen after (1-bit Adam), decay_t = b2^min(t, T0).
 
+Two kinds of tensors run live Adam at every step instead, sent by the warm-up compressor:
+
+* with ``min_numel=n``, tensors of fewer than n elements (4,096 takes the biases and norms of
+  a model, < 1% of its elements, ~0.2% of dense's bytes per step). Off by default
+  (:data:`MIN_NUMEL`): measured on the transformer at b2 0.95, onebit gave -0.007 bits/byte with
+  it and -0.008 without (issue 36);
+* every tensor around a stateless compressor as mild as int8 (int8, fp16, bf16, none; not
+  with ``freeze_steps`` or an explicit ``warmup``): freezing v would save no byte there, and
+  int8 with live AdamW measured -0.000 bits/byte where the schedule cost +0.025 (transformer,
+  b2 0.95). The exchanged mean is then the gradient, and the clip is Horovod's, after it.
+
 Why this rule. The former default froze v for good at ceil(q / (1-b2)), q = 3/4 for the coarse
 compressors: a share of v's time constant, beta2 alone. At b2 = 0.95 that froze v at step 15,
 long before the gradients' scale settled (onebit +0.104, top-k +0.172 bits/byte on a held-out
@@ -73,18 +84,22 @@ freeze): it is the same on every rank, so it is added exactly instead of being c
 Since m is the same on every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression
 both placements, and both kinds of steps, are Adam.
 
-``clip_grad_norm`` (the wrappers'): in a v-step the exchanged mean is the gradient Adam takes
-(dense, or int8's stateless decoding: no residual carries unclipped mass to later steps), so
-every front end clips it after the exchange, as Horovod's pattern does; in a compressed step
-each rank clips its own gradient to c before compression (:func:`hvdcompress.clipping.local_clip_limit`),
-which keeps the exchanged mean within c, as in the v-steps. The c·sqrt(N) of the other
-stateful compressors lets the mean reach sqrt(N)·c when the ranks agree, which the frozen v
-passes through unscaled: at 8 ranks (LSTM, seed 1) that rule measured +0.075 (frozen at 250; the
-loss jumped from 2.91 to 3.24 bits/byte after the freeze) and +0.035 (frozen at 750, 2,000 steps),
-clipping to c +0.053 (jump to 3.11) and +0.021.
+``clip_grad_norm`` (the wrappers'): each rank clips its own gradient to c before it is sent,
+in every step, v-steps included (:func:`hvdcompress.clipping.local_clip_limit`), which keeps the
+exchanged mean within c. m and v then see gradients clipped alike, and Adam's step m/sqrt(v) does
+not depend on the clip's common scale. Clipping the exchanged mean in the v-steps (Horovod's
+pattern) and each rank in the compressed steps, as before issue 36, fed v with means clipped by
+0.9-1.0 and m with gradients clipped by 0.6-0.8 (each rank's norm exceeds its mean's: the ranks'
+noise does not cancel; transformer, 2 ranks, clip 0.5): the compressed steps took ~25% shorter
+steps, which cost onebit +0.055 bits/byte against -0.007 with the clip alike (benchmarks/README.md
+section 8). The c·sqrt(N) of the other stateful compressors lets the mean reach sqrt(N)·c when
+the ranks agree, which the frozen v passes through unscaled: at 8 ranks (LSTM, seed 1) that rule
+measured +0.075 (frozen at 250; the loss jumped from 2.91 to 3.24 bits/byte after the freeze),
+clipping to c +0.053. Around a stateless int8 or fp16 (live Adam at every step) the exchanged
+mean is the gradient, and it is clipped after the exchange as Horovod does.
 
 Which to send: measured on two byte-level language models (benchmarks/README.md section 8),
-sending the gradient is as good or better for every compressor: with the momentum sent, the
+sending the gradient is as good or better than the momentum for every compressor: with the momentum sent, the
 exchanged m replaces every rank's m, so the compression error of one step stays in m and is
 then amplified by 1/sqrt(v) for 1/(1-b1) steps, and a sparsifier's unsent coordinates see
 their momentum decay by b1 each step while the residual holds their mass; with the gradient
@@ -95,9 +110,13 @@ was made in (top-k: +0.091 -> +0.027, PowerSGD +0.068 -> -0.002 on the LSTM).
 v = 0), the gradient in update space, where Adam's step is linear once v is frozen: a quantiser's
 one scale then fits every coordinate alike, and error feedback repays in the space the step is
 taken in; the exchanged mean is multiplied back by sqrt(v_hat) + eps. Uncompressed it is the same
-Adam. Measured at 8 ranks (LSTM, onebit frozen at 250, seed 1): +0.070 against the gradient's
-+0.075, within the run's noise; the jump of the loss at the freeze stays. Kept as an ablation of
-where error feedback sits (gradient, momentum or update space), not the default.
+Adam. It is top-k's default (``send="auto"``): top-k picks its k coordinates by magnitude, and
+in gradient space the largest are those of large v, which Adam scales down anyway, while the
+coordinates of small v, which Adam moves as far, wait in the residual; in update space it picks
+the coordinates whose step is largest. Measured on the transformer at b2 0.95 (2 ranks):
++0.047 against the gradient's +0.080 (issue 36). For onebit it changed nothing: +0.070 against
+the gradient's +0.075 at 8 ranks (LSTM, frozen at 250, seed 1), 2.846 against 2.848 bits/byte on
+the transformer.
 
 History (benchmarks/README.md section 8, gap to dense AdamW, betas (0.9, 0.999)): with the fixed
 freeze, 750 steps (the former default for onebit, top-k, random-k, PowerSGD) kept every
@@ -120,7 +139,7 @@ count in the compressor's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 from .adam_freeze import VarianceSchedule
 from .backend import Ops, Tensor
@@ -128,11 +147,12 @@ from .compressor import Compressor, Packet, TensorInfo
 from .compressors.cast import Cast
 from .compressors.int8 import Int8
 from .compressors.none import NoCompression
+from .compressors.topk import TopK
 from .memory import Decorator
 from .validation import check_int
 
 #: what each rank compresses after the freeze (the first: the default)
-SEND = ("gradient", "momentum", "preconditioned")
+SEND = ("auto", "gradient", "momentum", "preconditioned")
 
 #: what sends the gradient in a v-step (live Adam), FrozenAdam's ``warmup`` (the first: the default)
 WARMUP = ("auto", "int8", "none")
@@ -211,8 +231,9 @@ class FrozenAdam(Decorator):
     of its own). ``freeze_steps``: None (default) for the variance schedule of
     :mod:`hvdcompress.adam_freeze` (live Adam for 128 steps, then v refreshed at growing
     intervals), or T0: live Adam for T0 steps, then v frozen for good.
-    ``send``: what each rank compresses in a compressed step, ``"gradient"`` (default),
-    ``"momentum"`` (1-bit Adam's placement) or ``"preconditioned"``.
+    ``send``: what each rank compresses in a compressed step, ``"gradient"``,
+    ``"momentum"`` (1-bit Adam's placement), ``"preconditioned"``, or ``"auto"`` (default):
+    preconditioned around top-k, else the gradient.
     ``warmup``: what sends the gradient in a v-step (live Adam): ``"int8"`` (:class:`Int8`,
     stateless), ``"none"`` (dense allreduce), or ``"auto"`` (default): int8, dense where
     ``inner`` sends 16 bits or more per element (none, fp16, bf16). ``live_steps``: W, the
@@ -228,14 +249,15 @@ class FrozenAdam(Decorator):
     takes_over_adam = True
 
     def __init__(self, inner: Compressor, freeze_steps: Optional[int] = None,
-                 send: str = "gradient", warmup: str = "auto", live_steps: Optional[int] = None,
+                 send: str = "auto", warmup: str = "auto", live_steps: Optional[int] = None,
                  flush: bool = False, min_numel: Optional[int] = None):
         super().__init__(inner)
         if send not in SEND:
             raise ValueError(f"FrozenAdam: send={send!r}; allowed: {', '.join(map(repr, SEND))}")
         if warmup not in WARMUP:
             raise ValueError(f"FrozenAdam: warmup={warmup!r}; allowed: {', '.join(map(repr, WARMUP))}")
-        self.send = send
+        # auto: top-k picks its k by magnitude, which must be the step's (Adam's update space)
+        self.send = send if send != "auto" else "preconditioned" if isinstance(inner.unwrap(), TopK) else "gradient"
         if inner.takes_over_momentum:
             raise ValueError(f"FrozenAdam({inner!r}): {inner.name} applies momentum itself (SGD's "
                              "momentum correction); FrozenAdam needs a compressor without it "
@@ -288,14 +310,6 @@ class FrozenAdam(Decorator):
         (:mod:`hvdcompress.adam_freeze`; the same for every param group), for a tensor of
         ``numel`` elements (None: a large one)."""
         return not self.live(numel) and not self.schedule.updates(self.steps + 1, self._phase_b2(settings))
-
-    def warming_up(self, groups: Sequence[AdamSettings]) -> bool:
-        """Whether this step is a v-step (live Adam on the exchanged mean) for every param group:
-        the exchanged mean is then the gradient (dense, or int8's stateless decoding), so
-        ``clip_grad_norm`` clips it after the exchange as Horovod does (the local clip of
-        stateful compressors, c·sqrt(N) on each rank, cost +0.02 bits/byte on the language
-        model, benchmarks/README.md section 8)."""
-        return not any(self.frozen(s) for s in groups)
 
     def sends_dense(self, settings: Optional[AdamSettings] = None, numel: Optional[int] = None) -> bool:
         """Whether this step's tensor of ``numel`` elements goes as it is (allreduce): live Adam

@@ -27,7 +27,8 @@ a residual, at either level of two-level compression). With a stateless one (non
 int8, the quantisers without error feedback, random-k) the exchanged gradient is the gradient,
 so it is clipped after the exchange to c, exactly as Horovod's pattern does, and compression
 keeps overlapping with the backward pass. The Adam take-over clips each rank to c instead
-(:func:`local_clip_limit`): its frozen v does not rescale a larger step.
+(:func:`local_clip_limit`), in every step (its v-steps too, so that m and v see gradients
+clipped alike): its frozen v does not rescale a larger step.
 """
 from __future__ import annotations
 
@@ -79,9 +80,9 @@ def local_clip_limit(clip_grad_norm: float, world: int, average: bool = True, co
     """The norm each of ``world`` ranks clips its local gradients to: c · sqrt(N) when the
     exchange averages them (its ``p.grad`` is the paper's N · G_k), c / sqrt(N) when it sums.
 
-    With the Adam take-over (:class:`hvdcompress.adam.FrozenAdam`, after its freeze): c (c / N
-    for a sum), which keeps the exchanged mean within c, the bound of the warm-up's clip after
-    the exchange. v was frozen on gradients whose mean was clipped to c; under c · sqrt(N) the
+    With the Adam take-over (:class:`hvdcompress.adam.FrozenAdam`, in every step): c (c / N
+    for a sum), which keeps the exchanged mean within c. v is refreshed on the same clipped
+    gradients; under c · sqrt(N) the
     mean reaches sqrt(N) · c when the ranks' gradients agree, and the frozen 1/sqrt(v) passes
     every such step through unscaled (measured at 8 ranks: a jump of the loss at the freeze)."""
     if getattr(compressor, "takes_over_adam", False):

@@ -6,7 +6,7 @@ the FSDP hooks) translates its framework's events into the driver's calls and it
 
     driver.agree(params, like)                 # once per engine: ranks send the same tensors alike
     driver.check_replicas(named)               # every check_replicas steps (hvdcompress.replicas)
-    before = driver.clips_before(settings)     # the local clip before compression, or Horovod's after
+    before = driver.clips_before()             # the local clip before compression, or Horovod's after
     x = driver.outgoing(x, state, info, ...)   # loss-scale guard copy, FrozenAdam's m or g, predivide
     driver.start(entries)                      # a complete group (driver.completion) is launched
     for entry in driver.finish(out_of): ...    # every round, in launch order; decoded averages
@@ -15,9 +15,9 @@ the FSDP hooks) translates its framework's events into the driver's calls and it
 
 The order is the same on every front end: compression state copied for the loss scaler before
 anything changes it; FrozenAdam's ``before_exchange`` then the predivide; the clip before
-compression except in FrozenAdam's full-precision warm-up (where the exchanged mean is the
-gradient and Horovod's clip after the exchange is exact); ``on_step`` after the update and
-never on a skipped (overflow) step.
+compression with a compressor that carries state (FrozenAdam's v-steps included: m and v then
+see gradients clipped alike), Horovod's clip after the exchange otherwise; ``on_step`` after the
+update and never on a skipped (overflow) step.
 
 It also owns what spans the run: the engine (built lazily, so a front end's state can exist
 before its process group, as PyTorch's PowerSGDState), the rank agreement (at the first step
@@ -187,18 +187,13 @@ class StepDriver:
         self._replicas.after_step(named, lambda: counters_checksum(
             self.compressor.state_dict(), sorted(self.states.named().items())))
 
-    def warming_up(self, settings: Callable[[], Sequence[AdamSettings]]) -> bool:
-        """Whether FrozenAdam runs live Adam this step (a v-step: its warm-up or a refresh of v,
-        the gradient sent dense or int8, :mod:`hvdcompress.adam_freeze`; ``settings()``: every
-        param group's Adam settings, read now)."""
-        return self.adam is not None and self.adam.warming_up(settings())
-
-    def clips_before(self, settings: Callable[[], Sequence[AdamSettings]] = lambda: ()) -> bool:
-        """Whether ``clip_grad_norm`` clips each rank's gradients before compression this step
-        (:mod:`hvdcompress.clipping`): with a compressor that carries state, except in
-        FrozenAdam's v-steps, where the exchanged mean (dense, or int8's stateless decoding)
-        is the gradient Adam takes and Horovod's clip after the exchange clips it."""
-        return self.options.clip_before and not self.warming_up(settings)
+    def clips_before(self) -> bool:
+        """Whether ``clip_grad_norm`` clips each rank's gradients before compression
+        (:mod:`hvdcompress.clipping`): with a compressor that carries state, FrozenAdam's
+        variance schedule included, in its v-steps too (:mod:`hvdcompress.adam`: m and v see
+        gradients clipped alike); not with FrozenAdam at every step around a stateless int8 or
+        fp16 (the exchanged mean is the gradient: Horovod's clip after the exchange)."""
+        return self.options.clip_before and not (self.adam is not None and self.adam.every_step)
 
     def outgoing(self, x: Tensor, state: MutableMapping, info: TensorInfo,
                  settings: Optional[AdamSettings] = None, param: Optional[Tensor] = None) -> Tensor:

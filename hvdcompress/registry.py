@@ -14,7 +14,8 @@ Values may be strings (as from a command line or a config file) or typed. Keys:
   and ``momentum_mu`` their ``momentum``.
 * ``adam``: ``"none"`` or ``"frozen"`` (wrap in :class:`~hvdcompress.adam.FrozenAdam`, outermost:
   the Adam/AdamW take-over), with ``freeze_steps`` (default: none, v refreshed at growing intervals, :mod:`hvdcompress.adam_freeze`),
-  ``adam_send``: what is compressed after the freeze, ``"gradient"`` (default) or ``"momentum"``,
+  ``adam_send``: what is compressed in the compressed steps, ``"auto"`` (default: ``"preconditioned"``
+  around top-k, else ``"gradient"``), ``"gradient"``, ``"momentum"`` or ``"preconditioned"``,
   and ``adam_warmup``: what sends the gradient while v is updated, ``"auto"`` (default: int8),
   ``"int8"`` or ``"none"`` (dense), and ``adam_live_steps``: the steps of live Adam before the
   refreshes of v begin (default: :data:`hvdcompress.adam_freeze.WARMUP`), and ``adam_min_numel``:

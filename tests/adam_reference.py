@@ -116,11 +116,13 @@ def clipped(x: np.ndarray, limit: float) -> np.ndarray:
 
 def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, wd: float, decoupled: bool,
               exchange=None, eps: float = 1e-8, clip: float | None = None,
-              send: str = "gradient", warmup=dense_mean, live: int = 128) -> list:
+              send: str = "gradient", warmup=dense_mean, live: int = 128, clip_mean: bool = False) -> list:
     """Weights after each step of the take-over on WORLD ranks (module doc of hvdcompress.adam):
-    dense mean gradient for t <= freeze (clipped after the exchange to ``clip``), then
-    ``exchange`` (default: the exact mean) of every rank's b1*m + (1-b1)*g_r (g_r clipped to
-    clip first: the take-over's local limit keeps the mean within clip); Adam's L2 decay added after the exchange. ``send="gradient"``
+    dense mean gradient for t <= freeze, then
+    ``exchange`` (default: the exact mean) of every rank's b1*m + (1-b1)*g_r; every rank's g_r
+    clipped to ``clip`` first in every step (the take-over's local limit keeps the mean within
+    clip; ``clip_mean``: the exchanged mean clipped instead, Horovod's pattern, for the live steps
+    around a stateless int8); Adam's L2 decay added after the exchange. ``send="gradient"``
     (FrozenAdam's default): after the freeze ``exchange`` takes every rank's g_r and m is formed
     from its result; ``"preconditioned"``: every rank's g_r / (sqrt(v_hat) + eps) (0 where v = 0),
     the result multiplied back, then as ``"gradient"``. ``freeze=None``: the default variance
@@ -139,9 +141,11 @@ def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, w
         t = step + 1
         xs = gradients(step)
         live = t in schedule
+        if clip is not None and not clip_mean:
+            xs = [clipped(x, clip) for x in xs]
         if live:
             g = warmup(xs)
-            if clip is not None:
+            if clip is not None and clip_mean:
                 g = clipped(g, clip)
             if l2:
                 g = g + w * f32(l2)
@@ -150,8 +154,6 @@ def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, w
             v = v * f32(keep) + g * g * f32(alpha)
             decay = b2 ** t if freeze is not None else decay * keep
         else:
-            if clip is not None:
-                xs = [clipped(x, clip) for x in xs]
             denom = np.sqrt(v * f32(1 / (1 - decay))) + f32(eps)
             sent = xs if send == "gradient" else [m * f32(b1) + x * f32(1 - b1) for x in xs] \
                 if send == "momentum" else [np.where(v > 0, x / denom, f32(0)) for x in xs]

@@ -74,10 +74,15 @@ def test_sending_the_preconditioned_gradient_after_the_freeze_matches_numpy(runs
 
 
 @pytest.mark.horovod
-def test_clip_grad_norm_clips_the_mean_in_the_warm_up_and_each_rank_after_the_freeze(runs):
+def test_clip_grad_norm_clips_each_rank_in_every_step_and_the_mean_around_int8(runs):
+    """Each rank's gradient clipped to c before it is sent, in the warm-up too (m and v see the
+    same clip), not Horovod's clip of the mean; around a stateless int8 (live Adam at every
+    step, tests "int8") the mean is clipped after the exchange."""
     want = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True, clip=5.0))
     unclipped = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True))
+    mean = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True, clip=5.0, clip_mean=True))
     assert np.abs(want - unclipped).max() > 1e-4  # the clip acts (gradient norms are ~31)
+    assert np.abs(want[:3] - mean[:3]).max() > 1e-4   # the mean's clip differs in the warm-up
     for r in range(WORLD):
         np.testing.assert_allclose(np.array(runs["clip"][r]["weights"], dtype=np.float32), want,
                                    rtol=1e-5, atol=1e-6)
@@ -116,8 +121,7 @@ def test_the_warm_up_is_int8_by_default_and_dense_with_warmup_none(runs):
 @pytest.mark.horovod
 def test_the_variance_schedule_matches_numpy_on_both_collectives(runs):
     """FrozenAdam's variance schedule after 4 live steps (int8): v refreshed at 6, 8, ..., 20
-    (weight 1 - b2^2), then 24 (1 - b2^4), onebit + EF between; the clip of the v-steps is
-    Horovod's after the exchange, each rank's in the compressed steps."""
+    (weight 1 - b2^2), then 24 (1 - b2^4), onebit + EF between; each rank's clip in every step."""
     kw = dict(lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False, exchange=allgather_exchange, live=4)
     want = np.array(reference(24, None, **kw, warmup=int8_mean, clip=20.0))
     frozen = np.array(reference(24, 4, **{k: v for k, v in kw.items() if k != "live"}, warmup=int8_mean, clip=20.0))
@@ -142,11 +146,14 @@ def test_the_variance_schedule_matches_numpy_on_both_collectives(runs):
 def test_small_tensors_and_int8_run_live_adam_at_every_step(runs, case):
     """A tensor under ``min_numel`` elements, and every tensor around a stateless int8, runs live
     Adam at every step on the int8 mean (v updated with b2, bias correction 1 - b2^t), never the
-    variance schedule's compressed steps."""
-    kw = dict(lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False)
-    want = np.array(reference(12, 12, **kw, warmup=int8_mean))
+    variance schedule's compressed steps; clip_grad_norm=20 clips each rank's gradient (the
+    small tensor: FrozenAdam around onebit) or the exchanged mean (int8, stateless)."""
+    kw = dict(lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False, clip=20.0)
+    want = np.array(reference(12, 12, **kw, warmup=int8_mean, clip_mean=case == "int8"))
     schedule = np.array(reference(12, None, **kw, exchange=allgather_exchange, live=4, warmup=int8_mean))
     assert np.abs(want - schedule).max() > 1e-5   # the schedule would have compressed steps 5, 7, 9, 11
+    other = np.array(reference(12, 12, **kw, warmup=int8_mean, clip_mean=case != "int8"))
+    assert np.abs(want - other).max() > 1e-5   # each rank's clip (the small tensor's) or the mean's (int8)
     for r in range(WORLD):
         np.testing.assert_allclose(np.array(runs[case][r]["weights"], dtype=np.float32), want, rtol=1e-5, atol=1e-6)
     assert runs[case][0]["weights"] == runs[case][1]["weights"]
@@ -241,7 +248,7 @@ def test_dgc_next_to_adam_warns_that_its_momentum_correction_is_sgds(hvc):
     ({"compressor": "onebit", "adam": "frozen", "freeze_steps": "-1"}, "freeze_steps"),
     ({"compressor": "onebit", "adam_send": "gradient"}, "adam_send='gradient' without adam"),
     ({"compressor": "onebit", "adam": "frozen", "adam_send": "both"},
-     "adam_send='both' is unknown; allowed: 'gradient', 'momentum', 'preconditioned'"),
+     "adam_send='both' is unknown; allowed: 'auto', 'gradient', 'momentum', 'preconditioned'"),
 ])
 def test_from_params_errors(params, message):
     with pytest.raises(ValueError, match=message):
@@ -276,9 +283,12 @@ def test_from_params_and_defaults():
     assert isinstance(hc.FrozenAdam(hc.NoCompression(), warmup="int8").mild, hc.Int8)
     fixed = hc.from_params({"compressor": "int8", "adam": "frozen", "freeze_steps": "7", "adam_warmup": "none"})
     assert fixed.schedule.freeze_steps == 7 and fixed.mild is None
-    assert c.send == "gradient" and hc.FrozenAdam(hc.OneBit()).send == "gradient"
+    # send="auto": top-k (its k by magnitude) in update space, every other compressor the gradient
+    assert c.send == "preconditioned" and hc.FrozenAdam(hc.TopK(0.1)).send == "preconditioned"
+    assert hc.FrozenAdam(hc.OneBit()).send == "gradient" and hc.FrozenAdam(hc.RandomK(0.1)).send == "gradient"
+    assert hc.FrozenAdam(hc.TopK(0.1), send="gradient").send == "gradient"
     assert hc.from_params({"compressor": "int8", "adam": "frozen", "adam_send": "momentum"}).send == "momentum"
-    with pytest.raises(ValueError, match="FrozenAdam: send='m'; allowed: 'gradient', 'momentum', 'preconditioned'"):
+    with pytest.raises(ValueError, match="FrozenAdam: send='m'; allowed: 'auto', 'gradient', 'momentum', 'preconditioned'"):
         hc.FrozenAdam(hc.OneBit(), send="m")
     with pytest.raises(ValueError, match="FrozenAdam: warmup='fp8'; allowed: 'auto', 'int8', 'none'"):
         hc.FrozenAdam(hc.OneBit(), warmup="fp8")

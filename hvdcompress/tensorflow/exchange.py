@@ -7,7 +7,7 @@ the same as for torch; this module keeps what is TensorFlow's: variables as stat
 Only Horovod's collective ops are used, so this works with Keras 2 and Keras 3 alike.
 
 Graph mode: the core takes Python decisions on tensor values (DGC's threshold loop, random-k's
-host-side draw, FrozenAdam's warm-up, the clip order that follows it) and the payload layout may
+host-side draw, FrozenAdam's v-steps) and the payload layout may
 change from step to step. Inside a ``tf.function`` the whole exchange therefore runs as one
 ``tf.py_function``: the same eager code as in eager mode, hence the same results as the torch
 path, and nothing about sparsity, step or epoch is baked into the graph. The price: one host
@@ -147,7 +147,7 @@ class GradientExchange:
 
     def _shared(self, grads: Sequence[Any], sources: Sequence[Any], flag: Any = None) -> list:
         """The exchange of ``grads`` with ``clip_grad_norm`` before or after it (None kept); with
-        FrozenAdam the order follows its warm-up, so :meth:`_exchange` clips, step by step."""
+        FrozenAdam :meth:`_exchange` clips (the driver's order), then takes the optimizer's step."""
         c = self.core.clip_grad_norm
         if c is None or self.driver.adam is not None:
             return self._reduce(grads, sources, flag)
@@ -268,7 +268,7 @@ class GradientExchange:
             return [tf.fill(tf.shape(g), tf.constant(np.nan, g.dtype)) for g in grads]
         settings = None if driver.adam is None else self.adam_settings()
         clip = self.core.clip_grad_norm if driver.adam is not None else None   # else _shared's
-        before = clip is not None and driver.clips_before(lambda: [settings])
+        before = clip is not None and driver.clips_before()
         if before:
             grads = clipped(grads, self._local_limit())
         totals: list = [None] * len(grads)
@@ -285,7 +285,7 @@ class GradientExchange:
             for entry in driver.finish():
                 for i, total in fused_totals(OPS, entry):
                     totals[i] = total
-        if clip is not None and not before:   # FrozenAdam's warm-up: Horovod's clip after the exchange
+        if clip is not None and not before:   # live Adam around a stateless int8: Horovod's clip after
             totals = clipped(totals, clip)
         for i, total in enumerate(totals if driver.adam is not None else ()):
             if total is not None and params[i] is not None:

@@ -107,7 +107,7 @@ class CompressionState:
         self._named = named_parameters is not None
         self._fused = self._fusion_buckets()   # parameter name -> its fused bucket (fusion=)
         self._buckets: list = []       # this step's (future, buffer, [(param, flat grad)])
-        self._clip_before = False      # this step's clip order (FrozenAdam's warm-up clips after)
+        self._clip_before = False      # the clip order (the driver's: before the exchange with state)
         self.driver = StepDriver(self.options, OPS, self._build_exchange,
                                  lambda: DistCollectives(process_group),
                                  "hvdcompress.torch.ddp.CompressionState",
@@ -231,8 +231,7 @@ class CompressionState:
         by_name = sorted(self._names.items(), key=lambda item: item[1])
         self.driver.agree([(n, tuple(p.shape), str(p.dtype)) for p, n in by_name], torch.zeros(1, device=self._device()))
         self.driver.check_replicas(lambda: [(n, p.detach()) for p, n in by_name])
-        self._clip_before = self.driver.clips_before(
-            lambda: [adam_settings(g, i) for i, g in enumerate(self.optimizer.param_groups)])
+        self._clip_before = self.driver.clips_before()
 
     def _complete(self) -> None:
         """After the last bucket: (the local clip and the launches,) every round, the decoded

@@ -144,7 +144,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._prepare(q)
 
     def _clips_before(self) -> bool:
-        return self._driver.clips_before(lambda: [adam_settings(g, i) for i, g in enumerate(self.param_groups)])
+        return self._driver.clips_before()
 
     def _info(self, p: torch.Tensor) -> TensorInfo:
         group = self._param_group[p] if takes_over(self._compression, self) else None

@@ -193,7 +193,7 @@ def reference(case: Case, comm, steps: int, node=None, cross=None,
                 p.grad.copy_(fed)
         settings = adam_settings(opt.param_groups[0]) if adam is not None else None
         grads = [p.grad for _, p in named]
-        clip_before = compressor.carries_state and not (adam is not None and adam.warming_up([settings]))
+        clip_before = compressor.carries_state and not (adam is not None and adam.every_step)
         if case.clip_grad_norm is not None and clip_before:
             clip_local_gradients(grads, case.clip_grad_norm, comm.world, compressor=compressor)
         entries, waiting = [], {}
@@ -206,7 +206,8 @@ def reference(case: Case, comm, steps: int, node=None, cross=None,
             sent = p.grad.view(-1)
             if adam is not None:
                 sent = adam.before_exchange(OPS, sent, states[name], settings, p.detach().reshape(-1))
-                info.dense = adam.sends_dense(settings)   # as the driver (hvdcompress.driver.StepDriver.outgoing)
+                info.dense = adam.sends_dense(settings, info.numel)   # as the driver (StepDriver.outgoing)
+                info.mild = adam.sends_mild(settings, info.numel)
             if name not in fused:
                 entries.append(engine.compress(p, sent, states[name], info))
             else:

@@ -11,14 +11,16 @@ step in numpy). Cases, each reporting every step's weights:
 "a2a":    the compressed allreduce (collective='alltoall') of "onebit", 5 steps
 "gradient": "onebit" with the default send="gradient" (each rank's gradient compressed after the freeze);
 "preconditioned": the same with send="preconditioned" (g_r / sqrt(v_hat) compressed)
-"clip":   "none" with clip_grad_norm=5 (Horovod's clip in the warm-up, the local one after)
+"clip":   "none" with clip_grad_norm=5 (each rank's clip, the warm-up's too)
 "dense_warmup": "gradient" with warmup="none" (the warm-up allreduced dense)
 "schedule": FrozenAdam(ErrorFeedback(OneBit), live_steps=4): the default variance schedule of
           hvdcompress.adam_freeze (v-steps int8) after 4 live steps instead of 128, Adam, 24 steps,
-          clip_grad_norm=20 (the v-steps' clip after the exchange, the local one in the others)
+          clip_grad_norm=20 (each rank's clip in every step)
 "schedule_a2a": "schedule" without the clip through the compressed allreduce
 "small":  "schedule" with min_numel=N+1: the tensor is small, so it runs live Adam (int8) at every step
-"int8":   FrozenAdam(Int8()) at its defaults: live Adam at every step, every step int8
+          (each rank clipped to 20 first)
+"int8":   FrozenAdam(Int8()) at its defaults, clip 20: live Adam at every step, every step int8, the
+          mean clipped after the exchange
 """
 import horovod.torch as hvd
 import torch
@@ -104,7 +106,8 @@ result(rank, case="schedule", weights=weights, sent=opt.total_bytes.sent, dense=
        compressor_state=opt.state_dict()["hvdcompress"]["compressor"])
 model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), live_steps=4), kind="adam", collective="alltoall")
 result(rank, case="schedule_a2a", weights=train(model, opt, 24))
-model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), live_steps=4, min_numel=N + 1), kind="adam")
+model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), live_steps=4, min_numel=N + 1), kind="adam",
+                  clip_grad_norm=20.0)
 result(rank, case="small", weights=train(model, opt, 12), sent=opt.total_bytes.sent, dense=opt.total_bytes.dense)
-model, opt = make(hc.FrozenAdam(hc.Int8()), kind="adam")
+model, opt = make(hc.FrozenAdam(hc.Int8()), kind="adam", clip_grad_norm=20.0)
 result(rank, case="int8", weights=train(model, opt, 12), sent=opt.total_bytes.sent, dense=opt.total_bytes.dense)

@@ -47,16 +47,13 @@ them, but v stays an average of at least min(1/(1-b2), 16) squares), decay_t = p
 which is b2^t when every step is a v-step. ``freeze_steps=T0`` is the explicit override: v-steps
 t <= T0, v frozen after (1-bit Adam), decay_t = b2^min(t, T0).
 
-Two kinds of tensors run live Adam at every step instead, sent by the warm-up compressor:
-
-* with ``min_numel=n``, tensors of fewer than n elements (4,096 takes the biases and norms of
-  a model, < 1% of its elements, ~0.2% of dense's bytes per step). Off by default
-  (:data:`MIN_NUMEL`): measured on the transformer at b2 0.95, onebit gave -0.007 bits/byte with
-  it and -0.008 without (issue 36);
-* every tensor around a stateless compressor as mild as int8 (int8, fp16, bf16, none; not
-  with ``freeze_steps`` or an explicit ``warmup``): freezing v would save no byte there, and
-  int8 with live AdamW measured -0.000 bits/byte where the schedule cost +0.025 (transformer,
-  b2 0.95). The exchanged mean is then the gradient, and the clip is Horovod's, after it.
+With ``min_numel=n`` (``adam_min_numel``), tensors of fewer than n elements run live Adam at
+every step instead, sent by the warm-up compressor (4,096 takes the biases and norms of a model,
+< 1% of its elements, ~0.2% of dense's bytes per step). Off by default (:data:`MIN_NUMEL`):
+measured on the transformer at b2 0.95, onebit gave -0.007 bits/byte with it and -0.008
+without (issue 36). Live Adam at every step is no better for int8 itself, though it freezes
+nothing to save a byte: int8 with live AdamW measured +0.015 on the LSTM at b2 0.95 (the
+schedule: -0.000), +0.003 at 0.999, -0.000 on the transformer at 0.95.
 
 Why this rule. The former default froze v for good at ceil(q / (1-b2)), q = 3/4 for the coarse
 compressors: a share of v's time constant, beta2 alone. At b2 = 0.95 that froze v at step 15,
@@ -269,12 +266,6 @@ class FrozenAdam(Decorator):
         self.warmup = warmup
         wide = isinstance(inner.unwrap(), (NoCompression, Cast))
         self.mild: Optional[Compressor] = None if warmup == "none" or (warmup == "auto" and wide) else Int8()
-        # around a stateless compressor as mild as int8, freezing v saves no byte: live Adam at
-        # every step, each sent by that compressor (int8 with live AdamW: -0.000 bits/byte, issue 36)
-        self.every_step = (warmup == "auto" and freeze_steps is None and inner is inner.unwrap()
-                           and isinstance(inner, (NoCompression, Cast, Int8)))
-        if self.every_step:
-            self.mild = None if isinstance(inner, NoCompression) else inner
         self.flush = bool(flush)
         self.min_numel = MIN_NUMEL if min_numel is None else check_int("FrozenAdam", "min_numel", min_numel, 0)
         self.steps = 0
@@ -300,10 +291,9 @@ class FrozenAdam(Decorator):
             self.beta2 = settings.beta2
         return 0.999 if self.beta2 is None else self.beta2
 
-    def live(self, numel: Optional[int] = None) -> bool:
-        """Whether a tensor of ``numel`` elements (None: any) runs live Adam at every step:
-        ``min_numel``, or every tensor around a stateless mild compressor."""
-        return self.every_step or (numel is not None and numel < self.min_numel)
+    def live(self, numel: Optional[int]) -> bool:
+        """Whether a tensor of ``numel`` elements runs live Adam at every step (``min_numel``)."""
+        return numel is not None and numel < self.min_numel
 
     def frozen(self, settings: Optional[AdamSettings] = None, numel: Optional[int] = None) -> bool:
         """Whether this step (the ``steps + 1``-th) is a compressed step (v kept), not a v-step

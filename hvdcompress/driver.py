@@ -189,11 +189,10 @@ class StepDriver:
 
     def clips_before(self) -> bool:
         """Whether ``clip_grad_norm`` clips each rank's gradients before compression
-        (:mod:`hvdcompress.clipping`): with a compressor that carries state, FrozenAdam's
-        variance schedule included, in its v-steps too (:mod:`hvdcompress.adam`: m and v see
-        gradients clipped alike); not with FrozenAdam at every step around a stateless int8 or
-        fp16 (the exchanged mean is the gradient: Horovod's clip after the exchange)."""
-        return self.options.clip_before and not (self.adam is not None and self.adam.every_step)
+        (:mod:`hvdcompress.clipping`): with a compressor that carries state, FrozenAdam
+        included, in its v-steps too (:mod:`hvdcompress.adam`: m and v see gradients clipped
+        alike)."""
+        return self.options.clip_before
 
     def outgoing(self, x: Tensor, state: MutableMapping, info: TensorInfo,
                  settings: Optional[AdamSettings] = None, param: Optional[Tensor] = None) -> Tensor:

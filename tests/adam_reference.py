@@ -121,8 +121,8 @@ def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, w
     dense mean gradient for t <= freeze, then
     ``exchange`` (default: the exact mean) of every rank's b1*m + (1-b1)*g_r; every rank's g_r
     clipped to ``clip`` first in every step (the take-over's local limit keeps the mean within
-    clip; ``clip_mean``: the exchanged mean clipped instead, Horovod's pattern, for the live steps
-    around a stateless int8); Adam's L2 decay added after the exchange. ``send="gradient"``
+    clip; ``clip_mean``: the exchanged mean clipped instead, Horovod's pattern, the rule before
+    issue 36 in the live steps); Adam's L2 decay added after the exchange. ``send="gradient"``
     (FrozenAdam's default): after the freeze ``exchange`` takes every rank's g_r and m is formed
     from its result; ``"preconditioned"``: every rank's g_r / (sqrt(v_hat) + eps) (0 where v = 0),
     the result multiplied back, then as ``"gradient"``. ``freeze=None``: the default variance

@@ -193,7 +193,7 @@ def reference(case: Case, comm, steps: int, node=None, cross=None,
                 p.grad.copy_(fed)
         settings = adam_settings(opt.param_groups[0]) if adam is not None else None
         grads = [p.grad for _, p in named]
-        clip_before = compressor.carries_state and not (adam is not None and adam.every_step)
+        clip_before = compressor.carries_state   # FrozenAdam's v-steps too (StepDriver.clips_before)
         if case.clip_grad_norm is not None and clip_before:
             clip_local_gradients(grads, case.clip_grad_norm, comm.world, compressor=compressor)
         entries, waiting = [], {}

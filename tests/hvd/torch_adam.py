@@ -19,8 +19,6 @@ step in numpy). Cases, each reporting every step's weights:
 "schedule_a2a": "schedule" without the clip through the compressed allreduce
 "small":  "schedule" with min_numel=N+1: the tensor is small, so it runs live Adam (int8) at every step
           (each rank clipped to 20 first)
-"int8":   FrozenAdam(Int8()) at its defaults, clip 20: live Adam at every step, every step int8, the
-          mean clipped after the exchange
 """
 import horovod.torch as hvd
 import torch
@@ -109,5 +107,3 @@ result(rank, case="schedule_a2a", weights=train(model, opt, 24))
 model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), live_steps=4, min_numel=N + 1), kind="adam",
                   clip_grad_norm=20.0)
 result(rank, case="small", weights=train(model, opt, 12), sent=opt.total_bytes.sent, dense=opt.total_bytes.dense)
-model, opt = make(hc.FrozenAdam(hc.Int8()), kind="adam", clip_grad_norm=20.0)
-result(rank, case="int8", weights=train(model, opt, 12), sent=opt.total_bytes.sent, dense=opt.total_bytes.dense)

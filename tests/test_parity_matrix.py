@@ -30,7 +30,7 @@ MATRIX = {
         "tf_tape": "test_tf_state_change.py::test_resume_at_three_ranks_keeps_the_delivered_mass",
         "keras": "test_tf_state_change.py::test_resume_at_three_ranks_keeps_the_delivered_mass",
     },
-    "frozen_adam_warmup_clip_order": {
+    "frozen_adam_clip_order": {
         "horovod_torch": "test_adam.py::test_clip_grad_norm_clips_each_rank_in_every_step",
         "ddp": "test_ddp.py::test_two_ranks_equal_the_horovod_front_end",
         "tf_tape": REFUSED,   # FrozenAdam replaces the optimizer's step; the tape has none
@@ -82,7 +82,7 @@ def test_refusals_name_the_parameter():
     import hvdcompress as hc
     import hvdcompress.tensorflow as hvc
     hvd.init()
-    refusals = {("frozen_adam_warmup_clip_order", "tf_tape"):
+    refusals = {("frozen_adam_clip_order", "tf_tape"):
                 lambda: hvc.DistributedGradientTape(tf.GradientTape(), compression=hc.FrozenAdam(hc.OneBit()))}
     assert set(refusals) == {(f, e) for f, row in MATRIX.items() for e, c in row.items() if c == REFUSED}
     for (feature, front_end), build in refusals.items():

@@ -227,7 +227,7 @@ class CompressionState:
 
     def _begin_step(self) -> None:
         """At the first bucket: the rank agreement (once), the replica check on the parameters
-        as the last step left them, and this step's clip order."""
+        as the last step left them, and the clip order."""
         by_name = sorted(self._names.items(), key=lambda item: item[1])
         self.driver.agree([(n, tuple(p.shape), str(p.dtype)) for p, n in by_name], torch.zeros(1, device=self._device()))
         self.driver.check_replicas(lambda: [(n, p.detach()) for p, n in by_name])

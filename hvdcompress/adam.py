@@ -47,13 +47,10 @@ them, but v stays an average of at least min(1/(1-b2), 16) squares), decay_t = p
 which is b2^t when every step is a v-step. ``freeze_steps=T0`` is the explicit override: v-steps
 t <= T0, v frozen after (1-bit Adam), decay_t = b2^min(t, T0).
 
-With ``min_numel=n`` (``adam_min_numel``), tensors of fewer than n elements run live Adam at
-every step instead, sent by the warm-up compressor (4,096 takes the biases and norms of a model,
-< 1% of its elements, ~0.2% of dense's bytes per step). Off by default (:data:`MIN_NUMEL`):
-measured on the transformer at b2 0.95, onebit gave -0.007 bits/byte with it and -0.008
-without (issue 36). Live Adam at every step is no better for int8 itself, though it freezes
-nothing to save a byte: int8 with live AdamW measured +0.015 on the LSTM at b2 0.95 (the
-schedule: -0.000), +0.003 at 0.999, -0.000 on the transformer at 0.95.
+With ``min_numel=n`` (``adam_min_numel``) tensors under n elements (biases, norms) run live Adam
+at every step, int8. Off by default (:data:`MIN_NUMEL`): onebit measured -0.007 with 4,096 and
+-0.008 without (transformer, b2 0.95). Live Adam at every step around int8 measured +0.015 on
+the LSTM at b2 0.95 (the schedule: -0.012), so int8 keeps the schedule too.
 
 Why this rule. The former default froze v for good at ceil(q / (1-b2)), q = 3/4 for the coarse
 compressors: a share of v's time constant, beta2 alone. At b2 = 0.95 that froze v at step 15,
@@ -115,18 +112,13 @@ the coordinates whose step is largest. Measured on the transformer at b2 0.95 (2
 the gradient's +0.075 at 8 ranks (LSTM, frozen at 250, seed 1), 2.846 against 2.848 bits/byte on
 the transformer.
 
-History (benchmarks/README.md section 8, gap to dense AdamW, betas (0.9, 0.999)): with the fixed
-freeze, 750 steps (the former default for onebit, top-k, random-k, PowerSGD) kept every
-compressor within 0.000-0.020 at 2 and 8 ranks on both benchmark models; 250 (int8's) jumped at
-the freeze at 8 ranks (onebit +0.075, PowerSGD +0.107 on the transformer); top-k at 500 gave
-+0.048 on the transformer. The variance schedule (issue 36, LSTM, 2 ranks, 1,000 steps; bytes
-over the whole run): at b2 0.95 onebit +0.030 (11.7x fewer bytes), top-k 1% +0.078 (13x),
-PowerSGD +0.022 (9.3x), int8 -0.000 (4x); at 0.999 +0.032 (14.4x), +0.061 (16.7x), +0.020
-(10.7x), +0.001; transformer at 0.95 +0.055 / +0.142 / +0.092 / +0.025 (10-13x): the targets
-(0.03, 0.05, 0.05, 0.01) are met on the LSTM by int8, PowerSGD, onebit at 0.95 only. 0/1 Adam's own constants (32 live steps, no cap) gave +0.056 / +0.100 / +0.041 /
-+0.027 at 0.95: compression from step 33 lost its gap by step 75 and kept it, and intervals of
-16-32 steps let v (20 samples at b2 0.95) lag, hence W = 128 and the cap. ``flush=True`` (the
-residual sent in the v-steps) measured top-k +0.243 at 0.999: its mass enters v squared.
+History (benchmarks/README.md section 8): the fixed freeze at 750 steps (the former default,
+b2 0.999) kept every compressor within 0.020 at 2 and 8 ranks, with 1.3x fewer bytes. Today's
+defaults (issue 36, 1,000 steps, bytes over the whole run 9-17x): onebit +0.021 / +0.027 on
+the LSTM at b2 0.95 / 0.999, -0.008 / +0.049 on the transformer, +0.118 at 8 ranks (LSTM, 0.95).
+0/1 Adam's own constants (32 live steps, no cap) lost the gap by step 75 (intervals of 16-32
+steps let v lag), hence W = 128 and the cap; ``flush=True`` (the residual sent in the v-steps)
+made top-k +0.243 at 0.999: its mass enters v squared.
 
 The wrapper (torch optimizer) replaces the wrapped optimizer's step with :meth:`after_exchange`;
 the user's param groups, schedulers and checkpoints keep their values; m and v live in the

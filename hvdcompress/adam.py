@@ -68,10 +68,8 @@ cost: a v that follows the gradients sparsely, noisier per coordinate than Adam'
 (~100 samples instead of 1,000), later than Adam's at small b2 (its 1/(1-b2) samples span up to
 16·I steps); and the EF residual, kept in gradient space, meets a v that changed at the refreshes.
 
-Why int8 for the v-steps: int8 with live Adam measured +0.003 to +0.010 bits/byte over whole
-runs, 4x fewer bytes than dense; it is stateless (no residual), so the exchanged mean is still
-the gradient Adam takes, up to int8's rounding (at most (max-min)/510 per element of a chunk of
-2,048). ``warmup="none"`` sends the v-steps dense, as before (``adam_warmup`` from strings).
+Why int8 for the v-steps: 4x fewer bytes, stateless (the decoded mean is the gradient up to
+(max-min)/510 per element). ``warmup="none"`` sends them dense (``adam_warmup`` from strings).
 
 Adam's own (L2) weight decay adds λ·w to the exchanged gradient (to m, times 1-b1, after the
 freeze): it is the same on every rank, so it is added exactly instead of being compressed.
@@ -120,10 +118,8 @@ the LSTM at b2 0.95 / 0.999, -0.008 / +0.049 on the transformer, +0.118 at 8 ran
 steps let v lag), hence W = 128 and the cap; ``flush=True`` (the residual sent in the v-steps)
 made top-k +0.243 at 0.999: its mass enters v squared.
 
-The wrapper (torch optimizer) replaces the wrapped optimizer's step with :meth:`after_exchange`;
-the user's param groups, schedulers and checkpoints keep their values; m and v live in the
-tensor's compressor state (``adam.m``, ``adam.v``, in the optimizer's ``state_dict()``), the step
-count in the compressor's.
+The wrappers replace the optimizer's step with :meth:`after_exchange`; m and v live in the
+tensor's compressor state (``adam.m``, ``adam.v``: the ``state_dict()``), the step count in the compressor's.
 """
 from __future__ import annotations
 

@@ -87,8 +87,7 @@ steps, which cost onebit +0.055 bits/byte against -0.007 with the clip alike (be
 section 8). The c·sqrt(N) of the other stateful compressors lets the mean reach sqrt(N)·c when
 the ranks agree, which the frozen v passes through unscaled: at 8 ranks (LSTM, seed 1) that rule
 measured +0.075 (frozen at 250; the loss jumped from 2.91 to 3.24 bits/byte after the freeze),
-clipping to c +0.053. Around a stateless int8 or fp16 (live Adam at every step) the exchanged
-mean is the gradient, and it is clipped after the exchange as Horovod does.
+clipping to c +0.053.
 
 Which to send: measured on two byte-level language models (benchmarks/README.md section 8),
 sending the gradient is as good or better than the momentum for every compressor: with the momentum sent, the
@@ -357,8 +356,8 @@ class FrozenAdam(Decorator):
         b1, b2 = settings.beta1, settings.beta2
         t = self.steps + 1
         l2 = settings.weight_decay if not settings.decoupled else 0.0
-        live = self.live(ops.numel(param))
-        frozen = self.frozen(settings, ops.numel(param))
+        numel = ops.numel(param)
+        live, frozen = self.live(numel), self.frozen(settings, numel)
         if frozen and self.send == "momentum":
             ops.write(state, "adam.m", exchanged + param * ((1.0 - b1) * l2) if l2 else exchanged * 1.0)
         else:

@@ -146,10 +146,10 @@ class GradientExchange:
         return out
 
     def _shared(self, grads: Sequence[Any], sources: Sequence[Any], flag: Any = None) -> list:
-        """The exchange of ``grads`` with ``clip_grad_norm`` before or after it (None kept); with
-        FrozenAdam :meth:`_exchange` clips (the driver's order), then takes the optimizer's step."""
+        """The exchange of ``grads`` with ``clip_grad_norm`` before or after it (None kept; the
+        driver's order: before with a compressor that carries state, FrozenAdam included)."""
         c = self.core.clip_grad_norm
-        if c is None or self.driver.adam is not None:
+        if c is None:
             return self._reduce(grads, sources, flag)
         if self.driver.clips_before():
             return self._reduce(clipped(grads, self._local_limit()), sources, flag)
@@ -267,10 +267,6 @@ class GradientExchange:
         if flag is not None and any_overflow(OPS, driver.comm, tf.reshape(tf.cast(flag, tf.float32), [1])):
             return [tf.fill(tf.shape(g), tf.constant(np.nan, g.dtype)) for g in grads]
         settings = None if driver.adam is None else self.adam_settings()
-        clip = self.core.clip_grad_norm if driver.adam is not None else None   # else _shared's
-        before = clip is not None and driver.clips_before()
-        if before:
-            grads = clipped(grads, self._local_limit())
         totals: list = [None] * len(grads)
         for bucket, bundle in bundles:
             items = []
@@ -285,8 +281,6 @@ class GradientExchange:
             for entry in driver.finish():
                 for i, total in fused_totals(OPS, entry):
                     totals[i] = total
-        if clip is not None and not before:   # live Adam around a stateless int8: Horovod's clip after
-            totals = clipped(totals, clip)
         for i, total in enumerate(totals if driver.adam is not None else ()):
             if total is not None and params[i] is not None:
                 new = driver.adam.after_exchange(OPS, self.state.tensor(infos[i].name), infos[i].param, total, settings)

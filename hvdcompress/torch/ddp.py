@@ -107,7 +107,6 @@ class CompressionState:
         self._named = named_parameters is not None
         self._fused = self._fusion_buckets()   # parameter name -> its fused bucket (fusion=)
         self._buckets: list = []       # this step's (future, buffer, [(param, flat grad)])
-        self._clip_before = False      # the clip order (the driver's: before the exchange with state)
         self.driver = StepDriver(self.options, OPS, self._build_exchange,
                                  lambda: DistCollectives(process_group),
                                  "hvdcompress.torch.ddp.CompressionState",
@@ -210,7 +209,7 @@ class CompressionState:
             if self._scaler is not None:
                 for _, grad in pairs:
                     self._scaler.unscale_tensor(grad)
-            if not self._clip_before:
+            if not self.driver.clips_before():
                 self._launch(pairs)
             if bucket.is_last():
                 self._complete()
@@ -226,19 +225,18 @@ class CompressionState:
         return future
 
     def _begin_step(self) -> None:
-        """At the first bucket: the rank agreement (once), the replica check on the parameters
-        as the last step left them, and the clip order."""
+        """At the first bucket: the rank agreement (once) and the replica check on the parameters
+        as the last step left them."""
         by_name = sorted(self._names.items(), key=lambda item: item[1])
         self.driver.agree([(n, tuple(p.shape), str(p.dtype)) for p, n in by_name], torch.zeros(1, device=self._device()))
         self.driver.check_replicas(lambda: [(n, p.detach()) for p, n in by_name])
-        self._clip_before = self.driver.clips_before()
 
     def _complete(self) -> None:
         """After the last bucket: (the local clip and the launches,) every round, the decoded
         averages in the buffers, (the clip after the exchange,) the futures completed."""
         grads = sorted(((self._name(p), g) for _, _, pairs in self._buckets for p, g in pairs),
                        key=lambda item: item[0])  # name order: the norm sums alike on every rank
-        if self._clip_before:
+        if self.driver.clips_before():
             clip_local_gradients([g for _, g in grads], self.options.clip_grad_norm, self.comm.world,
                                  compressor=self.compressor)
             for _, _, pairs in self._buckets:
@@ -253,7 +251,7 @@ class CompressionState:
                 if total is not None and total is not grad:
                     grad.copy_(total)
         skipped = overflow is not None and self._scaler.settle(self.comm, overflow)
-        if self.options.clip_grad_norm is not None and not self._clip_before:
+        if self.options.clip_grad_norm is not None and not self.driver.clips_before():
             clip_gradients([g for _, g in grads], self.options.clip_grad_norm)
         self.driver.end_exchange()
         if self.driver.adam is None:   # FrozenAdam counts its steps in the optimizer's step

@@ -128,7 +128,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         clip before the exchange once every gradient is complete (the clip needs their norm)."""
         if self._scaler is not None:
             self._scaler.unscale(p)
-        if not self._clips_before():
+        if not self._driver.clips_before():
             self._prepare(p)
             return
         self._awaiting_clip.append(p)
@@ -142,9 +142,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  average=self.op == hvd.Average, compressor=self._compression)
             for q in params:
                 self._prepare(q)
-
-    def _clips_before(self) -> bool:
-        return self._driver.clips_before()
 
     def _info(self, p: torch.Tensor) -> TensorInfo:
         group = self._param_group[p] if takes_over(self._compression, self) else None
@@ -210,7 +207,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p, finish in self._sparse.items():
             p.grad = finish()  # Horovod's sparse allreduce hands back a function
         self._sparse.clear()
-        if self.clip_grad_norm is not None and not self._clips_before():  # Horovod's clip, exactly
+        if self.clip_grad_norm is not None and not self._driver.clips_before():  # Horovod's clip, exactly
             clip_gradients([p.grad for p in self._requires_update if p.grad is not None], self.clip_grad_norm)
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step

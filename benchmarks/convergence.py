@@ -41,7 +41,9 @@ communication hook instead (:mod:`hvdcompress.torch.ddp`, a gloo group beside Ho
 same processes; the optimizer's momentum or Adam taken over as by the Horovod optimizer), to
 compare the two front ends on one task.
 Writes ``results/lm_convergence.json`` and ``lm_convergence.png`` (validation bits/byte over
-steps).
+steps). A launch that fails or runs past ``--timeout`` keeps the methods that finished before
+(each is recorded as it ends): they are written to the JSON, the others named, and the exit
+status is non-zero.
 """
 from __future__ import annotations
 
@@ -266,17 +268,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_np(np_: int, methods: list, args) -> list:
-    """One horovodrun with ``np_`` ranks on localhost; rank 0's records, one per method."""
+def run_np(np_: int, methods: list, args) -> tuple:
+    """One horovodrun with ``np_`` ranks on localhost: (rank 0's records, one per finished
+    method; the LaunchError's message if the launch failed or timed out, else None). A method
+    writes its record as it ends, so those finished before a failure are kept."""
     flags = ["--worker", "--methods", ",".join(methods), "--epochs", str(args.epochs),
              "--batch", str(args.batch), "--lr", str(args.lr), "--momentum", str(args.momentum),
              "--seed", str(args.seed), "--task", args.task, "--port", str(free_port())]
     if args.task == "lm":
         flags += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in LM_FLAGS]
     try:
-        return run_script(Path(__file__).resolve(), np=np_, args=flags, timeout=args.timeout).results[0]
+        return run_script(Path(__file__).resolve(), np=np_, args=flags, timeout=args.timeout).results[0], None
     except LaunchError as e:
-        raise SystemExit(f"convergence: {e}") from None
+        return (e.results[0] if e.results else []), str(e)
 
 
 def print_table(results: dict) -> None:
@@ -428,10 +432,14 @@ def main(argv=None) -> None:
     else:
         methods = [] if args.report else runnable(args.methods, "convergence")
     for np_ in [] if args.report else args.nps:
-        rows = run_np(np_, methods, args)
+        rows, error = run_np(np_, methods, args)
         results[str(np_)] = {**results.get(str(np_), {}), **{r["method"]: r for r in rows}}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1))
+        if error:
+            lost = [m for m in methods if m not in {r["method"] for r in rows}]
+            raise SystemExit(f"convergence: {error}\nconvergence: {len(rows)} finished method(s) "
+                             f"kept in {out}; not run or unfinished at {np_} ranks: {', '.join(lost)}")
     (print_lm_table if args.task == "lm" else print_table)(results)
     (plot_lm if args.task == "lm" else plot)(results, out.with_suffix(".png"))
     print(f"convergence: wrote {out} and {out.with_suffix('.png')}")

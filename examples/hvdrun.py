@@ -163,15 +163,17 @@ class Launch:
 
 class LaunchError(RuntimeError):
     """horovodrun exited non-zero or ran past its time-out. The message holds the tail of each
-    rank's stderr; ``outputs`` and ``log`` (horovodrun's own output) hold everything."""
+    rank's stderr; ``outputs`` and ``log`` (horovodrun's own output) hold everything, ``results``
+    each rank's records written before it stopped (``Launch.results``' form)."""
 
     def __init__(self, message: str, returncode: Optional[int], timed_out: bool,
-                 outputs: list[RankOutput], log: str):
+                 outputs: list[RankOutput], log: str, results: Optional[list[list[dict]]] = None):
         super().__init__(message)
         self.returncode = returncode
         self.timed_out = timed_out
         self.outputs = outputs
         self.log = log
+        self.results = results if results is not None else []
 
     @property
     def combined_output(self) -> str:
@@ -398,13 +400,14 @@ def run_script(script: str | os.PathLike, np: int = 2, args: Sequence[Any] = (),
         log = log_path.read_text(errors="replace")
         outputs = _rank_outputs(output_dir, np)
         what = f"horovodrun -np {np} {script}"
+        results = read_results(results_dir, np)
         if timed_out:
             raise LaunchError(f"{what} timed out after {timeout:g} s (a rank hung or was too "
                               f"slow); all ranks were killed.\n{_tails(outputs, log)}",
-                              None, True, outputs, log)
+                              None, True, outputs, log, results)
         if proc.returncode != 0:
             raise LaunchError(f"{what} failed (exit code {proc.returncode}).\n"
-                              f"{_tails(outputs, log)}", proc.returncode, False, outputs, log)
-        return Launch(read_results(results_dir, np), outputs, log, seconds)
+                              f"{_tails(outputs, log)}", proc.returncode, False, outputs, log, results)
+        return Launch(results, outputs, log, seconds)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -180,6 +180,7 @@ def test_a_failing_rank_shows_its_stderr_tail(tmp_path):
 @pytest.mark.horovod
 def test_a_hang_ends_at_the_timeout_with_a_clear_message(tmp_path):
     path = script(tmp_path, """
+        result(before="the hang")   # kept: a long benchmark keeps the methods that finished
         print(f"pid {os.getpid()}: rank {rank} about to hang", file=sys.stderr, flush=True)
         time.sleep(600)
     """)
@@ -190,6 +191,7 @@ def test_a_hang_ends_at_the_timeout_with_a_clear_message(tmp_path):
     elapsed = time.monotonic() - start
     err = info.value
     assert err.timed_out and err.returncode is None
+    assert err.results == [[{"rank": r, "before": "the hang"}] for r in (0, 1)]
     assert elapsed < timeout + TERMINATE_GRACE_S + 10, elapsed
     message = str(err)
     assert f"timed out after {timeout} s" in message

@@ -2,7 +2,7 @@
 section 8): validation bits/byte against dense AdamW in the same launch, and the gradient bytes
 over the whole run (warm-up included: dense bytes / sent bytes of one rank), for each compressor,
 on both language models (LSTM, causal transformer), at 2 and 8 ranks, for AdamW's betas
-(0.9, 0.95) and (0.9, 0.999), per seed.
+(0.9, 0.95) and (0.9, 0.999), per seed, over 1,000 steps and (one column per model) 3,000.
 
     .venv/bin/python benchmarks/adamw_summary.py [--plot benchmarks/results/adamw_summary.png]
     .venv/bin/python benchmarks/adamw_summary.py --issue 20    # the former defaults (freeze at 750)
@@ -34,15 +34,22 @@ POWERSGD = "powersgd:rank=4:adam=frozen:freeze_steps=750"
 #: bytes target over the whole run (dense / sent), issue 36; int8 is 4x at most
 BYTES_TARGET = 10.0
 
-#: (compressor, model, ranks, betas, seed, file, method): issue 36's runs at today's defaults
-FILES = [("LSTM", 2, "0.95", "lm_adamw_i36_lstm_b095_np2.json"), ("LSTM", 2, "0.999", "lm_adamw_i36_lstm_b0999_np2.json"),
-         ("transformer", 2, "0.95", "lm_adamw_i36_transformer_b095_np2.json"),
-         ("transformer", 2, "0.999", "lm_adamw_i36_transformer_b0999_np2.json"),
-         ("LSTM", 8, "0.95", "lm_adamw_i36_lstm_b095_np8.json")]
+#: (model, ranks, betas, steps, file): issue 36's launches at today's defaults
+FILES = [("LSTM", 2, "0.95", 1000, "lm_adamw_i36_lstm_b095_np2.json"),
+         ("LSTM", 2, "0.999", 1000, "lm_adamw_i36_lstm_b0999_np2.json"),
+         ("transformer", 2, "0.95", 1000, "lm_adamw_i36_transformer_b095_np2.json"),
+         ("transformer", 2, "0.999", 1000, "lm_adamw_i36_transformer_b0999_np2.json"),
+         ("LSTM", 8, "0.95", 1000, "lm_adamw_i36_lstm_b095_np8.json"),
+         ("LSTM", 2, "0.95", 3000, "lm_adamw_i36_lstm_b095_np2_3000.json"),
+         ("transformer", 2, "0.95", 3000, "lm_adamw_i36_transformer_b095_np2_3000.json")]
 METHODS = [("onebit + EF", "onebit-ef-adam"), ("top-k 1% + EF", "topk-ef-adam"),
            ("PowerSGD rank 4", "powersgd-adam"), ("int8", "int8-adam")]
-RUNS = [(name, model, ranks, betas, 0, file, method) for model, ranks, betas, file in FILES for name, method in METHODS]
-SETTINGS = [(m, r, b) for m in ("LSTM", "transformer") for r in (2, 8) for b in ("0.95", "0.999")]
+#: (compressor, model, ranks, betas, steps, seed, file, method)
+RUNS = [(name, model, ranks, betas, steps, 0, file, method) for model, ranks, betas, steps, file in FILES
+        for name, method in METHODS]
+#: the table's columns: (model, ranks, betas, steps)
+SETTINGS = [(m, r, b, 1000) for m in ("LSTM", "transformer") for r in (2, 8) for b in ("0.95", "0.999")] + [
+    (m, 2, "0.95", 3000) for m in ("LSTM", "transformer")]
 
 #: issue 20's runs at its defaults, betas (0.9, 0.999) (the aliases onebit-ef-adam, topk-ef-adam,
 #: randomk-ef-adam and powersgd-adam where run after their default became 750)
@@ -98,32 +105,41 @@ def gap(file: str, ranks: int, method: str) -> Optional[tuple]:
 
 
 def gaps(issue: int = 36) -> dict:
-    """{(compressor, model, ranks[, betas]): {seed: (gap, ratio)}} over the runs (those not
-    there left out)."""
+    """{(compressor, model, ranks, betas, steps): {seed: (gap, ratio)}} over the runs (those
+    not there left out)."""
     out: dict = {}
-    runs = RUNS if issue == 36 else [(c, m, r, "0.999", s, f, k) for c, m, r, s, f, k in RUNS_20]
-    for compressor, model, ranks, betas, seed, file, method in runs:
+    runs = RUNS if issue == 36 else [(c, m, r, "0.999", 1000, s, f, k) for c, m, r, s, f, k in RUNS_20]
+    for compressor, model, ranks, betas, steps, seed, file, method in runs:
         value = gap(file, ranks, method)
         if value is not None:
-            out.setdefault((compressor, model, ranks, betas), {})[seed] = value
+            out.setdefault((compressor, model, ranks, betas, steps), {})[seed] = value
     return out
+
+
+def settings_of(issue: int) -> list:
+    """The table's columns, (model, ranks, betas, steps)."""
+    return SETTINGS if issue == 36 else [(m, r, "0.999", 1000) for m, r in SETTINGS_20]
+
+
+def label(model: str, ranks: int, betas: str, steps: int) -> str:
+    return f"{model}, {ranks} ranks, b2 {betas}" + (f", {steps:,} steps" if steps != 1000 else "")
 
 
 def table(found: dict, issue: int = 36, run_only: bool = False) -> str:
     """A markdown table: a row per compressor, a column per model, number of ranks and b2, each
     cell the gaps of seeds 0 / 1 with the whole run's bytes ratio, bold where every seed meets
     the targets."""
-    settings = SETTINGS if issue == 36 else [(m, r, "0.999") for m, r in SETTINGS_20]
+    settings = settings_of(issue)
     if run_only:   # only the columns with a run
         settings = [x for x in settings if any(k[1:] == x for k in found)]
-    lines = ["| compressor (target) | " + " | ".join(f"{m}, {r} ranks, b2 {b}" for m, r, b in settings) + " |",
+    lines = ["| compressor (target) | " + " | ".join(label(*x) for x in settings) + " |",
              "|---" * (len(settings) + 1) + "|"]
     for compressor, target in TARGETS.items():
         if run_only and not any(k[0] == compressor for k in found):
             continue
         cells = []
-        for model, ranks, betas in settings:
-            seeds = found.get((compressor, model, ranks, betas), {})
+        for setting in settings:
+            seeds = found.get((compressor, *setting), {})
             text = " / ".join(f"{seeds[s][0]:+.3f} ({seeds[s][1]:.1f}x)" if s in seeds else "-" for s in (0, 1)
                               if s == 0 or s in seeds)
             enough = lambda ratio: issue != 36 or compressor == "int8" or ratio >= BYTES_TARGET
@@ -135,18 +151,18 @@ def table(found: dict, issue: int = 36, run_only: bool = False) -> str:
 
 def plot(found: dict, path: Path, issue: int = 36) -> None:
     """Each compressor's gaps (a marker per seed) at each setting, with its target."""
-    settings = SETTINGS if issue == 36 else [(m, r, "0.999") for m, r in SETTINGS_20]
+    settings = settings_of(issue)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / len(settings)
-    for i, (model, ranks, betas) in enumerate(settings):
+    for i, setting in enumerate(settings):
         for j, compressor in enumerate(TARGETS):
-            for seed, (value, _) in found.get((compressor, model, ranks, betas), {}).items():
+            for seed, (value, _) in found.get((compressor, *setting), {}).items():
                 ax.plot(j + (i - (len(settings) - 1) / 2) * width, value, "o^"[seed], color=f"C{i}",
-                        label=f"{model}, {ranks} ranks, b2 {betas}" if seed == 0 else None)
+                        label=label(*setting) if seed == 0 else None)
     for j, target in enumerate(TARGETS.values()):
         ax.hlines(target, j - 0.45, j + 0.45, colors="gray", linestyles="dashed")
     ax.axhline(0.0, color="black", linewidth=0.5)

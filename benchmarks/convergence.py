@@ -200,7 +200,7 @@ def train_lm(method: str, args, data) -> dict:
         opt, warmup, counter = sgd, hvc.SparsityScheduler(state.compressor), state.exchange
     else:
         opt = hvc.DistributedOptimizer(sgd, named_parameters=named, clip_grad_norm=clip,
-                                       compression=compression)
+                                       compression=compression, **optimizer_options(name))
         warmup, counter = hvc.SparsityScheduler(opt), opt
     gen = torch.Generator().manual_seed(args.seed + 1 + hvd.rank())  # same batches for every method
     evaluate = lambda: validation_bits_per_byte(model, val_text, args.seq_len, args.val_bytes)

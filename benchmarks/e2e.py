@@ -89,6 +89,7 @@ HVDC_METHODS = {  # short names for hvdcompress configurations (also used by con
     "topk-ef-adam-m": "topk:k=0.01:ef=vanilla:adam=frozen:adam_send=momentum",
     "powersgd-adam-m": "powersgd:rank=4:adam=frozen:adam_send=momentum",
     "onebit-ef-adam-ag": "onebit:ef=vanilla:adam=frozen@collective=allgather",
+    "int8-adam-ag": "int8:adam=frozen@collective=allgather",
     # issue 12: the collective forced, CSC, two-level
     "int8-ag": "int8@collective=allgather",
     "int8-a2a": "int8@collective=alltoall",

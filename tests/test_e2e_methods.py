@@ -1,7 +1,10 @@
 """benchmarks/e2e.py's method names, parsed without launching anything: the DDP methods
 (``ddp-dense``, ``ddp-fp16``, ``ddp-powersgd``, ``ddp:<hvdcompress method>``) next to the
-Horovod ones, and the reasons names that cannot run are skipped with."""
+Horovod ones, and the reasons names that cannot run are skipped with; convergence.py's driver when
+a launch fails (its launcher replaced)."""
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -60,3 +63,30 @@ def test_unknown_methods_say_why(method, says):
 def test_runnable_skips_with_the_reason(capsys):
     assert e2e.runnable(["ddp-dense", "ddp:nosuch", "ddp:dgc"], "e2e") == ["ddp-dense", "ddp:dgc"]
     assert "e2e: skipping ddp:nosuch: from_params: compressor='nosuch'" in capsys.readouterr().out
+
+
+def test_the_adam_collective_aliases_carry_their_option():
+    assert e2e.optimizer_options("onebit-ef-adam-ag") == {"collective": "allgather"}
+    assert e2e.hvdc_params("int8-adam-ag") == {"compressor": "int8", "adam": "frozen"}
+
+
+def test_convergence_keeps_the_methods_that_finished_before_a_launch_failed(tmp_path, monkeypatch):
+    """A launch that times out after its first method: that method's record is written to the
+    JSON, the exit names the method lost, nothing else is reported as run."""
+    from pathlib import Path
+    monkeypatch.syspath_prepend(str(Path(e2e.__file__).parent))   # convergence.py imports e2e as a script
+    from benchmarks import convergence
+    from hvdrun import LaunchError
+    done = {"rank": 0, "method": "hvd-dense", "final_bpb": 3.0, "curve": [[0, 8.0]], "bytes": None}
+
+    def timed_out(*args, **kwargs):
+        raise LaunchError("horovodrun -np 2 convergence.py timed out after 5 s", None, True, [], "",
+                          [[done], []])
+
+    monkeypatch.setattr(convergence, "run_script", timed_out)
+    out = tmp_path / "lm.json"
+    with pytest.raises(SystemExit) as info:
+        convergence.main(["--task", "lm", "--optimizer", "adamw", "--nps", "2", "--json", str(out),
+                          "--methods", "hvd-dense,onebit-ef-adam"])
+    assert "timed out after 5 s" in str(info.value) and "unfinished at 2 ranks: onebit-ef-adam" in str(info.value)
+    assert json.loads(out.read_text()) == {"2": {"hvd-dense": done}}

@@ -437,7 +437,8 @@ def main(argv=None) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1))
         if error:
-            lost = [m for m in methods if m not in {r["method"] for r in rows}]
+            finished = {r["method"] for r in rows}
+            lost = [m for m in methods if m not in finished]
             raise SystemExit(f"convergence: {error}\nconvergence: {len(rows)} finished method(s) "
                              f"kept in {out}; not run or unfinished at {np_} ranks: {', '.join(lost)}")
     (print_lm_table if args.task == "lm" else print_table)(results)

@@ -400,7 +400,12 @@ def run_script(script: str | os.PathLike, np: int = 2, args: Sequence[Any] = (),
         log = log_path.read_text(errors="replace")
         outputs = _rank_outputs(output_dir, np)
         what = f"horovodrun -np {np} {script}"
-        results = read_results(results_dir, np)
+        try:
+            results = read_results(results_dir, np)
+        except ValueError:   # a rank stopped in a record: the launch's own error below says why
+            if not timed_out and proc.returncode == 0:
+                raise
+            results = []
         if timed_out:
             raise LaunchError(f"{what} timed out after {timeout:g} s (a rank hung or was too "
                               f"slow); all ranks were killed.\n{_tails(outputs, log)}",

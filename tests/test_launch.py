@@ -178,6 +178,22 @@ def test_a_failing_rank_shows_its_stderr_tail(tmp_path):
 
 
 @pytest.mark.horovod
+def test_a_rank_that_fails_in_the_middle_of_a_record_still_gives_the_launch_error(tmp_path):
+    """The cut record of a failed launch is dropped: the error says why the launch failed, not
+    that a record does not parse."""
+    path = script(tmp_path, f"""
+        with open(os.path.join(os.environ[{RESULTS_ENV!r}], f"rank{{rank}}.jsonl"), "a") as f:
+            f.write('{{"rank": ' + str(rank))   # no end: the rank stops in its record
+        print("rank gives up: marker-c07", file=sys.stderr, flush=True)
+        sys.exit(3)
+    """)
+    with pytest.raises(LaunchError) as info:
+        run_script(path, np=2, timeout=120)
+    assert info.value.returncode != 0 and info.value.results == []
+    assert "marker-c07" in str(info.value)
+
+
+@pytest.mark.horovod
 def test_a_hang_ends_at_the_timeout_with_a_clear_message(tmp_path):
     path = script(tmp_path, """
         result(before="the hang")   # kept: a long benchmark keeps the methods that finished

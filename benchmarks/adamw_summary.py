@@ -34,18 +34,19 @@ POWERSGD = "powersgd:rank=4:adam=frozen:freeze_steps=750"
 #: bytes target over the whole run (dense / sent), issue 36; int8 is 4x at most
 BYTES_TARGET = 10.0
 
-#: (model, ranks, betas, steps, file): issue 36's launches at today's defaults
-FILES = [("LSTM", 2, "0.95", 1000, "lm_adamw_i36_lstm_b095_np2.json"),
-         ("LSTM", 2, "0.999", 1000, "lm_adamw_i36_lstm_b0999_np2.json"),
-         ("transformer", 2, "0.95", 1000, "lm_adamw_i36_transformer_b095_np2.json"),
-         ("transformer", 2, "0.999", 1000, "lm_adamw_i36_transformer_b0999_np2.json"),
-         ("LSTM", 8, "0.95", 1000, "lm_adamw_i36_lstm_b095_np8.json"),
-         ("LSTM", 2, "0.95", 3000, "lm_adamw_i36_lstm_b095_np2_3000.json"),
-         ("transformer", 2, "0.95", 3000, "lm_adamw_i36_transformer_b095_np2_3000.json")]
+#: (model, ranks, betas, steps, seed, file): issue 36's launches at today's defaults
+FILES = [("LSTM", 2, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np2.json"),
+         ("LSTM", 2, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np2.json"),
+         ("transformer", 2, "0.95", 1000, 0, "lm_adamw_i36_transformer_b095_np2.json"),
+         ("transformer", 2, "0.999", 1000, 0, "lm_adamw_i36_transformer_b0999_np2.json"),
+         ("LSTM", 8, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np8.json"),
+         ("LSTM", 8, "0.95", 1000, 1, "lm_adamw_i36_lstm_b095_np8_seed1.json"),
+         ("LSTM", 2, "0.95", 3000, 0, "lm_adamw_i36_lstm_b095_np2_3000.json"),
+         ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000.json")]
 METHODS = [("onebit + EF", "onebit-ef-adam"), ("top-k 1% + EF", "topk-ef-adam"),
            ("PowerSGD rank 4", "powersgd-adam"), ("int8", "int8-adam")]
 #: (compressor, model, ranks, betas, steps, seed, file, method)
-RUNS = [(name, model, ranks, betas, steps, 0, file, method) for model, ranks, betas, steps, file in FILES
+RUNS = [(name, model, ranks, betas, steps, seed, file, method) for model, ranks, betas, steps, seed, file in FILES
         for name, method in METHODS]
 #: the table's columns: (model, ranks, betas, steps)
 SETTINGS = [(m, r, b, 1000) for m in ("LSTM", "transformer") for r in (2, 8) for b in ("0.95", "0.999")] + [

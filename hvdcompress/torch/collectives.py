@@ -9,6 +9,7 @@ import horovod.torch as hvd
 
 from .. import process_sets
 from ..collectives import Collectives
+from ..waiting import wait_politely
 
 
 class HorovodCollectives(Collectives):
@@ -50,9 +51,16 @@ class HorovodCollectives(Collectives):
         return not on_gpu and hvd.gloo_enabled()   # CPU tensors go through Gloo when it runs
 
     def wait(self, handle: Any) -> list:
+        """The outputs, once Horovod reports the handle done (polled with pauses,
+        :mod:`hvdcompress.waiting`: ``hvd.synchronize`` alone keeps a core busy meanwhile)."""
         if isinstance(handle, list):  # alltoall: (output, received splits) per tensor
-            return [hvd.synchronize(h)[0] for h in handle]
-        return list(hvd.synchronize(handle))
+            return [self._wait(h)[0] for h in handle]
+        return list(self._wait(handle))
+
+    @staticmethod
+    def _wait(handle: Any) -> Any:
+        wait_politely(lambda: hvd.poll(handle))
+        return hvd.synchronize(handle)
 
 
 def node_process_sets(ranks_per_node: Optional[int] = None) -> list:

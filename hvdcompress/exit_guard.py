@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import sys
 import threading
 from typing import Any
 
 from .collectives import Collectives
+from .validation import env_number
 
 log = logging.getLogger("hvdcompress")
 WAIT_VARIABLE = "HVDCOMPRESS_EXIT_WAIT_SECONDS"
@@ -37,15 +37,8 @@ _guarded = False
 
 def exit_wait_seconds() -> float:
     """The bound on the exit barrier, from ``HVDCOMPRESS_EXIT_WAIT_SECONDS`` (>= 0)."""
-    text = os.environ.get(WAIT_VARIABLE, str(DEFAULT_WAIT))
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:
-        raise ValueError(f"{WAIT_VARIABLE}={text!r}: allowed: a number of seconds >= 0 "
-                         "(0 turns the exit barrier off)")
-    return seconds
+    return env_number(WAIT_VARIABLE, DEFAULT_WAIT, float,
+                      "a number of seconds >= 0 (0 turns the exit barrier off)")
 
 
 def guard_exit(everyone: Collectives, token: Any) -> None:

@@ -3,7 +3,8 @@ what is allowed."""
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+import os
+from typing import Any, Callable, Iterable
 
 
 def _fail(owner: str, key: str, value: Any, allowed: str) -> None:
@@ -33,4 +34,17 @@ def check_choice(owner: str, key: str, value: Any, choices: Iterable[str]) -> st
     choices = list(choices)
     if value not in choices:
         _fail(owner, key, value, "one of " + ", ".join(repr(c) for c in choices))
+    return value
+
+
+def env_number(variable: str, default: Any, kind: Callable[[str], Any], allowed: str) -> Any:
+    """The environment variable ``variable`` (``default`` where unset) as ``kind`` (int or float),
+    which must be >= 0; else a ValueError naming it, its text and ``allowed``."""
+    text = os.environ.get(variable, str(default))
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not value >= 0:
+        raise ValueError(f"{variable}={text!r}: allowed: {allowed}")
     return value

@@ -19,9 +19,10 @@ one poll and no sleep. Doubling pauses instead would be up to 100% late on short
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable
+
+from .validation import env_number
 
 VARIABLE = "HVDCOMPRESS_WAIT_PAUSE_US"
 DEFAULT_CAP_US = 1000
@@ -31,15 +32,8 @@ SHARE = 0.25
 
 def pause_cap_seconds() -> float:
     """The longest pause between two polls, from ``HVDCOMPRESS_WAIT_PAUSE_US`` (0: spin)."""
-    text = os.environ.get(VARIABLE, str(DEFAULT_CAP_US))
-    try:
-        micros = int(text)
-    except ValueError:
-        micros = -1
-    if micros < 0:
-        raise ValueError(f"{VARIABLE}={text!r}: allowed: an integer number of microseconds >= 0 "
-                         "(0 waits as the framework does, spinning)")
-    return micros * 1e-6
+    return 1e-6 * env_number(VARIABLE, DEFAULT_CAP_US, int, "an integer number of microseconds >= 0 "
+                             "(0 waits as the framework does, spinning)")
 
 
 def wait_politely(done: Callable[[], bool], sleep: Callable[[float], None] = time.sleep,

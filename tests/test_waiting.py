@@ -74,3 +74,16 @@ def test_a_bad_cap_is_named(monkeypatch, text):
     monkeypatch.setenv(waiting.VARIABLE, text)
     with pytest.raises(ValueError, match=rf"HVDCOMPRESS_WAIT_PAUSE_US={text!r}: allowed: an integer"):
         waiting.wait_politely(lambda: True)
+
+
+@pytest.mark.parametrize("text, expected", [("5", 5.0), ("0", 0.0), ("2.5", 2.5), ("-1", None), ("x", None),
+                                            ("nan", None)])
+def test_the_exit_barriers_bound_shares_the_check(monkeypatch, text, expected):
+    """HVDCOMPRESS_EXIT_WAIT_SECONDS goes through the same check (validation.env_number)."""
+    from hvdcompress import exit_guard
+    monkeypatch.setenv(exit_guard.WAIT_VARIABLE, text)
+    if expected is None:
+        with pytest.raises(ValueError, match=rf"HVDCOMPRESS_EXIT_WAIT_SECONDS={text!r}: allowed: a number"):
+            exit_guard.exit_wait_seconds()
+    else:
+        assert exit_guard.exit_wait_seconds() == expected

@@ -41,6 +41,7 @@ FILES = [("LSTM", 2, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np2.json"),
          ("transformer", 2, "0.999", 1000, 0, "lm_adamw_i36_transformer_b0999_np2.json"),
          ("LSTM", 8, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np8.json"),
          ("LSTM", 8, "0.95", 1000, 1, "lm_adamw_i36_lstm_b095_np8_seed1.json"),
+         ("LSTM", 8, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np8.json"),
          ("LSTM", 2, "0.95", 3000, 0, "lm_adamw_i36_lstm_b095_np2_3000.json"),
          ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000.json")]
 METHODS = [("onebit + EF", "onebit-ef-adam"), ("top-k 1% + EF", "topk-ef-adam"),

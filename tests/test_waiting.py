@@ -24,9 +24,8 @@ class FakeTime:
 def wait_for(seconds_until_done: float, monkeypatch, cap_us=None) -> FakeTime:
     if cap_us is not None:
         monkeypatch.setenv(waiting.VARIABLE, str(cap_us))
-    fake = FakeTime()
-    start = fake.now
-    waiting.wait_politely(lambda: fake.now - start >= seconds_until_done, fake.sleep, fake.clock)
+    fake = FakeTime()   # its clock starts at 0: the time waited is its reading
+    waiting.wait_politely(lambda: fake.now >= seconds_until_done, fake.sleep, fake.clock)
     return fake
 
 

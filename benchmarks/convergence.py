@@ -70,7 +70,7 @@ TASKS = {  # --task: default methods, rank counts and results file
     "lm": (LM_METHODS, [2, 8], RESULTS / "lm_convergence.json"),
 }
 LM_FLAGS = ("steps", "epoch_steps", "seq_len", "clip", "embed", "hidden", "val_bytes", "weight_decay",
-            "schedule", "optimizer", "model", "betas")
+            "schedule", "optimizer", "model", "betas", "stop_after")
 
 
 def load_digits_split(seed: int = 0):
@@ -164,7 +164,8 @@ def parse_betas(text: str) -> tuple:
 
 def train_lm(method: str, args, data) -> dict:
     """Train the language model of ``examples/lm_train.py`` with one method for ``args.steps``
-    steps, gradients clipped; validation bits/byte every ``args.epoch_steps`` steps. With
+    steps (the first ``args.stop_after`` of them when set), gradients clipped; validation bits/byte
+    every ``args.epoch_steps`` steps. With
     ``--schedule cosine`` the learning rate follows lr·(1 + cos(π·t/T))/2 over the T steps (with a
     constant rate this model overfits: dense bottoms out near step 800 of 3000 and rises after)."""
     import horovod.torch as hvd
@@ -205,8 +206,8 @@ def train_lm(method: str, args, data) -> dict:
     gen = torch.Generator().manual_seed(args.seed + 1 + hvd.rank())  # same batches for every method
     evaluate = lambda: validation_bits_per_byte(model, val_text, args.seq_len, args.val_bytes)
     curve = [(0, evaluate())]
-    start = time.perf_counter()
-    for step in range(1, args.steps + 1):
+    start, last = time.perf_counter(), args.stop_after or args.steps
+    for step in range(1, last + 1):
         if args.schedule == "cosine":
             for group in sgd.param_groups:
                 group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / args.steps))
@@ -220,7 +221,7 @@ def train_lm(method: str, args, data) -> dict:
                 opt.step()
         else:
             opt.step()
-        if step % args.epoch_steps == 0 or step == args.steps:
+        if step % args.epoch_steps == 0 or step == last:
             curve.append((step, evaluate()))
         if step % args.epoch_steps == 0 and not dense:
             warmup.step()
@@ -388,6 +389,9 @@ def parse_args(argv=None):
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)  # the DDP methods' rendezvous
     lm = ap.add_argument_group("--task lm")
     lm.add_argument("--steps", type=int, default=400)
+    lm.add_argument("--stop-after", type=int, default=0,
+                    help="end after this many steps of the --steps schedule (a diagnosis of the "
+                         "early steps at a run's learning rates; 0: the whole run)")
     lm.add_argument("--epoch-steps", type=int, default=25,
                     help="validation interval, and the unit of DGC's warm-up")
     lm.add_argument("--seq-len", type=int, default=64)
@@ -411,7 +415,9 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if task == "lm":
         parse_betas(args.betas)
-        for k in LM_FLAGS[:-5]:
+        if not 0 <= args.stop_after <= args.steps:
+            ap.error(f"--stop-after {args.stop_after}: allowed: 0 (the whole run) to --steps ({args.steps})")
+        for k in LM_FLAGS[:-6]:
             if not getattr(args, k) > 0:
                 ap.error(f"--{k.replace('_', '-')} {getattr(args, k)}: allowed: a number > 0")
     return args

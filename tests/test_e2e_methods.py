@@ -90,3 +90,28 @@ def test_convergence_keeps_the_methods_that_finished_before_a_launch_failed(tmp_
                           "--methods", "hvd-dense,onebit-ef-adam"])
     assert "timed out after 5 s" in str(info.value) and "unfinished at 2 ranks: onebit-ef-adam" in str(info.value)
     assert json.loads(out.read_text()) == {"2": {"hvd-dense": done}}
+
+
+def test_convergence_stop_after_reaches_the_workers_and_is_checked(tmp_path, monkeypatch, capsys):
+    """``--stop-after K`` is passed to every rank (which ends after K steps of the ``--steps``
+    schedule); a K above ``--steps`` is refused with the flag, the value and what is allowed."""
+    from pathlib import Path
+    monkeypatch.syspath_prepend(str(Path(e2e.__file__).parent))
+    from benchmarks import convergence
+    flags = {}
+
+    def launched(script, np, args, timeout):
+        flags["args"] = args
+        raise convergence.LaunchError("stopped here", None, False, [], "", [[]])
+
+    monkeypatch.setattr(convergence, "run_script", launched)
+    common = ["--task", "lm", "--optimizer", "adamw", "--nps", "2", "--json", str(tmp_path / "lm.json"),
+              "--methods", "hvd-dense", "--steps", "1000"]
+    with pytest.raises(SystemExit):
+        convergence.main(common + ["--stop-after", "300"])
+    assert "--stop-after=300" in flags["args"] and "--steps=1000" in flags["args"]
+    with pytest.raises(SystemExit) as info:
+        convergence.parse_args(common + ["--stop-after", "1001"])
+    assert info.value.code == 2 and "--stop-after 1001: allowed: 0 (the whole run) to --steps (1000)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        convergence.parse_args(common + ["--stop-after", "-1"])

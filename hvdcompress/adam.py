@@ -109,13 +109,12 @@ the coordinates whose step is largest. Measured on the transformer at b2 0.95 (2
 the gradient's +0.075 at 8 ranks (LSTM, frozen at 250, seed 1), 2.846 against 2.848 bits/byte on
 the transformer.
 
-History (benchmarks/README.md section 8): the fixed freeze at 750 steps (the former default,
-b2 0.999) kept every compressor within 0.020 at 2 and 8 ranks, with 1.3x fewer bytes. Today's
-defaults (issue 36, 1,000 steps, bytes over the whole run 9-17x): onebit +0.021 / +0.027 on
-the LSTM at b2 0.95 / 0.999, -0.008 / +0.049 on the transformer, +0.118 at 8 ranks (LSTM, 0.95).
-0/1 Adam's own constants (32 live steps, no cap) lost the gap by step 75 (intervals of 16-32
-steps let v lag), hence W = 128 and the cap; ``flush=True`` (the residual sent in the v-steps)
-made top-k +0.243 at 0.999: its mass enters v squared.
+Onebit gets a scale per row (``chunk="rows"``, unless chosen): with one per tensor the quiet
+rows' error (an absent token's embedding row gets ±s) cost +0.118 at 8 ranks (LSTM, b2 0.95).
+History (benchmarks/README.md section 8): the fixed freeze at 750 steps (b2 0.999) kept every
+compressor within 0.020 with 1.3x fewer bytes. 0/1 Adam's own constants (32 live steps, no cap)
+lost the gap by step 75 (v lagged), hence W = 128 and the cap; ``flush=True`` (the residual
+sent in the v-steps) made top-k +0.243 at 0.999: its mass enters v squared.
 
 The wrappers replace the optimizer's step with :meth:`after_exchange`; m and v live in the
 tensor's compressor state (``adam.m``, ``adam.v``: the ``state_dict()``), the step count in the compressor's.
@@ -131,6 +130,7 @@ from .compressor import Compressor, Packet, TensorInfo
 from .compressors.cast import Cast
 from .compressors.int8 import Int8
 from .compressors.none import NoCompression
+from .compressors.onebit import OneBit
 from .compressors.topk import TopK
 from .memory import Decorator
 from .validation import check_int
@@ -236,6 +236,8 @@ class FrozenAdam(Decorator):
                  send: str = "auto", warmup: str = "auto", live_steps: Optional[int] = None,
                  flush: bool = False, min_numel: Optional[int] = None):
         super().__init__(inner)
+        if isinstance(inner.unwrap(), OneBit) and inner.unwrap().chunk == "auto":
+            inner.unwrap().chunk = "rows"   # a scale per row (onebit.py: the 8-rank gap)
         if send not in SEND:
             raise ValueError(f"FrozenAdam: send={send!r}; allowed: {', '.join(map(repr, SEND))}")
         if warmup not in WARMUP:

@@ -197,8 +197,12 @@ class Exchange:
 
     @staticmethod
     def _segment_info(info: TensorInfo, j: int, length: int, role: str = "seg") -> TensorInfo:
+        """A segment's info; its shape is (rows, row) when it holds whole rows of the tensor
+        (per-row scales, ``OneBit(chunk="rows")``), else (length,)."""
+        row = info.numel // info.shape[0] if len(info.shape) >= 2 and info.shape[0] else 0
+        shape = (length // row, row) if row and length % row == 0 else (length,)
         return TensorInfo(name=f"{info.name}#{role}{j}", numel=length, world=info.world, dense=info.dense,
-                          mild=info.mild, shape=(length,), rank=info.rank, momentum=info.momentum,
+                          mild=info.mild, shape=shape, rank=info.rank, momentum=info.momentum,
                           nesterov=info.nesterov, weight_decay=info.weight_decay)
 
     # ---- communicate ---------------------------------------------------------------------------

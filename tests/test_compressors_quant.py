@@ -68,6 +68,56 @@ def test_onebit_payload_is_one_bit_per_element(ops):
     assert not packet.summable
 
 
+def np_onebit_runs(x: np.ndarray, run: int) -> np.ndarray:
+    """Signs times the mean |x| of each run of ``run`` elements (the last one shorter)."""
+    flat = x.reshape(-1)
+    means = [np.float32(np.abs(flat[i:i + run]).astype(np.float64).mean()) for i in range(0, flat.size, run)]
+    return signs(flat) * np.repeat(np.array(means, np.float32), run)[:flat.size]
+
+
+@pytest.mark.parametrize("chunk, shape, run", [(64, (1001,), 64), (1, (5,), 1), ("rows", (33, 31), 62),
+                                               ("rows", (10, 100), 100), ("rows", (1001,), 1001)])
+def test_onebit_scale_per_run_matches_numpy(ops, chunk, shape, run):
+    """``chunk=c``: a scale per c elements; ``"rows"``: per row of numel/shape[0] elements, whole
+    rows of >= 32 elements sharing one (31 -> 62); a 1-D tensor keeps one scale. Each rank's
+    payload, and three ranks' decoded sum (in rank order), against numpy."""
+    comp = hc.OneBit(chunk=chunk)
+    xs = [grad(int(np.prod(shape)), r) for r in range(3)]   # flat, as the wrappers give them
+    info = info_for(xs[0], shape)
+    packet, _, _ = compress(ops, comp, xs[0], info=info)
+    assert [p.numel() for p in packet.tensors] == [-(-xs[0].size // 8), -(-xs[0].size // run)]
+    np.testing.assert_allclose(roundtrip(ops, comp, xs[0], info=info), np_onebit_runs(xs[0], run), rtol=1e-6)
+    packets = [compress(ops, comp, x, info=info)[0] for x in xs]
+    tensors = [torch.cat([p.tensors[i] for p in packets]) for i in range(2)]
+    got = comp.decompress_gathered(ops, tensors, packets[0].ctx, info, 3).numpy()
+    want = np_onebit_runs(xs[0], run) + np_onebit_runs(xs[1], run) + np_onebit_runs(xs[2], run)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_onebit_zero_row_is_sent_as_zero_with_row_scales(ops):
+    """An embedding row without gradient costs nothing: its scale is 0 (one scale would send
+    +mean|g| for each of its elements)."""
+    x = grad(64 * 8)
+    x[192:256] = 0.0   # row 3 of (8, 64)
+    np.testing.assert_array_equal(roundtrip(ops, hc.OneBit(chunk="rows"), x, info=info_for(x, (8, 64)))[192:256], 0.0)
+    assert np.all(roundtrip(ops, hc.OneBit(), x, info=info_for(x, (8, 64)))[192:256] > 0)
+
+
+@pytest.mark.parametrize("chunk, says", [(0, "chunk=0"), ("row", "chunk='row'"), (True, "chunk=True")])
+def test_onebit_bad_chunk_is_named(chunk, says):
+    with pytest.raises((ValueError, TypeError), match=says.replace("(", r"\(")):
+        hc.OneBit(chunk=chunk)
+
+
+def test_the_adam_take_over_gives_onebit_row_scales_unless_chosen():
+    """FrozenAdam turns onebit's ``chunk="auto"`` into ``"rows"``; an explicit choice stays."""
+    assert hc.from_params({"compressor": "onebit", "ef": "vanilla", "adam": "frozen"}).unwrap().chunk == "rows"
+    assert hc.from_params({"compressor": "onebit", "ef": "vanilla", "adam": "frozen",
+                           "chunk": "none"}).unwrap().chunk is None
+    assert hc.from_params({"compressor": "onebit", "chunk": "128"}).unwrap().chunk == 128
+    assert hc.from_params({"compressor": "onebit"}).unwrap().runs(TensorInfo("w", 100, shape=(10, 10))) is None
+
+
 def test_efsignsgd_matches_numpy_and_loses_nothing(ops):
     comp, state, e = hc.EFSignSGD(), {}, np.zeros(777, np.float32)
     sent_total, grad_total = np.zeros(777), np.zeros(777)

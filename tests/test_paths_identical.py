@@ -46,6 +46,8 @@ SPECS = [
     {"compressor": "threshold", "threshold": "0.1"},
     {"compressor": "onebit"},
     {"compressor": "onebit", "ef": "vanilla"},
+    {"compressor": "onebit", "ef": "vanilla", "chunk": "rows"},
+    {"compressor": "onebit", "chunk": "100"},
     {"compressor": "efsignsgd"},
     {"compressor": "signum"},
     {"compressor": "twobit", "threshold": "0.05"},

@@ -76,6 +76,19 @@ def test_minmax_round_trip_within_one_level():
                for i in range(0, 1000, 256))
 
 
+@pytest.mark.parametrize("n, chunk", [(1000, 64), (64, 64), (5, 1), (7, 10), (0, 8)])
+def test_chunk_means_and_scale_match_numpy(n, chunk):
+    """OneBit's per-run scales: the mean |x| of each run of ``chunk`` (the last one shorter) and
+    each element times its run's scale."""
+    x = np.random.default_rng(6).standard_normal(n).astype(np.float32)
+    runs = [x[i:i + chunk] for i in range(0, n, chunk)]
+    means = TF.chunk_means(tf.constant(x), chunk).numpy()
+    np.testing.assert_allclose(means, [np.abs(r).astype(np.float64).mean() for r in runs], rtol=1e-6)
+    scales = np.arange(1, len(runs) + 1, dtype=np.float32)
+    got = TF.chunk_scale(tf.constant(x), tf.constant(scales), chunk).numpy()
+    np.testing.assert_array_equal(got, x * np.repeat(scales, chunk)[:n])
+
+
 def test_stochastic_levels_are_unbiased():
     x = np.full(20000, 0.3, np.float32)
     codes = TF.levels_pack(tf.constant(x), 1.0, 1, False, key=11)  # levels 0 or 1, P(1) = 0.3

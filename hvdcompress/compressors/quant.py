@@ -55,6 +55,10 @@ class TableQuantizer(Compressor):
         codes, scales = tensors
         per_rank = packed_bytes(info.numel, self.bits)
         check_payload(ops, self.name, "codes", codes, "uint8", world * per_rank)
-        check_payload(ops, self.name, "scales", scales, "float32", world)
+        check_payload(ops, self.name, "scales", scales, "float32", world * self.scales_per_rank(info))
         return tensors
+
+    def scales_per_rank(self, info: TensorInfo) -> int:
+        """The float32 scales in one rank's payload (one; more for per-run scales)."""
+        return 1
 

@@ -20,6 +20,8 @@ Values may be strings (as from a command line or a config file) or typed. Keys:
   ``"int8"`` or ``"none"`` (dense), and ``adam_live_steps``: the steps of live Adam before the
   refreshes of v begin (default: :data:`hvdcompress.adam_freeze.WARMUP`), and ``adam_min_numel``:
   tensors with fewer elements run live Adam at every step (default: :data:`hvdcompress.adam.MIN_NUMEL`).
+  Around onebit it makes ``chunk="auto"`` (onebit's default) a scale per row (``"rows"``); give
+  ``chunk="none"`` for one scale per tensor.
 * ``seed``: the seed of compressors that draw random numbers; checked and unused by the others.
 * ``compressor="auto"``: :class:`hvdcompress.auto.Auto`, which picks one of the others per
   tensor; keys ``allowed`` (``"none,fp16,int8"``), ``link`` (``"10gbit,50us"``),

@@ -182,17 +182,6 @@ class Ops(ABC):
         span (reduced QR's Q; rows >= r). Deterministic: equal inputs give equal outputs."""
 
     @abstractmethod
-    def chunk_means(self, x: Tensor, chunk: int) -> Tensor:
-        """float32[cdiv(n, chunk)]: the mean of |x| over each run of ``chunk`` elements of the
-        flat float32 ``x`` (the last run may be shorter), summed in float64 so that every
-        framework gives the same float32 (as ``sign_pack``'s mean)."""
-
-    @abstractmethod
-    def chunk_scale(self, x: Tensor, scales: Tensor, chunk: int) -> Tensor:
-        """``out[i] = x[i] * scales[i // chunk]`` for the flat float32 ``x`` (``scales``:
-        float32[cdiv(n, chunk)])."""
-
-    @abstractmethod
     def outer(self, a: Tensor, b: Tensor) -> Tensor:
         """The flat row-major outer product: ``out[i * len(b) + j] = a[i] * b[j]``."""
 

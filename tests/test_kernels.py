@@ -330,6 +330,31 @@ def test_minmax_pack_and_unpack_match_numpy(ops, n, chunk):
     np.testing.assert_array_equal(got.numpy(), want)
 
 
+def np_sign_runs(x: np.ndarray, run: int) -> tuple:
+    """numpy's sign_pack_runs: packbits of the sign bits, the mean |x| of each run in float64."""
+    means = [np.abs(x[i:i + run]).astype(np.float64).mean() for i in range(0, x.size, run)]
+    return np.packbits(~np.signbit(x)), np.array(means, np.float32)
+
+
+@pytest.mark.parametrize("n,run", [(1, 4), (10, 3), (5000, 64), (70001, 2048), (64, 64), (4099, 1000)])
+def test_sign_runs_pack_and_sum_match_numpy(ops, n, run):
+    """A scale per run: the codes of sign_pack, each run's mean |x|; the sum of three payloads
+    (+-their run's scale) in rank order from +0.0, -0.0 and NaN included."""
+    x = data(n, 10, specials=n > 20)
+    packed, means = ops.sign_pack_runs(t(x), run)
+    want_packed, want_means = np_sign_runs(x, run)
+    np.testing.assert_array_equal(packed.numpy(), want_packed)
+    np.testing.assert_array_equal(means.numpy(), want_means)
+    payloads = [np_sign_runs(v, run) for v in (x, data(n, 11), -data(n, 12))]
+    want = np.zeros(n, np.float32)
+    for codes, scales in payloads:
+        scale = np.repeat(scales, run)[:n]
+        want = want + np.where(np.unpackbits(codes)[:n] == 1, scale, -scale)
+    got = ops.sign_runs_sum(t(np.concatenate([c for c, _ in payloads])),
+                            t(np.concatenate([m for _, m in payloads])), n, run)
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
 def test_minmax_error_is_at_most_half_a_step(ops):
     x = data(10000, 3)
     codes, bounds = ops.minmax_pack(t(x), 1000)
@@ -510,11 +535,12 @@ def decoders(n: int) -> dict:
         "unpack_sum": lambda ops, out: ops.unpack_sum(packed8, n, 8, tables, out=out),
         "sign_vote": lambda ops, out: ops.sign_vote(packed1, n, 2.0, out=out),
         "minmax_unpack_sum": lambda ops, out: ops.minmax_unpack_sum(packed8, bounds, n, 64, out=out),
+        "sign_runs_sum": lambda ops, out: ops.sign_runs_sum(packed1, bounds, n, 32, out=out),
         "sparse_sum": lambda ops, out: ops.sparse_sum(n, indices, values, out=out),
     }
 
 
-@pytest.mark.parametrize("name", ["unpack_sum", "sign_vote", "minmax_unpack_sum", "sparse_sum"])
+@pytest.mark.parametrize("name", ["unpack_sum", "sign_vote", "minmax_unpack_sum", "sign_runs_sum", "sparse_sum"])
 def test_decoders_write_into_the_given_buffer(ops, name):
     n = 70001
     decode = decoders(n)[name]
@@ -525,7 +551,7 @@ def test_decoders_write_into_the_given_buffer(ops, name):
     np.testing.assert_array_equal(out.numpy(), want.numpy())
 
 
-@pytest.mark.parametrize("name", ["unpack_sum", "sign_vote", "minmax_unpack_sum", "sparse_sum"])
+@pytest.mark.parametrize("name", ["unpack_sum", "sign_vote", "minmax_unpack_sum", "sign_runs_sum", "sparse_sum"])
 def test_decoders_reject_a_wrong_buffer(ops, name):
     decode = decoders(1000)[name]
     with pytest.raises(ValueError, match="out has 999 elements"):
@@ -702,7 +728,9 @@ for n in (1, 15, 17, 1000, 70001):  # the counter-hash and bfloat16 loops (HVDC_
             native.bf16_sum(np.concatenate([native.half_cast(x, True)] * 3), n), native.l2_norm(x),
             native.fp16_sum((np.arange(n, dtype=np.int64) * 40503 % 65536).astype(np.uint16).view(np.int16), n),
             native.fp16_sum(np.concatenate([native.half_cast(x, False)] * 3), n),
-            *native.sign_pack(x), *native.ef_sign_pack(x, x[::-1].copy())]
+            *native.sign_pack(x), *native.ef_sign_pack(x, x[::-1].copy()),
+            native.sign_runs_sum(np.concatenate([native.sign_pack_runs(x, 77)[0]] * 3),
+                                 np.concatenate([native.sign_pack_runs(x, 77)[1]] * 3), n, 77)]
     for r in outs:
         h.update(np.asarray(r).tobytes())
 print(h.hexdigest())
@@ -710,7 +738,8 @@ print(h.hexdigest())
 
 
 def test_the_kernels_compiled_per_instruction_set_agree():
-    """dgc_select, the HVDC_WIDE loops (counter hash, bfloat16, 8-bit decode, l2 norm, signs) and fp16_sum on
+    """dgc_select, the HVDC_WIDE loops (counter hash, bfloat16, 8-bit decode, l2 norm, signs, signs
+    per run) and fp16_sum on
     AVX-512 on two threads, AVX2 on one and the baseline on two (HVDC_NO_AVX512 / HVDC_NO_AVX2
     turn them off): the same bits."""
     digests = set()

@@ -76,17 +76,22 @@ def test_minmax_round_trip_within_one_level():
                for i in range(0, 1000, 256))
 
 
-@pytest.mark.parametrize("n, chunk", [(1000, 64), (64, 64), (5, 1), (7, 10), (0, 8)])
-def test_chunk_means_and_scale_match_numpy(n, chunk):
-    """OneBit's per-run scales: the mean |x| of each run of ``chunk`` (the last one shorter) and
-    each element times its run's scale."""
-    x = np.random.default_rng(6).standard_normal(n).astype(np.float32)
-    runs = [x[i:i + chunk] for i in range(0, n, chunk)]
-    means = TF.chunk_means(tf.constant(x), chunk).numpy()
-    np.testing.assert_allclose(means, [np.abs(r).astype(np.float64).mean() for r in runs], rtol=1e-6)
-    scales = np.arange(1, len(runs) + 1, dtype=np.float32)
-    got = TF.chunk_scale(tf.constant(x), tf.constant(scales), chunk).numpy()
-    np.testing.assert_array_equal(got, x * np.repeat(scales, chunk)[:n])
+@pytest.mark.parametrize("n, run", [(1000, 64), (64, 64), (5, 1), (7, 10)])
+def test_sign_runs_match_numpy(n, run):
+    """OneBit's per-run scales on TensorFlow tensors: the mean |x| of each run (the last one
+    shorter), and two payloads decoded, +-their run's scale, summed in rank order."""
+    xs = [np.random.default_rng(6 + r).standard_normal(n).astype(np.float32) for r in range(2)]
+    payloads = [TF.sign_pack_runs(tf.constant(x), run) for x in xs]
+    for x, (packed, means) in zip(xs, payloads):
+        np.testing.assert_array_equal(packed.numpy(), np.packbits(~np.signbit(x)))
+        np.testing.assert_array_equal(means.numpy(), np.array(
+            [np.abs(x[i:i + run]).astype(np.float64).mean() for i in range(0, n, run)], np.float32))
+    want = np.zeros(n, np.float32)
+    for x, (_, means) in zip(xs, payloads):
+        scale = np.repeat(means.numpy(), run)[:n]
+        want = want + np.where(np.signbit(x), -scale, scale)
+    got = TF.sign_runs_sum(tf.concat([p for p, _ in payloads], 0), tf.concat([m for _, m in payloads], 0), n, run)
+    np.testing.assert_array_equal(got.numpy(), want)
 
 
 def test_stochastic_levels_are_unbiased():

@@ -43,7 +43,7 @@ finally:
 
 from hvdcompress.torch.backend import TorchOps  # noqa: E402
 from test_kernels import (LEVEL_CASES, data, decoders, np_levels, np_magnitude_keys,  # noqa: E402
-                          np_minmax, np_natural_pack, np_pack, np_twobit, np_uniform24, t)
+                          np_minmax, np_natural_pack, np_pack, np_sign_runs, np_twobit, np_uniform24, t)
 from test_paths_identical import RTOL, SPECS, simulate  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter: NaN casts
@@ -184,6 +184,24 @@ def test_minmax_pack_and_unpack(triton_ops, n, chunk):
     got = triton_ops.minmax_unpack_sum(t(np.concatenate([q for q, _ in payloads])),
                                        t(np.concatenate([b for _, b in payloads])), n, chunk)
     np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize("n,run", [(1, 4), (13, 3), (3001, 64), (4099, 1000)])
+def test_sign_runs_pack_and_sum(triton_ops, n, run):
+    """The codes and per-run means of sign_pack_runs, and the rank-ordered sum of three payloads."""
+    x = data(n, 10)
+    packed, means = triton_ops.sign_pack_runs(t(x), run)
+    want_packed, want_means = np_sign_runs(x, run)
+    same_bits(packed, want_packed)
+    same_bits(means, want_means)
+    payloads = [np_sign_runs(v, run) for v in (x, data(n, 11), -data(n, 12))]
+    want = np.zeros(n, np.float32)
+    for codes, scales in payloads:
+        scale = np.repeat(scales, run)[:n]
+        want = want + np.where(np.unpackbits(codes)[:n] == 1, scale, -scale)
+    got = triton_ops.sign_runs_sum(t(np.concatenate([c for c, _ in payloads])),
+                                   t(np.concatenate([m for _, m in payloads])), n, run)
+    same_bits(got, want)
 
 
 # ---- decoders -----------------------------------------------------------------------------------
@@ -362,6 +380,8 @@ KERNEL_SIGNATURES = {
        for chunk, rows in (("i32", 1), ("i32", 256), (1, 1024))},
     "_minmax_unpack_kernel": {"codes_ptr": _U8, "bounds_ptr": _P, "out_ptr": _P, "n": "i32", "chunk": "i32",
                               "chunks": "i32", "R": "i32", "BLOCK": 1024},
+    "_sign_runs_kernel": {"packed_ptr": _U8, "means_ptr": _P, "out_ptr": _P, "n": "i32", "nbytes": "i32",
+                          "run": "i32", "runs": "i32", "R": "i32", "BLOCK": 1024},
     "_count_kernel": {"x_ptr": _P, "t_ptr": _P, "counts_ptr": _I64P, "n": "i32", "BLOCK": 1024},
     "_select_kernel": {"x_ptr": _P, "t_ptr": _P, "starts_ptr": _I64P, "values_ptr": _P, "indices_ptr": _I64P,
                        "n": "i32", "BLOCK": 1024},

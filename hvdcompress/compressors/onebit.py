@@ -29,7 +29,6 @@ import numpy as np
 
 from ..backend import Ops, Tensor
 from ..compressor import TensorInfo, decode_into
-from ..ops.layout import packed_bytes
 from ..validation import check_int
 from .payload import constant
 from .quant import TableQuantizer
@@ -67,10 +66,10 @@ class OneBit(TableQuantizer):
         return np.array([-1.0, 1.0], dtype=np.float32)
 
     def encode(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Tuple[Tensor, Tensor]:
-        packed, mean = ops.sign_pack(x)
         runs = self.runs(info)
         if runs is not None:
-            return packed, ops.chunk_means(x, runs)
+            return ops.sign_pack_runs(x, runs)
+        packed, mean = ops.sign_pack(x)
         return packed, mean if self.scale else constant(ops, 1.0, x)
 
     def scales_per_rank(self, info: TensorInfo) -> int:
@@ -83,11 +82,4 @@ class OneBit(TableQuantizer):
         if runs is None:
             return super().decompress_gathered(ops, tensors, ctx, info, world, out)
         codes, scales = self.checked(ops, tensors, info, world)
-        n, per = info.numel, self.scales_per_rank(info)
-        unit = ops.from_numpy(self.unit_table(), like=scales)
-        codes, scales = ops.split(codes, [packed_bytes(n, 1)] * world), ops.split(scales, [per] * world)
-        total = None
-        for r in range(world):   # rank order: the same sum on every rank
-            part = ops.chunk_scale(ops.unpack_sum(codes[r], n, 1, unit), scales[r], runs)
-            total = part if total is None else total + part
-        return decode_into(ops, out, ctx, lambda buf: ops.into(buf, total))
+        return decode_into(ops, out, ctx, lambda buf: ops.sign_runs_sum(codes, scales, info.numel, runs, out=buf))

@@ -119,6 +119,15 @@ void fp16_sum(const uint16_t* bits, int64_t n, int64_t R, float* out);
 // Majority vote of R 1-bit payloads: out[i] = scale * sign(sum_r (bit_r(i) ? 1 : -1)), 0 on a tie.
 void sign_vote(const uint8_t* packed, int64_t n, int64_t R, float scale, float* out);
 
+// ---- signs with a scale per run (OneBit(chunk=...)) -------------------------------------------
+// Run c covers elements [c*run, min(n, (c+1)*run)). sign_pack_runs: the codes of sign_pack into
+// out, and means[c] = float(sum |x| over run c, in double, / its length). Decode:
+// out[i] = sum_r (bit_r(i) ? means_r[i / run] : -means_r[i / run]), in rank order from +0.0, over
+// R payloads of (packed_bytes(n, 1) bytes; ceil(n / run) means each).
+void sign_pack_runs(const float* x, int64_t n, int64_t run, uint8_t* out, float* means);
+void sign_runs_sum(const uint8_t* packed, const float* means, int64_t n, int64_t run, int64_t R,
+                   float* out);
+
 // ---- 8 bits: min-max per chunk (Bagua) ------------------------------------------------------
 // Chunk c covers elements [c*chunk, min(n, (c+1)*chunk)). bounds[2c] = min, bounds[2c+1] = max
 // of the chunk (both NaN when the chunk holds a non-finite value). In float32:
@@ -219,6 +228,7 @@ void scatter_add_i64(const float* values, const int64_t* indices, int64_t m, int
 #define HVDC_KERNELS(X)                                                                        \
   X(sign_pack) X(ef_sign_pack) X(twobit_pack) X(levels_pack) X(ternary_pack) X(natural_pack)  \
   X(half_cast) X(unpack_sum) X(bf16_sum) X(fp16_sum) X(sign_vote) X(minmax_pack) X(minmax_unpack_sum)     \
+  X(sign_pack_runs) X(sign_runs_sum)                                                          \
   X(max_abs) X(l2_norm) X(count_ge) X(select_ge) X(sampled_threshold) X(topk_abs)             \
   X(momentum_correction) X(dgc_select) X(sub_finite) X(lowrank_project) X(lowrank_project_back)             \
   X(lowrank_residual) X(fill_at) X(scatter_add_i32) X(scatter_add_i64)

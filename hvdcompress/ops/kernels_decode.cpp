@@ -229,6 +229,51 @@ void sign_vote(const uint8_t* packed, int64_t n, int64_t R, float scale, float* 
   });
 }
 
+namespace {
+// kFlips[byte][j]: the sign bit where bit j of byte (the highest first) is clear, else 0: a
+// scale's bits xor it are the scale or its negation (exactly, NaN included).
+const auto kFlips = [] {
+  std::array<std::array<uint32_t, 8>, 256> t{};
+  for (int b = 0; b < 256; ++b)
+    for (int j = 0; j < 8; ++j) t[b][j] = (b >> (7 - j)) & 1 ? 0u : 0x80000000u;
+  return t;
+}();
+
+// One payload's part of a block: o[i - i0] += +-means[i / run] for i in [i0, i0 + m).
+HVDC_INLINE void runs_body(const uint8_t* p, const float* means, int64_t i0, int64_t m, int64_t run, float* o) {
+  for (int64_t i = i0; i < i0 + m;) {  // one run (or the block's part of it) at a time
+    const int64_t end = std::min(i0 + m, (i / run + 1) * run);
+    const uint32_t s = bits_of(means[i / run]);
+    for (; i < end && (i & 7); ++i) o[i - i0] += float_of(s ^ kFlips[p[i >> 3]][i & 7]);
+    for (; i + 8 <= end; i += 8) {  // whole bytes: s or -s by the byte's 8 bits
+      const uint32_t* flip = kFlips[p[i >> 3]].data();
+      float* oi = o + (i - i0);
+      for (int j = 0; j < 8; ++j) oi[j] += float_of(s ^ flip[j]);
+    }
+    for (; i < end; ++i) o[i - i0] += float_of(s ^ kFlips[p[i >> 3]][i & 7]);
+  }
+}
+HVDC_WIDE(runs_block, (const uint8_t* p, const float* means, int64_t i0, int64_t m, int64_t run, float* o),
+          runs_body(p, means, i0, m, run, o))
+}  // namespace
+
+void sign_runs_sum(const uint8_t* packed, const float* means, int64_t n, int64_t run, int64_t R,
+                   float* out) {
+  if (run < 1) throw std::invalid_argument("sign_runs_sum: run must be >= 1");
+  const int64_t runs = (n + run - 1) / run, nbytes = packed_bytes(n, 1);
+  const bool stream = n >= kStreamMin;
+  parallel_for((n + kBlock - 1) / kBlock, kBlock, [&](int64_t k0, int64_t k1) {
+    alignas(64) float o[kBlock];
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t i0 = k * kBlock, m = std::min(kBlock, n - i0);
+      for (int64_t i = 0; i < m; ++i) o[i] = 0.0f;
+      for (int64_t r = 0; r < R; ++r) runs_block(packed + r * nbytes, means + r * runs, i0, m, run, o);
+      store_block(out + i0, o, m, stream);
+    }
+    stream_fence(stream);
+  });
+}
+
 void minmax_unpack_sum(const uint8_t* codes, const float* bounds, int64_t n, int64_t chunk,
                        int64_t R, float* out) {
   if (chunk < 1) throw std::invalid_argument("minmax_unpack_sum: chunk must be >= 1");

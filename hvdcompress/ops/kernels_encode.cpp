@@ -293,6 +293,19 @@ float sign_pack(const float* x, int64_t n, uint8_t* out) {
   return static_cast<float>(total / static_cast<double>(std::max<int64_t>(1, n)));
 }
 
+void sign_pack_runs(const float* x, int64_t n, int64_t run, uint8_t* out, float* means) {
+  if (run < 1) throw std::invalid_argument("sign_pack_runs: run must be >= 1");
+  pack_codes<1>(n, out, [=](int64_t i0, uint32_t m, uint8_t* c) { sign_codes(x + i0, m, c); });
+  parallel_for((n + run - 1) / run, run, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t i0 = c * run, m = std::min(run, n - i0);
+      double s = 0.0;  // in element order: |x| is exact in double, the sum barely order-dependent
+      for (int64_t j = 0; j < m; ++j) s += abs_term(x[i0 + j]);
+      means[c] = static_cast<float>(s / static_cast<double>(m));
+    }
+  });
+}
+
 float ef_sign_pack(const float* x, const float* residual, int64_t n, uint8_t* out, float* res_out) {
   const double total = block_sum(n, [&](int64_t i0, int64_t m) {
     double s;

@@ -173,6 +173,10 @@ KERNELS: Dict[str, Kernel] = {k.name: k for k in (
     Kernel("sign_pack", "x: Vector()", c="x, n, packed, &mean",
            returns="packed: uint8[packed_bytes(n, 1)], mean: float32[1]",
            doc="``(packed, [mean |x|])``"),
+    Kernel("sign_pack_runs", "x: Vector(), run: LENGTH", c="x, n, run, packed, means",
+           returns="packed: uint8[packed_bytes(n, 1)], means: float32[cdiv(n, run)]",
+           doc="``(packed, means)``: :meth:`sign_pack`'s codes and the mean |x| of each run of "
+               "``run`` elements (the last one shorter), summed in double"),
     Kernel("ef_sign_pack", "x: Vector(), residual: Vector(like='x'), out: Into('residual') = None",
            c="x, residual, n, packed, out, &scale",
            returns="packed: uint8[packed_bytes(n, 1)], scale: float32[1], out",
@@ -215,6 +219,12 @@ KERNELS: Dict[str, Kernel] = {k.name: k for k in (
                         "scale: NUMBER, out: Out() = None",
            c="packed, n, ranks, scale, out", returns="out",
            doc="Majority vote of R :meth:`sign_pack` payloads times ``scale``"),
+    Kernel("sign_runs_sum", "packed: Payloads('uint8', 'packed_bytes(n, 1)'), "
+                            "means: Sized('float32', 'ranks * cdiv(n, run)'), n: LENGTH, run: LENGTH, "
+                            "out: Out() = None",
+           c="packed, means, n, run, ranks, out", returns="out",
+           doc="Sum of R :meth:`sign_pack_runs` payloads: ``(bit ? 1 : -1) * means_r[i // run]`` "
+               "added in rank order from +0.0"),
     Kernel("minmax_unpack_sum", "codes: Payloads('uint8', 'n'), "
                                 "bounds: Sized('float32', '2 * ranks * cdiv(n, chunk)'), "
                                 "n: LENGTH, chunk: LENGTH, out: Out() = None",

@@ -76,6 +76,20 @@ def sign_pack(x: Tensor) -> Tuple[Tensor, Tensor]:
     return _pack(_sign_bits(x), 1), mean.to(torch.float32).view(1)
 
 
+def run_means(x: Tensor, run: int) -> Tensor:
+    """float32[cdiv(n, run)]: the mean |x| of each run of ``run`` elements (the last shorter),
+    summed in double (kernels.h ``sign_pack_runs``)."""
+    n = x.numel()
+    sums = torch.nn.functional.pad(x.abs().double(), (0, -n % run)).view(-1, run).sum(1)
+    starts = torch.arange(sums.numel(), device=x.device) * run
+    return (sums / (n - starts).clamp(max=run)).to(torch.float32)
+
+
+@implements
+def sign_pack_runs(x: Tensor, run: int) -> Tuple[Tensor, Tensor]:
+    return _pack(_sign_bits(x), 1), run_means(x, run)
+
+
 @implements
 def ef_sign_pack(x: Tensor, residual: Tensor, out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     p = x + residual
@@ -227,6 +241,16 @@ def minmax_pack(x: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
         pair = torch.cat([mn, mx], 1)
         bounds.append(torch.where(bad, torch.full_like(pair, float("nan")), pair).view(-1))
     return torch.cat(codes), torch.cat(bounds)
+
+
+@implements
+def sign_runs_sum(packed: Tensor, means: Tensor, n: int, run: int, out: Optional[Tensor] = None) -> Tensor:
+    per = -(-n // run)
+    out = _output(out, n, packed.device)
+    for r, payload in enumerate(packed.split(packed_bytes(n, 1))):
+        scale = means[r * per:(r + 1) * per].repeat_interleave(run)[:n]
+        out += torch.where(_unpack(payload, n, 1).bool(), scale, -scale)
+    return out
 
 
 @implements

@@ -280,6 +280,19 @@ def _minmax_pack_kernel(x_ptr, codes_ptr, bounds_ptr, n, chunk, chunks, ROWS: tl
 
 
 @triton.jit
+def _sign_runs_kernel(packed_ptr, means_ptr, out_ptr, n, nbytes, run, runs, R, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    byte, shift, c = offs // 8, 7 - (offs % 8), offs // run
+    acc = tl.zeros([BLOCK], tl.float32)
+    for r in range(R):  # rank order from +0.0, as the C++ kernel
+        b = tl.load(packed_ptr + r * nbytes + byte, mask=mask, other=0).to(tl.int32)
+        s = tl.load(means_ptr + r * runs + c, mask=mask, other=0.0)
+        acc += tl.where(((b >> shift.to(tl.int32)) & 1) == 1, s, -s)
+    tl.store(out_ptr + offs, acc, mask=mask)
+
+
+@triton.jit
 def _minmax_unpack_kernel(codes_ptr, bounds_ptr, out_ptr, n, chunk, chunks, R, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -598,6 +611,24 @@ def bf16_sum(bits: Tensor, n: int, out: Optional[Tensor] = None) -> Tensor:
     ranks = _ranks(bits, n, "bits")
     out = _output(out, n, bits)
     _bf16_sum_kernel[(triton.cdiv(n, BLOCK),)](bits, out, n, ranks, BLOCK=BLOCK, **LAUNCH)
+    return out
+
+
+@implements
+def sign_pack_runs(x: Tensor, run: int) -> Tuple[Tensor, Tensor]:
+    """The codes by :func:`sign_pack`'s kernel; the means in torch on the device (double sums)."""
+    return sign_pack(x)[0], torch_fallback.run_means(x, run)
+
+
+@implements
+def sign_runs_sum(packed: Tensor, means: Tensor, n: int, run: int, out: Optional[Tensor] = None) -> Tensor:
+    _check_device(packed)
+    nbytes = packed_bytes(n, 1)
+    ranks, runs = _ranks(packed, nbytes, "packed"), triton.cdiv(n, run)
+    _check_size(means, runs * ranks, "means")
+    out = _output(out, n, packed)
+    _sign_runs_kernel[(triton.cdiv(n, BLOCK),)](packed, means, out, n, nbytes, run, runs, ranks,
+                                               BLOCK=BLOCK, **LAUNCH)
     return out
 
 

@@ -177,16 +177,5 @@ class TFOps(Ops):
     def orthonormalize(self, m: Tensor) -> Tensor:
         return tf.linalg.qr(m, full_matrices=False).q
 
-    def chunk_means(self, x: Tensor, chunk: int) -> Tensor:
-        n = int(tf.size(x))
-        rows = tf.reshape(tf.pad(tf.cast(tf.abs(x), tf.float64), [[0, -n % chunk]]), [-1, chunk])
-        starts = tf.range(-(-n // chunk), dtype=tf.int64) * chunk
-        return tf.cast(tf.reduce_sum(rows, axis=1) / tf.cast(tf.minimum(n - starts, chunk), tf.float64), tf.float32)
-
-    def chunk_scale(self, x: Tensor, scales: Tensor, chunk: int) -> Tensor:
-        n = int(tf.size(x))
-        rows = tf.reshape(tf.pad(x, [[0, -n % chunk]]), [-1, chunk]) * scales[:, None]
-        return tf.reshape(rows, [-1])[:n]
-
     def outer(self, a: Tensor, b: Tensor) -> Tensor:
         return tf.reshape(a[:, None] * b[None, :], [-1])

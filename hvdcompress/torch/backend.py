@@ -167,16 +167,6 @@ class TorchOps(Ops):
         self._check_range("shared_indices: k", k, 0, n)
         return torch_fallback.shared_indices(n, k, key, like.device)  # on the device
 
-    def chunk_means(self, x, chunk):
-        n = x.numel()
-        sums = torch.nn.functional.pad(x.abs().double(), (0, -n % chunk)).view(-1, chunk).sum(1)
-        starts = torch.arange(sums.numel(), device=sums.device) * chunk
-        return (sums / (n - starts).clamp(max=chunk)).float()
-
-    def chunk_scale(self, x, scales, chunk):
-        n = x.numel()
-        return (torch.nn.functional.pad(x, (0, -n % chunk)).view(-1, chunk) * scales[:, None]).view(-1)[:n]
-
     def magnitude(self, x):
         return x.abs().nan_to_num_(nan=float("inf"))
 

@@ -42,6 +42,7 @@ from hvdcompress.torch.backend import TorchOps
 
 COMPRESSORS: dict = {
     "onebit": lambda: hc.OneBit(),
+    "onebit rows": lambda: hc.OneBit(chunk="rows"),  # a scale per row of 1000 (the Adam take-over's)
     "efsignsgd": lambda: hc.EFSignSGD(),
     "signum": lambda: hc.Signum(),
     "twobit": lambda: hc.TwoBit(0.5),

@@ -8,17 +8,22 @@ Zeros are sent as +s (-0.0 as -s).
 
 ``chunk=c`` gives every run of c elements its own scale: ``C(g)_i = s_{i // c} · sign(g_i)``,
 ``s_j = mean |g|`` over run j (the last run may be shorter), 1 + 32/c bits per element;
-``chunk="rows"`` a scale per row of the tensor (its numel / shape[0] elements: an embedding's
-token, a linear layer's output unit, a convolution's output channel; whole rows of at least
-:data:`MIN_RUN` elements per scale; one scale for a 1-D tensor). The L2-optimal scale of a run is its
-mean |g|, so the error ``||g - C(g)||²`` is ``sum_j c·var_j(|g|)`` with runs against
-``n·var(|g|)`` with one scale: where magnitudes differ between the rows of one tensor (the
-embedding rows of rare and frequent tokens, which are all zero when the token is absent, the
-gates of an LSTM), one scale sends the quiet rows far too much (which error feedback has to take
-back later: a zero row gets ±s every step) and the loud ones too little. Measured with the Adam
-take-over at 8 ranks (LSTM, b2 0.95, the first 300 of 1,000 steps, allgathered; benchmarks/README.md
-section 8): +0.059 bits/byte to dense with one scale, +0.006 per row, +0.006 per 64 elements,
-+0.047 per 256 elements. ``chunk="auto"`` (default) is one scale per tensor, except that
+``chunk="rows"`` a scale per row of the tensor (numel / shape[0] elements: an embedding's token,
+a linear layer's output unit, a convolution's output channel; whole rows of at least
+:data:`MIN_RUN` elements share one; a 1-D tensor keeps one scale). The compressed allreduce
+cuts tensors into segments of whole rows where it can (their info's shape says so).
+
+The L2-optimal scale of a run is its mean |g|, so the error ``||g - C(g)||²`` is
+``sum_j c·var_j(|g|)`` with runs against ``n·var(|g|)`` with one scale. Where magnitudes differ
+between the rows of one tensor (embedding rows of frequent and rare tokens, all zero when the
+token is absent; an LSTM's gates), one scale sends the quiet rows far too much (a zero row gets
+±s every step, which error feedback takes back later) and the loud ones too little. With the Adam
+take-over (LSTM, b2 0.95, 8 ranks, allgathered, the first 300 of 1,000 steps; an experiment):
++0.059 bits/byte above dense with one scale, +0.006 per row or per 64 elements, +0.047 per 256.
+Over whole runs with the compressed allreduce (benchmarks/README.md section 8): +0.118 -> +0.050
+at 8 ranks, +0.021 -> -0.009 at 2. The cost: the scales (1.03 bits per element at rows of 1,024,
+1.5 at 64) and a decoder ~4x slower than one scale's (:func:`sign_runs_sum`, one table look-up
+per byte instead of per 8 codes). ``chunk="auto"`` (default) is one scale per tensor, except that
 :class:`~hvdcompress.adam.FrozenAdam` makes it ``"rows"``.
 """
 from __future__ import annotations
@@ -46,7 +51,7 @@ class OneBit(TableQuantizer):
     def __init__(self, scale: bool = True, chunk: Union[int, str, None] = "auto"):
         self.scale = bool(scale)
         if chunk not in ("auto", "rows", None):
-            if isinstance(chunk, str) or isinstance(chunk, bool):
+            if isinstance(chunk, (str, bool)):
                 raise ValueError(f"OneBit: chunk={chunk!r}; allowed: 'auto', 'rows', None or an int >= 1")
             chunk = check_int("OneBit", "chunk", chunk, 1)
         self.chunk = chunk

@@ -54,7 +54,9 @@ ROWS_FILES = [("LSTM", 2, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np2_rows.json
               ("transformer", 2, "0.999", 1000, 0, "lm_adamw_i36_transformer_b0999_np2_rows.json"),
               ("LSTM", 8, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np8_rows.json"),
               ("LSTM", 8, "0.95", 1000, 1, "lm_adamw_i36_lstm_b095_np8_seed1_rows.json"),
-              ("LSTM", 8, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np8_rows.json")]
+              ("LSTM", 8, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np8_rows.json"),
+              ("LSTM", 2, "0.95", 3000, 0, "lm_adamw_i36_lstm_b095_np2_3000_rows.json"),
+              ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000_rows.json")]
 _ROWS = {entry[:5]: entry[5] for entry in ROWS_FILES}
 #: (compressor, model, ranks, betas, steps, seed, file, method)
 RUNS = [(name, model, ranks, betas, steps, seed,

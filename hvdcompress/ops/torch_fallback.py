@@ -77,12 +77,9 @@ def sign_pack(x: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 def run_means(x: Tensor, run: int) -> Tensor:
-    """float32[cdiv(n, run)]: the mean |x| of each run of ``run`` elements (the last shorter),
-    summed in double (kernels.h ``sign_pack_runs``)."""
-    n = x.numel()
-    sums = torch.nn.functional.pad(x.abs().double(), (0, -n % run)).view(-1, run).sum(1)
-    starts = torch.arange(sums.numel(), device=x.device) * run
-    return (sums / (n - starts).clamp(max=run)).to(torch.float32)
+    """The mean |x| of each run of ``run`` elements, summed in double (``sign_pack_runs``)."""
+    sums = torch.nn.functional.pad(x.abs().double(), (0, -x.numel() % run)).view(-1, run).sum(1)
+    return (sums / (x.numel() - torch.arange(sums.numel(), device=x.device) * run).clamp(max=run)).float()
 
 
 @implements
@@ -245,10 +242,8 @@ def minmax_pack(x: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
 
 @implements
 def sign_runs_sum(packed: Tensor, means: Tensor, n: int, run: int, out: Optional[Tensor] = None) -> Tensor:
-    per = -(-n // run)
-    out = _output(out, n, packed.device)
-    for r, payload in enumerate(packed.split(packed_bytes(n, 1))):
-        scale = means[r * per:(r + 1) * per].repeat_interleave(run)[:n]
+    out, scales = _output(out, n, packed.device), means.view(-1, -(-n // run)).repeat_interleave(run, 1)
+    for payload, scale in zip(packed.split(packed_bytes(n, 1)), scales[:, :n]):
         out += torch.where(_unpack(payload, n, 1).bool(), scale, -scale)
     return out
 

@@ -46,21 +46,16 @@ FILES = [("LSTM", 2, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np2.json"),
          ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000.json")]
 METHODS = [("onebit + EF", "onebit-ef-adam"), ("top-k 1% + EF", "topk-ef-adam"),
            ("PowerSGD rank 4", "powersgd-adam"), ("int8", "int8-adam")]
-#: onebit again with a scale per row (the take-over's default since these runs; its dense AdamW
-#: in the same launch): replaces the FILES' onebit record (one scale per tensor) of the setting
-ROWS_FILES = [("LSTM", 2, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np2_rows.json"),
-              ("LSTM", 2, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np2_rows.json"),
-              ("transformer", 2, "0.95", 1000, 0, "lm_adamw_i36_transformer_b095_np2_rows.json"),
-              ("transformer", 2, "0.999", 1000, 0, "lm_adamw_i36_transformer_b0999_np2_rows.json"),
-              ("LSTM", 8, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np8_rows.json"),
-              ("LSTM", 8, "0.95", 1000, 1, "lm_adamw_i36_lstm_b095_np8_seed1_rows.json"),
-              ("LSTM", 8, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np8_rows.json"),
-              ("LSTM", 2, "0.95", 3000, 0, "lm_adamw_i36_lstm_b095_np2_3000_rows.json"),
-              ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000_rows.json")]
-_ROWS = {entry[:5]: entry[5] for entry in ROWS_FILES}
+
+
+def onebit_rows(file: str) -> str:
+    """Where onebit's record of a FILES launch is: the file's ``_rows`` twin, onebit again with a
+    scale per row (the take-over's default since those launches) beside dense AdamW."""
+    return file.removesuffix(".json") + "_rows.json"
+
+
 #: (compressor, model, ranks, betas, steps, seed, file, method)
-RUNS = [(name, model, ranks, betas, steps, seed,
-         _ROWS.get((model, ranks, betas, steps, seed), file) if method == "onebit-ef-adam" else file, method)
+RUNS = [(name, model, ranks, betas, steps, seed, onebit_rows(file) if method == "onebit-ef-adam" else file, method)
         for model, ranks, betas, steps, seed, file in FILES for name, method in METHODS]
 #: the table's columns: (model, ranks, betas, steps)
 SETTINGS = [(m, r, b, 1000) for m in ("LSTM", "transformer") for r in (2, 8) for b in ("0.95", "0.999")] + [

@@ -336,6 +336,15 @@ def np_sign_runs(x: np.ndarray, run: int) -> tuple:
     return np.packbits(~np.signbit(x)), np.array(means, np.float32)
 
 
+def np_sign_runs_sum(payloads: list, n: int, run: int) -> np.ndarray:
+    """The float32 sum, in rank order from +0.0, of each payload's +-scale of its run."""
+    want = np.zeros(n, np.float32)
+    for codes, scales in payloads:
+        scale = np.repeat(scales, run)[:n]
+        want = want + np.where(np.unpackbits(codes)[:n] == 1, scale, -scale)
+    return want
+
+
 @pytest.mark.parametrize("n,run", [(1, 4), (10, 3), (5000, 64), (70001, 2048), (64, 64), (4099, 1000)])
 def test_sign_runs_pack_and_sum_match_numpy(ops, n, run):
     """A scale per run: the codes of sign_pack, each run's mean |x|; the sum of three payloads
@@ -346,13 +355,9 @@ def test_sign_runs_pack_and_sum_match_numpy(ops, n, run):
     np.testing.assert_array_equal(packed.numpy(), want_packed)
     np.testing.assert_array_equal(means.numpy(), want_means)
     payloads = [np_sign_runs(v, run) for v in (x, data(n, 11), -data(n, 12))]
-    want = np.zeros(n, np.float32)
-    for codes, scales in payloads:
-        scale = np.repeat(scales, run)[:n]
-        want = want + np.where(np.unpackbits(codes)[:n] == 1, scale, -scale)
     got = ops.sign_runs_sum(t(np.concatenate([c for c, _ in payloads])),
                             t(np.concatenate([m for _, m in payloads])), n, run)
-    np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_array_equal(got.numpy(), np_sign_runs_sum(payloads, n, run))
 
 
 def test_minmax_error_is_at_most_half_a_step(ops):

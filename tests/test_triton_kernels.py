@@ -43,7 +43,8 @@ finally:
 
 from hvdcompress.torch.backend import TorchOps  # noqa: E402
 from test_kernels import (LEVEL_CASES, data, decoders, np_levels, np_magnitude_keys,  # noqa: E402
-                          np_minmax, np_natural_pack, np_pack, np_sign_runs, np_twobit, np_uniform24, t)
+                          np_minmax, np_natural_pack, np_pack, np_sign_runs, np_sign_runs_sum, np_twobit,
+                          np_uniform24, t)
 from test_paths_identical import RTOL, SPECS, simulate  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter: NaN casts
@@ -195,13 +196,9 @@ def test_sign_runs_pack_and_sum(triton_ops, n, run):
     same_bits(packed, want_packed)
     same_bits(means, want_means)
     payloads = [np_sign_runs(v, run) for v in (x, data(n, 11), -data(n, 12))]
-    want = np.zeros(n, np.float32)
-    for codes, scales in payloads:
-        scale = np.repeat(scales, run)[:n]
-        want = want + np.where(np.unpackbits(codes)[:n] == 1, scale, -scale)
     got = triton_ops.sign_runs_sum(t(np.concatenate([c for c, _ in payloads])),
                                    t(np.concatenate([m for _, m in payloads])), n, run)
-    same_bits(got, want)
+    same_bits(got, np_sign_runs_sum(payloads, n, run))
 
 
 # ---- decoders -----------------------------------------------------------------------------------

@@ -42,9 +42,8 @@ taken (DeepSpeed's 1-bit Adam asks the user for such a mask, ``exp_avg_mask``; h
 The schedule (the maths in :mod:`hvdcompress.adam_freeze`): v-steps at t <= 128, then 8 each
 2, 4, 8, ... steps apart, the interval capped at 0.5/(1-b2) (8 steps at b2 = 0.95, 256 at 0.999:
 247 and 173 v-steps of 1,000, 497 and 187 of 3,000); a refresh after I steps weighs
-alpha = min(1 - b2^I, max(1 - b2, 1/16)) (it stands for the I steps, Adam's own decay over
-them, but v stays an average of at least min(1/(1-b2), 16) squares), decay_t = prod(1 - alpha),
-which is b2^t when every step is a v-step. ``freeze_steps=T0`` is the explicit override: v-steps
+alpha = 1 - b2^I (it stands for the I steps: Adam's own decay over them), decay_t =
+prod(1 - alpha), which is b2^t when every step is a v-step. ``freeze_steps=T0`` is the explicit override: v-steps
 t <= T0, v frozen after (1-bit Adam), decay_t = b2^min(t, T0).
 
 With ``min_numel=n`` (``adam_min_numel``) tensors under n elements (biases, norms) run live Adam
@@ -64,9 +63,9 @@ It needs no statistic of v (a freeze decided from v's change would need a reduct
 tensor, a host read of device values, and a threshold of its own): the step count decides, so
 every rank and every front end (Horovod torch, DDP hook, Keras: they reach it through
 :class:`hvdcompress.driver.StepDriver`) takes the same steps without exchanging anything. The
-cost: a v that follows the gradients sparsely, noisier per coordinate than Adam's at b2 = 0.999
-(~100 samples instead of 1,000), later than Adam's at small b2 (its 1/(1-b2) samples span up to
-16·I steps); and the EF residual, kept in gradient space, meets a v that changed at the refreshes.
+cost: a v that follows the gradients sparsely, as fast as Adam's but from one sample per interval,
+noisier per coordinate (at b2 = 0.95, ~3 samples instead of 20); and the EF residual, kept in
+gradient space, meets a v that changed at the refreshes.
 
 Why int8 for the v-steps: 4x fewer bytes, stateless (the decoded mean is the gradient up to
 (max-min)/510 per element). ``warmup="none"`` sends them dense (``adam_warmup`` from strings).

@@ -22,15 +22,20 @@ comparable with Adam's 1/(1-b2) (at b2 = 0.95 without the cap, intervals of 16 a
 cost +0.02 bits/byte against 8, benchmarks/README.md section 8).
 
 A v-step after an interval of I steps stands for those I steps: v decays as Adam's would over
-them, with the new gradient's weight bounded so that v stays an average of at least
-``min(1/(1-b2), MIN_SAMPLES)`` squared gradients (one gradient's g² is a very noisy estimate of a
-coordinate's variance: a near-zero sample would give that coordinate huge steps until the next
-refresh)::
+them, and the new gradient takes the weight that Adam gives the I gradients it skipped::
 
-    alpha = min(1 - b2^I, max(1 - b2, 1/MIN_SAMPLES));   v <- (1 - alpha)·v + alpha·g²
+    alpha = 1 - b2^I;   v <- (1 - alpha)·v + alpha·g²
 
 (I = 1, the warm-up: Adam's own b2·v + (1-b2)·g²), and the bias correction divides by
 1 - prod(1 - alpha) over the v-steps so far (Adam's 1 - b2^t when every step is a v-step).
+v then forgets as fast as Adam's (its time constant 1/(1-b2) steps), from one sample per
+interval instead of I. The cap keeps a single sample's weight at most 1 - b2^cap <= 1 - e^-0.5
+= 0.39, so one near-zero g² shrinks v by 0.61 at worst. Until issue 36's last round alpha was
+also bounded by max(1 - b2, 1/16), so that v averaged >= 16 squares: at b2 = 0.95 (alpha 1/16
+instead of 0.34 at I = 8) v then spanned ~128 steps, and lagged behind the gradients' falling
+scale: bits/byte above dense at step 600 (LSTM, 8 ranks) int8 +0.023, onebit +0.053, PowerSGD
++0.053 with the bound; +0.005, +0.041, +0.034 without (1/4: +0.011, +0.045, +0.041;
+benchmarks/README.md section 8). At b2 = 0.999 the bound never acted below I = 128.
 
 With ``freeze_steps=T0`` (the explicit override): the v-steps are t <= T0 and v is frozen after
 them for good (1-bit Adam), bias correction 1 - b2^min(t, T0).
@@ -42,7 +47,6 @@ from typing import Optional
 
 WARMUP = 128       # W: steps of live Adam at the start of the run
 PER_LEVEL = 8       # R: v-steps at each interval before it doubles
-MIN_SAMPLES = 16    # a v-step's weight alpha stays <= max(1 - b2, 1/MIN_SAMPLES)
 SHARE = 0.5         # the interval stays <= SHARE / (1 - b2), rounded down to a power of 2 (>= 2)
 
 
@@ -51,9 +55,9 @@ class VarianceSchedule:
     growing intervals, else the fixed freeze T0."""
 
     def __init__(self, freeze_steps: Optional[int] = None, warmup: int = WARMUP,
-                 per_level: int = PER_LEVEL, min_samples: int = MIN_SAMPLES, share: float = SHARE):
+                 per_level: int = PER_LEVEL, share: float = SHARE):
         self.freeze_steps = freeze_steps
-        self.warmup, self.per_level, self.min_samples, self.share = warmup, per_level, min_samples, share
+        self.warmup, self.per_level, self.share = warmup, per_level, share
 
     def cap(self, beta2: float) -> int:
         """The longest interval for this b2: a power of 2, >= 2, <= share/(1 - b2)."""
@@ -97,10 +101,8 @@ class VarianceSchedule:
         return self._weights(self.interval(t, beta2 if phase_beta2 is None else phase_beta2), beta2)
 
     def _weights(self, interval: int, beta2: float) -> tuple:
-        if interval == 1:
-            return beta2, 1.0 - beta2
-        alpha = min(1.0 - beta2 ** interval, max(1.0 - beta2, 1.0 / self.min_samples))
-        return 1.0 - alpha, alpha
+        keep = beta2 ** interval
+        return keep, 1.0 - keep
 
     def _counts(self, t: int, beta2: float):
         """(interval, number of v-steps among 1..t) of each level reached (after the warm-up)."""

@@ -100,12 +100,11 @@ def v_steps(steps: int, b2: float, warmup: int = 128, per_level: int = 8, share:
     return out
 
 
-def v_weights(interval: int, b2: float, min_samples: int = 16) -> tuple:
-    """(keep, alpha) of a v-step after ``interval`` steps: v <- keep·v + alpha·g²."""
-    if interval == 1:
-        return b2, 1 - b2
-    alpha = min(1 - b2 ** interval, max(1 - b2, 1 / min_samples))
-    return 1 - alpha, alpha
+def v_weights(interval: int, b2: float) -> tuple:
+    """(keep, alpha) of a v-step after ``interval`` steps: v <- keep·v + alpha·g², Adam's decay
+    over the interval (keep = b2^interval)."""
+    keep = b2 ** interval
+    return keep, 1 - keep
 
 
 def clipped(x: np.ndarray, limit: float) -> np.ndarray:

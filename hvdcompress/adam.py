@@ -75,18 +75,14 @@ freeze): it is the same on every rank, so it is added exactly instead of being c
 Since m is the same on every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression
 both placements, and both kinds of steps, are Adam.
 
-``clip_grad_norm`` (the wrappers'): each rank clips its own gradient to c before it is sent,
-in every step, v-steps included (:func:`hvdcompress.clipping.local_clip_limit`), which keeps the
-exchanged mean within c. m and v then see gradients clipped alike, and Adam's step m/sqrt(v) does
-not depend on the clip's common scale. Clipping the exchanged mean in the v-steps (Horovod's
-pattern) and each rank in the compressed steps, as before issue 36, fed v with means clipped by
-0.9-1.0 and m with gradients clipped by 0.6-0.8 (each rank's norm exceeds its mean's: the ranks'
-noise does not cancel; transformer, 2 ranks, clip 0.5): the compressed steps took ~25% shorter
-steps, which cost onebit +0.055 bits/byte against -0.007 with the clip alike (benchmarks/README.md
-section 8). The c·sqrt(N) of the other stateful compressors lets the mean reach sqrt(N)·c when
-the ranks agree, which the frozen v passes through unscaled: at 8 ranks (LSTM, seed 1) that rule
-measured +0.075 (frozen at 250; the loss jumped from 2.91 to 3.24 bits/byte after the freeze),
-clipping to c +0.053.
+``clip_grad_norm`` (the wrappers'; :meth:`hvdcompress.driver.StepDriver.clips_before`): a v-step clips the
+exchanged mean to c, as Horovod's pattern and dense AdamW do, and keeps its coefficient kappa
+(:attr:`clip_scale`, checkpointed); a compressed step scales each rank's gradient by that kappa
+before it is sent (then clips it to c·sqrt(N) against a spike), so that m sees the mean clipped
+as v did at its last refresh. Each rank clipped to c in every step (the rule before) scaled the
+compressed steps by each rank's own coefficient, smaller than the mean's (the ranks' noise does
+not cancel in a rank's norm): at b2 = 0.999, where v remembers the early, harder-clipped steps,
+the transformer's int8 lost +0.012 and onebit +0.043 against -0.013 and +0.025 (section 8).
 
 Which to send: measured on two byte-level language models (benchmarks/README.md section 8),
 sending the gradient is as good or better than the momentum for every compressor: with the momentum sent, the
@@ -258,6 +254,7 @@ class FrozenAdam(Decorator):
         self.min_numel = MIN_NUMEL if min_numel is None else check_int("FrozenAdam", "min_numel", min_numel, 0)
         self.steps = 0
         self.beta2: Optional[float] = None   # the b2 of the schedule's intervals (the first step's, smallest)
+        self.clip_scale = 1.0   # kappa: the clip coefficient of the exchanged mean at the last v-step
         self._server: Optional[_Phased] = None
 
     @property
@@ -384,13 +381,15 @@ class FrozenAdam(Decorator):
 
     def state_dict(self) -> dict:
         return {**self.inner.state_dict(), "adam_steps": self.steps,   # the same keys from the start (TF)
-                "adam_beta2": 0.0 if self.beta2 is None else self.beta2}   # 0.0: not set yet
+                "adam_beta2": 0.0 if self.beta2 is None else self.beta2,   # 0.0: not set yet
+                "adam_clip_scale": self.clip_scale}
 
     def load_state_dict(self, state: dict) -> None:
         state = dict(state)
         self.steps = int(state.pop("adam_steps", 0))
         beta2 = float(state.pop("adam_beta2", 0.0))
         self.beta2 = beta2 if beta2 > 0.0 else None
+        self.clip_scale = float(state.pop("adam_clip_scale", 1.0))
         self.inner.load_state_dict(state)
 
     def config(self) -> dict:

@@ -26,9 +26,11 @@ without any compression, two seeds). So ``clip_grad_norm`` clips locally only wh
 a residual, at either level of two-level compression). With a stateless one (none, fp16, bf16,
 int8, the quantisers without error feedback, random-k) the exchanged gradient is the gradient,
 so it is clipped after the exchange to c, exactly as Horovod's pattern does, and compression
-keeps overlapping with the backward pass. The Adam take-over clips each rank to c instead
-(:func:`local_clip_limit`), in every step (its v-steps too, so that m and v see gradients
-clipped alike): its frozen v does not rescale a larger step.
+keeps overlapping with the backward pass. The Adam take-over (:mod:`hvdcompress.adam`) clips the
+exchanged mean in its v-steps (int8, stateless: the mean is the gradient), as Horovod does, and
+keeps the coefficient kappa; in its compressed steps each rank scales its gradient by kappa, then
+clips it locally as above (:meth:`hvdcompress.driver.StepDriver.clips_before`): m then sees the
+mean clipped as v did, and a spike is still cut at c·sqrt(N).
 """
 from __future__ import annotations
 
@@ -76,15 +78,7 @@ def what_it_keeps(compressor) -> str:
             else "keeps an error-feedback residual")
 
 
-def local_clip_limit(clip_grad_norm: float, world: int, average: bool = True, compressor=None) -> float:
+def local_clip_limit(clip_grad_norm: float, world: int, average: bool = True) -> float:
     """The norm each of ``world`` ranks clips its local gradients to: c · sqrt(N) when the
-    exchange averages them (its ``p.grad`` is the paper's N · G_k), c / sqrt(N) when it sums.
-
-    With the Adam take-over (:class:`hvdcompress.adam.FrozenAdam`, in every step): c (c / N
-    for a sum), which keeps the exchanged mean within c. v is refreshed on the same clipped
-    gradients; under c · sqrt(N) the
-    mean reaches sqrt(N) · c when the ranks' gradients agree, and the frozen 1/sqrt(v) passes
-    every such step through unscaled (measured at 8 ranks: a jump of the loss at the freeze)."""
-    if getattr(compressor, "takes_over_adam", False):
-        return clip_grad_norm if average else clip_grad_norm / world
+    exchange averages them (its ``p.grad`` is the paper's N · G_k), c / sqrt(N) when it sums."""
     return clip_grad_norm * math.sqrt(world) if average else clip_grad_norm / math.sqrt(world)

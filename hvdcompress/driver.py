@@ -6,7 +6,8 @@ the FSDP hooks) translates its framework's events into the driver's calls and it
 
     driver.agree(params, like)                 # once per engine: ranks send the same tensors alike
     driver.check_replicas(named)               # every check_replicas steps (hvdcompress.replicas)
-    before = driver.clips_before()             # the local clip before compression, or Horovod's after
+    before = driver.clips_before()             # the local clip before compression (x clip_scale()), or
+                                               # Horovod's after (then clipped_after(coefficient))
     x = driver.outgoing(x, state, info, ...)   # loss-scale guard copy, FrozenAdam's m or g, predivide
     driver.start(entries)                      # a complete group (driver.completion) is launched
     for entry in driver.finish(out_of): ...    # every round, in launch order; decoded averages
@@ -15,8 +16,9 @@ the FSDP hooks) translates its framework's events into the driver's calls and it
 
 The order is the same on every front end: compression state copied for the loss scaler before
 anything changes it; FrozenAdam's ``before_exchange`` then the predivide; the clip before
-compression with a compressor that carries state (FrozenAdam's v-steps included: m and v then
-see gradients clipped alike), Horovod's clip after the exchange otherwise; ``on_step`` after the
+compression with a compressor that carries state (FrozenAdam's compressed steps, each rank
+scaled first by the coefficient of its last v-step's clip), Horovod's clip after the exchange
+otherwise (FrozenAdam's v-steps included); ``on_step`` after the
 update and never on a skipped (overflow) step.
 
 It also owns what spans the run: the engine (built lazily, so a front end's state can exist
@@ -188,11 +190,26 @@ class StepDriver:
             self.compressor.state_dict(), sorted(self.states.named().items())))
 
     def clips_before(self) -> bool:
-        """Whether ``clip_grad_norm`` clips each rank's gradients before compression
-        (:mod:`hvdcompress.clipping`): with a compressor that carries state, FrozenAdam
-        included, in its v-steps too (:mod:`hvdcompress.adam`: m and v see gradients clipped
-        alike)."""
+        """Whether ``clip_grad_norm`` clips each rank's gradients before compression, this step
+        (:mod:`hvdcompress.clipping`): with a compressor that carries state; with FrozenAdam in
+        its compressed steps only (its v-steps clip the exchanged mean, as Horovod does, and
+        :meth:`clipped_after` keeps the coefficient for :meth:`clip_scale`)."""
+        if self.adam is not None and self.options.clip_grad_norm is not None:
+            return self.adam.frozen()
         return self.options.clip_before
+
+    def clip_scale(self) -> float:
+        """What each rank multiplies its gradients by before its local clip: FrozenAdam's kappa,
+        the clip coefficient of the exchanged mean at its last v-step (1.0 before any), so that m
+        sees the mean clipped as v did; 1.0 without the take-over."""
+        return 1.0 if self.adam is None else self.adam.clip_scale
+
+    def clipped_after(self, coefficient: Any) -> None:
+        """Horovod's clip after the exchange scaled the mean by ``coefficient`` (a scalar tensor
+        or float, <= 1): under FrozenAdam it is kept as :meth:`clip_scale` (read on the host once
+        per v-step); nothing otherwise."""
+        if self.adam is not None and coefficient is not None:
+            self.adam.clip_scale = float(coefficient if isinstance(coefficient, float) else self.ops.scalar(coefficient))
 
     def outgoing(self, x: Tensor, state: MutableMapping, info: TensorInfo,
                  settings: Optional[AdamSettings] = None, param: Optional[Tensor] = None) -> Tensor:

@@ -107,21 +107,29 @@ def v_weights(interval: int, b2: float) -> tuple:
     return keep, 1 - keep
 
 
-def clipped(x: np.ndarray, limit: float) -> np.ndarray:
-    """x scaled to an L2 norm of at most ``limit`` (torch.nn.utils.clip_grad_norm_'s formula)."""
+def coefficient(x: np.ndarray, limit: float) -> float:
+    """What scales x to an L2 norm of at most ``limit`` (torch.nn.utils.clip_grad_norm_'s formula)."""
     norm = np.float32(np.sqrt(np.sum(x.astype(np.float64) ** 2)))
-    return x * np.float32(min(1.0, limit / (norm + 1e-6)))
+    return float(np.float32(min(1.0, limit / (norm + 1e-6))))
+
+
+def clipped(x: np.ndarray, limit: float) -> np.ndarray:
+    """x scaled to an L2 norm of at most ``limit``."""
+    return x * np.float32(coefficient(x, limit))
 
 
 def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, wd: float, decoupled: bool,
               exchange=None, eps: float = 1e-8, clip: float | None = None,
-              send: str = "gradient", warmup=dense_mean, live: int = 128, clip_mean: bool = False) -> list:
+              send: str = "gradient", warmup=dense_mean, live: int = 128, clip_each: bool = False,
+              all_live: bool = False) -> list:
     """Weights after each step of the take-over on WORLD ranks (module doc of hvdcompress.adam):
     dense mean gradient for t <= freeze, then
-    ``exchange`` (default: the exact mean) of every rank's b1*m + (1-b1)*g_r; every rank's g_r
-    clipped to ``clip`` first in every step (the take-over's local limit keeps the mean within
-    clip; ``clip_mean``: the exchanged mean clipped instead, Horovod's pattern, the rule before
-    issue 36 in the live steps); Adam's L2 decay added after the exchange. ``send="gradient"``
+    ``exchange`` (default: the exact mean) of every rank's b1*m + (1-b1)*g_r; with ``clip``: the
+    exchanged mean clipped to it in the v-steps (Horovod's pattern), its coefficient kappa kept,
+    and in the other steps every rank's g_r scaled by kappa, then clipped to clip·sqrt(WORLD)
+    (``clip_each``: every rank's g_r clipped to ``clip`` in every step instead, the rule before);
+    Adam's L2 decay added after the exchange; ``all_live``: a tensor under ``min_numel``, live
+    Adam at every step, clipped as the schedule's step (the large tensors') says. ``send="gradient"``
     (FrozenAdam's default): after the freeze ``exchange`` takes every rank's g_r and m is formed
     from its result; ``"preconditioned"``: every rank's g_r / (sqrt(v_hat) + eps) (0 where v = 0),
     the result multiplied back, then as ``"gradient"``. ``freeze=None``: the default variance
@@ -132,6 +140,7 @@ def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, w
     w = np.linspace(-1, 1, N, dtype=np.float32)
     m, v = np.zeros(N, f32), np.zeros(N, f32)
     residuals: dict = {}
+    kappa = 1.0   # the clip coefficient of the last v-step's mean
     l2 = 0.0 if decoupled else wd
     out = []
     schedule = {t: 1 for t in range(1, freeze + 1)} if freeze is not None else v_steps(steps, b2, warmup=live)
@@ -139,16 +148,20 @@ def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, w
     for step in range(steps):
         t = step + 1
         xs = gradients(step)
-        live = t in schedule
-        if clip is not None and not clip_mean:
+        vstep = t in schedule
+        live = vstep or all_live
+        if clip is not None and clip_each:
             xs = [clipped(x, clip) for x in xs]
+        elif clip is not None and not vstep:
+            xs = [clipped(x * f32(kappa), clip * np.sqrt(WORLD)) for x in xs]
         if live:
             g = warmup(xs)
-            if clip is not None and clip_mean:
-                g = clipped(g, clip)
+            if clip is not None and not clip_each and vstep:
+                kappa = coefficient(g, clip)
+                g = g * f32(kappa)
             if l2:
                 g = g + w * f32(l2)
-            keep, alpha = v_weights(schedule[t], b2)
+            keep, alpha = v_weights(1 if all_live else schedule[t], b2)
             m = m * f32(b1) + g * f32(1 - b1)
             v = v * f32(keep) + g * g * f32(alpha)
             decay = b2 ** t if freeze is not None else decay * keep

@@ -74,14 +74,15 @@ def test_sending_the_preconditioned_gradient_after_the_freeze_matches_numpy(runs
 
 
 @pytest.mark.horovod
-def test_clip_grad_norm_clips_each_rank_in_every_step(runs):
-    """Each rank's gradient clipped to c before it is sent, in the warm-up too (m and v see the
-    same clip), not Horovod's clip of the mean."""
+def test_clip_grad_norm_clips_the_mean_in_v_steps_and_each_rank_by_its_coefficient_after(runs):
+    """The v-steps clip the exchanged mean (Horovod's pattern) and keep its coefficient; the
+    compressed steps scale each rank's gradient by it (then clip to c·sqrt(N)): not each rank
+    clipped to c in every step (the rule before)."""
     want = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True, clip=5.0))
     unclipped = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True))
-    mean = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True, clip=5.0, clip_mean=True))
+    each = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True, clip=5.0, clip_each=True))
     assert np.abs(want - unclipped).max() > 1e-4  # the clip acts (gradient norms are ~31)
-    assert np.abs(want[:3] - mean[:3]).max() > 1e-4   # the mean's clip differs in the warm-up
+    assert np.abs(want - each).max() > 1e-4   # and differs from each rank's own clip
     for r in range(WORLD):
         np.testing.assert_allclose(np.array(runs["clip"][r]["weights"], dtype=np.float32), want,
                                    rtol=1e-5, atol=1e-6)
@@ -120,7 +121,7 @@ def test_the_warm_up_is_int8_by_default_and_dense_with_warmup_none(runs):
 @pytest.mark.horovod
 def test_the_variance_schedule_matches_numpy_on_both_collectives(runs):
     """FrozenAdam's variance schedule after 4 live steps (int8): v refreshed at 6, 8, ..., 20
-    (weight 1 - b2^2), then 24 (1 - b2^4), onebit + EF between; each rank's clip in every step."""
+    (weight 1 - b2^2), then 24 (1 - b2^4), onebit + EF between; clipped by the v-steps' coefficient."""
     kw = dict(lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False, exchange=allgather_exchange, live=4)
     want = np.array(reference(24, None, **kw, warmup=int8_mean, clip=20.0))
     frozen = np.array(reference(24, 4, **{k: v for k, v in kw.items() if k != "live"}, warmup=int8_mean, clip=20.0))
@@ -144,9 +145,10 @@ def test_the_variance_schedule_matches_numpy_on_both_collectives(runs):
 def test_a_tensor_under_min_numel_runs_live_adam_at_every_step(runs):
     """A tensor under ``min_numel`` elements runs live Adam at every step on the int8 mean (v
     updated with b2, bias correction 1 - b2^t), never the variance schedule's compressed steps;
-    clip_grad_norm=20 clips each rank's gradient, as in every step of the take-over."""
+    clip_grad_norm=20 follows the schedule's steps (the large tensors'): the mean's clip in its
+    v-steps, each rank's scaled by its coefficient in the others."""
     kw = dict(lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False, clip=20.0)
-    want = np.array(reference(12, 12, **kw, warmup=int8_mean))
+    want = np.array(reference(12, None, **kw, live=4, warmup=int8_mean, all_live=True))
     schedule = np.array(reference(12, None, **kw, exchange=allgather_exchange, live=4, warmup=int8_mean))
     assert np.abs(want - schedule).max() > 1e-5   # the schedule would have compressed steps 5, 7, 9, 11
     for r in range(WORLD):

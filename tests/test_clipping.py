@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import hvdcompress as hc
 
@@ -129,15 +130,43 @@ def test_local_clip_limit_is_the_papers_per_rank_rule():
     assert local_clip_limit(2.0, 4, average=False) == 1.0
 
 
-def test_the_adam_take_over_clips_each_rank_to_the_warm_ups_bound():
-    """FrozenAdam: each rank to c (c / N for a sum), so the exchanged mean (sum) stays within c,
-    the bound its frozen v was estimated under; other stateful compressors keep the paper's rule."""
+def test_the_adam_take_over_clips_the_mean_in_v_steps_and_scales_each_rank_after():
+    """StepDriver with FrozenAdam: a v-step clips after the exchange (Horovod's pattern) and keeps
+    the coefficient; a compressed step clips before, each rank scaled by that coefficient first
+    (then the paper's c·sqrt(N)); the coefficient survives a checkpoint. Without the take-over
+    the scale stays 1 and nothing is kept."""
     import hvdcompress as hc
-    from hvdcompress.clipping import local_clip_limit
-    adam = hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()))
-    assert local_clip_limit(2.0, 4, average=True, compressor=adam) == 2.0
-    assert local_clip_limit(2.0, 4, average=False, compressor=adam) == 0.5
-    assert local_clip_limit(2.0, 4, average=True, compressor=hc.ErrorFeedback(hc.OneBit())) == 4.0
+    from hvdcompress.driver import StepDriver
+    from hvdcompress.options import parse_options
+    from hvdcompress.torch.tensors import OPS
+
+    adam = hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2)
+    options = parse_options(adam, op="avg", average_op="avg", sum_op="sum", clip_grad_norm=2.0)
+    driver = StepDriver(options, OPS, engine=None, comm=None, who="test", adam=adam)
+    assert driver.clips_before() is False and driver.clip_scale() == 1.0   # step 1: a v-step
+    driver.clipped_after(torch.tensor(0.25))
+    assert driver.clip_scale() == 0.25
+    adam.steps = 2   # step 3: compressed
+    assert driver.clips_before() is True and driver.clip_scale() == 0.25
+    fresh = hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2)
+    fresh.load_state_dict(adam.state_dict())
+    assert fresh.clip_scale == 0.25 and fresh.steps == 2
+    plain = StepDriver(parse_options(hc.ErrorFeedback(hc.OneBit()), op="avg", average_op="avg", sum_op="sum",
+                                     clip_grad_norm=2.0), OPS, engine=None, comm=None, who="test")
+    plain.clipped_after(torch.tensor(0.25))
+    assert plain.clips_before() is True and plain.clip_scale() == 1.0
+
+
+def test_clip_gradients_scales_first_then_clips():
+    """clip_gradients(scale=s): the coefficient min(s, limit / norm), applied and returned."""
+    from hvdcompress.torch.clipping import clip_gradients
+    g = [torch.full((4,), 3.0), torch.full((4,), 4.0)]   # norm 10
+    coef = clip_gradients(g, limit=4.0, scale=0.5)     # 0.5 -> norm 5 -> clipped to 4
+    assert float(coef) == pytest.approx(0.4, rel=1e-5)
+    assert float(torch.linalg.vector_norm(torch.cat(g))) == pytest.approx(4.0, rel=1e-5)
+    h = [torch.full((4,), 0.5)]   # norm 1: only the scale acts
+    assert float(clip_gradients(h, limit=4.0, scale=0.5)) == pytest.approx(0.5)
+    assert clip_gradients([], 1.0) is None
 
 
 @pytest.mark.parametrize("compression,intra_node,warns", [

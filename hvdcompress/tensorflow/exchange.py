@@ -149,15 +149,14 @@ class GradientExchange:
         """The exchange of ``grads`` with ``clip_grad_norm`` before or after it (None kept; the
         driver's order: before with a compressor that carries state, FrozenAdam included)."""
         c = self.core.clip_grad_norm
-        if c is None:
+        if c is None or self.driver.adam is not None:   # the take-over's clip changes per step: in _exchange
             return self._reduce(grads, sources, flag)
         if self.driver.clips_before():
             return self._reduce(clipped(grads, self._local_limit()), sources, flag)
         return clipped(self._reduce(grads, sources, flag), c)
 
     def _local_limit(self) -> float:
-        return local_clip_limit(self.core.clip_grad_norm, self.options.process_set.size(),
-                                average=self.core.average, compressor=self.compressor)
+        return local_clip_limit(self.core.clip_grad_norm, self.options.process_set.size(), average=self.core.average)
 
     def _reduce(self, grads: Sequence[Any], sources: Sequence[Any], flag: Any = None) -> list:
         """The exchange of ``grads`` (see :meth:`__call__`); ``flag``: this rank's overflow flag
@@ -250,8 +249,9 @@ class GradientExchange:
         each started and finished in turn). First the rank agreement (once) and, every
         ``check_replicas`` steps, the variables compared across ranks; with an overflow ``flag``
         the ranks' flags are summed first, and after an overflow on any rank every gradient
-        comes back NaN with nothing compressed. With FrozenAdam the clip order of this step
-        (the driver's) is applied here, and the variables are updated."""
+        comes back NaN with nothing compressed. With FrozenAdam the clip of this step (the
+        driver's: each rank's, scaled by ``clip_scale()``, or the mean's, kept) is applied here,
+        and the variables are updated."""
         self.state.pull()
         if self.built_for != self.state.generation:   # an elastic reset since: the new world's plan
             self.rebuild()
@@ -267,6 +267,9 @@ class GradientExchange:
         if flag is not None and any_overflow(OPS, driver.comm, tf.reshape(tf.cast(flag, tf.float32), [1])):
             return [tf.fill(tf.shape(g), tf.constant(np.nan, g.dtype)) for g in grads]
         settings = None if driver.adam is None else self.adam_settings()
+        clip = self.core.clip_grad_norm if driver.adam is not None else None
+        if clip is not None and driver.clips_before():   # FrozenAdam's compressed step (StepDriver)
+            grads = clipped([g * driver.clip_scale() for g in grads], self._local_limit())
         totals: list = [None] * len(grads)
         for bucket, bundle in bundles:
             items = []
@@ -281,6 +284,10 @@ class GradientExchange:
             for entry in driver.finish():
                 for i, total in fused_totals(OPS, entry):
                     totals[i] = total
+        if clip is not None and not driver.clips_before():   # its v-step: Horovod's clip of the mean, kept
+            kappa = clip / max(float(tf.linalg.global_norm([t for t in totals if t is not None])), clip)
+            driver.clipped_after(kappa)
+            totals = [None if t is None else t * kappa for t in totals]
         for i, total in enumerate(totals if driver.adam is not None else ()):
             if total is not None and params[i] is not None:
                 new = driver.adam.after_exchange(OPS, self.state.tensor(infos[i].name), infos[i].param, total, settings)

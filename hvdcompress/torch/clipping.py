@@ -2,36 +2,38 @@
 from __future__ import annotations
 
 import warnings
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 import torch
 
 from ..clipping import local_clip_limit, state_carrier, what_it_keeps
 
 
-def clip_gradients(grads: Sequence[torch.Tensor], limit: float) -> None:
-    """Scale ``grads`` in place so that their global L2 norm is at most ``limit``.
+def clip_gradients(grads: Sequence[torch.Tensor], limit: float, scale: float = 1.0) -> Optional[torch.Tensor]:
+    """Scale ``grads`` in place by ``scale``, then so that their global L2 norm is at most ``limit``;
+    the coefficient applied (a device scalar; None without gradients).
 
     Same formula as ``torch.nn.utils.clip_grad_norm_`` (coefficient ``limit / (norm + 1e-6)``
     clamped to 1), computed on the device without reading the norm on the host; sparse
     gradients count with their (coalesced) values.
     """
     if not grads:
-        return
+        return None
     norms = [torch.linalg.vector_norm(g.coalesce().values() if g.is_sparse else g, dtype=torch.float32)
              for g in grads]
     total = torch.linalg.vector_norm(torch.stack(norms))
-    coef = torch.clamp(limit / (total + 1e-6), max=1.0)
+    coef = torch.clamp(limit / (total * scale + 1e-6), max=1.0) * scale
     for g in grads:
         g.mul_(coef.to(g.dtype))
+    return coef
 
 
 def clip_local_gradients(grads: Sequence[torch.Tensor], clip_grad_norm: float, world: int,
-                         average: bool = True, compressor=None) -> None:
+                         average: bool = True, scale: float = 1.0) -> None:
     """:func:`clip_gradients` to :func:`~hvdcompress.clipping.local_clip_limit` (c·sqrt(N) for
-    op=Average, c/sqrt(N) for Sum; c with the Adam take-over): a rank's own gradients, before
-    compression."""
-    clip_gradients(grads, local_clip_limit(clip_grad_norm, world, average, compressor))
+    op=Average, c/sqrt(N) for Sum), after ``scale`` (the driver's ``clip_scale()``): a rank's own
+    gradients, before compression."""
+    clip_gradients(grads, local_clip_limit(clip_grad_norm, world, average), scale)
 
 
 class GradientWatch:

@@ -238,7 +238,7 @@ class CompressionState:
                        key=lambda item: item[0])  # name order: the norm sums alike on every rank
         if self.driver.clips_before():
             clip_local_gradients([g for _, g in grads], self.options.clip_grad_norm, self.comm.world,
-                                 compressor=self.compressor)
+                                 scale=self.driver.clip_scale())
             for _, _, pairs in self._buckets:
                 self._launch(pairs)
         if self.driver.completion:
@@ -252,7 +252,7 @@ class CompressionState:
                     grad.copy_(total)
         skipped = overflow is not None and self._scaler.settle(self.comm, overflow)
         if self.options.clip_grad_norm is not None and not self.driver.clips_before():
-            clip_gradients([g for _, g in grads], self.options.clip_grad_norm)
+            self.driver.clipped_after(clip_gradients([g for _, g in grads], self.options.clip_grad_norm))
         self.driver.end_exchange()
         if self.driver.adam is None:   # FrozenAdam counts its steps in the optimizer's step
             self.driver.end_update(skipped)

@@ -139,7 +139,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if q.grad is None:
                     q.grad = torch.zeros_like(q)
             clip_local_gradients([q.grad for q in params], self.clip_grad_norm, self._comm.world,
-                                 average=self.op == hvd.Average, compressor=self._compression)
+                                 average=self.op == hvd.Average, scale=self._driver.clip_scale())
             for q in params:
                 self._prepare(q)
 
@@ -208,7 +208,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p.grad = finish()  # Horovod's sparse allreduce hands back a function
         self._sparse.clear()
         if self.clip_grad_norm is not None and not self._driver.clips_before():  # Horovod's clip, exactly
-            clip_gradients([p.grad for p in self._requires_update if p.grad is not None], self.clip_grad_norm)
+            self._driver.clipped_after(clip_gradients([p.grad for p in self._requires_update if p.grad is not None],
+                                                      self.clip_grad_norm))
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
         self._driver.end_exchange()

@@ -193,9 +193,11 @@ def reference(case: Case, comm, steps: int, node=None, cross=None,
                 p.grad.copy_(fed)
         settings = adam_settings(opt.param_groups[0]) if adam is not None else None
         grads = [p.grad for _, p in named]
-        clip_before = compressor.carries_state   # FrozenAdam's v-steps too (StepDriver.clips_before)
+        # StepDriver.clips_before: FrozenAdam in its compressed steps only, scaled by its v-steps' kappa
+        clip_before = compressor.carries_state if adam is None else adam.frozen(settings)
         if case.clip_grad_norm is not None and clip_before:
-            clip_local_gradients(grads, case.clip_grad_norm, comm.world, compressor=compressor)
+            clip_local_gradients(grads, case.clip_grad_norm, comm.world,
+                                 scale=1.0 if adam is None else adam.clip_scale)
         entries, waiting = [], {}
         for name, p in named:
             info = TensorInfo(name=name, numel=p.numel(), world=comm.world, rank=comm.rank,
@@ -220,7 +222,9 @@ def reference(case: Case, comm, steps: int, node=None, cross=None,
                 for p, total in totals(OPS, entry):
                     p.grad.view(-1).copy_(total)
         if case.clip_grad_norm is not None and not clip_before:
-            clip_gradients(grads, case.clip_grad_norm)
+            kappa = clip_gradients(grads, case.clip_grad_norm)
+            if adam is not None:
+                adam.clip_scale = float(kappa)
         engine.end_step()
         if adam is None:
             with suspended(opt, over):

@@ -6,7 +6,7 @@ recomputes every step in numpy, tests/adam_reference.py). Cases, each reporting 
 "onebit":   FrozenAdam(ErrorFeedback(OneBit), freeze 2, send="momentum"), Keras AdamW, 5 eager steps
             (the 2 warm-up steps int8, the default warm-up around onebit)
 "function": the same with the default send="gradient", apply_gradients inside a tf.function
-"clip":     "none" with clip_grad_norm=5 inside a tf.function (each rank's clip, the warm-up's too:
+"clip":     "none" with clip_grad_norm=5 inside a tf.function (the v-steps clip the mean, kept for the others:
             the same order as the torch front ends, tests/hvd/torch_adam.py)
 "schedule": FrozenAdam(ErrorFeedback(OneBit), live_steps=4): the default variance schedule
             (hvdcompress.adam_freeze, int8 v-steps) after 4 live steps, 24 steps in a tf.function,

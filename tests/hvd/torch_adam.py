@@ -11,14 +11,14 @@ step in numpy). Cases, each reporting every step's weights:
 "a2a":    the compressed allreduce (collective='alltoall') of "onebit", 5 steps
 "gradient": "onebit" with the default send="gradient" (each rank's gradient compressed after the freeze);
 "preconditioned": the same with send="preconditioned" (g_r / sqrt(v_hat) compressed)
-"clip":   "none" with clip_grad_norm=5 (each rank's clip, the warm-up's too)
+"clip":   "none" with clip_grad_norm=5 (the v-steps clip the mean, its coefficient scales the others)
 "dense_warmup": "gradient" with warmup="none" (the warm-up allreduced dense)
 "schedule": FrozenAdam(ErrorFeedback(OneBit), live_steps=4): the default variance schedule of
           hvdcompress.adam_freeze (v-steps int8) after 4 live steps instead of 128, Adam, 24 steps,
-          clip_grad_norm=20 (each rank's clip in every step)
+          clip_grad_norm=20 (the mean's clip in the v-steps, kept for the others)
 "schedule_a2a": "schedule" without the clip through the compressed allreduce
 "small":  "schedule" with min_numel=N+1: the tensor is small, so it runs live Adam (int8) at every step
-          (each rank clipped to 20 first)
+          (clipped to 20 as the schedule's steps say)
 """
 import horovod.torch as hvd
 import torch

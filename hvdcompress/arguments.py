@@ -21,9 +21,9 @@ ARGUMENTS = {
     before error feedback and compression: the local gradient clipping of the DGC paper (Lin et
     al. 2018, sec. 3.3), ``c * sqrt(N)`` on each rank's gradient with op=Average (``c / sqrt(N)``
     with op=Sum); compression then waits for the last gradient of the step. With a stateless
-    compressor, and during FrozenAdam's full-precision warm-up, the exchanged gradients are
-    clipped to ``c`` after the exchange: exactly Horovod's ``clip_grad_norm_`` after
-    ``synchronize()``.""",
+    compressor, and in FrozenAdam's v-steps, the exchanged gradients are clipped to ``c`` after
+    the exchange: exactly Horovod's ``clip_grad_norm_`` after ``synchronize()``; FrozenAdam's
+    compressed steps scale each rank's gradients by the last v-step's clip coefficient first.""",
     "collective": """how payloads that cannot be summed travel: ``"auto"`` (default: the
     compressed allreduce for the quantisers at 3 ranks or more, where it sends 2(P-1)/P of a
     payload instead of the allgather's P-1; allgather otherwise), ``"allgather"`` or

@@ -36,15 +36,15 @@ BYTES_TARGET = 10.0
 
 #: (model, ranks, betas, steps, seed, file, onebit's file): issue 36's launches. The ``_kappa`` ones
 #: hold every method at today's defaults (onebit per row, v refreshes weighted 1 - b2^I, the clip of
-#: the v-steps' mean kept for the compressed steps; onebit's file None: the same). The others,
-#: 8 ranks at 0.999 and 3,000 steps, are older (each rank clipped to c, refreshes bounded to 1/16):
-#: onebit from the ``_rows`` twin (onebit per row beside dense AdamW), the rest from the first launch.
+#: the v-steps' mean kept for the compressed steps; onebit's file None: the same). The 3,000-step
+#: ones are older (each rank clipped to c, refreshes bounded to 1/16): onebit from the ``_rows``
+#: twin (onebit per row beside dense AdamW), the rest from the first launch.
 FILES = [("LSTM", 2, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np2_kappa.json", None),
          ("LSTM", 2, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np2_kappa.json", None),
          ("transformer", 2, "0.95", 1000, 0, "lm_adamw_i36_transformer_b095_np2_kappa.json", None),
          ("transformer", 2, "0.999", 1000, 0, "lm_adamw_i36_transformer_b0999_np2_kappa.json", None),
          ("LSTM", 8, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np8_kappa.json", None),
-         ("LSTM", 8, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np8.json", "lm_adamw_i36_lstm_b0999_np8_rows.json"),
+         ("LSTM", 8, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np8_kappa.json", None),
          ("LSTM", 2, "0.95", 3000, 0, "lm_adamw_i36_lstm_b095_np2_3000.json", "lm_adamw_i36_lstm_b095_np2_3000_rows.json"),
          ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000.json",
           "lm_adamw_i36_transformer_b095_np2_3000_rows.json")]

@@ -45,7 +45,8 @@ FILES = [("LSTM", 2, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np2_kappa.json", N
          ("transformer", 2, "0.999", 1000, 0, "lm_adamw_i36_transformer_b0999_np2_kappa.json", None),
          ("LSTM", 8, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np8_kappa.json", None),
          ("LSTM", 8, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np8_kappa.json", None),
-         ("LSTM", 2, "0.95", 3000, 0, "lm_adamw_i36_lstm_b095_np2_3000.json", "lm_adamw_i36_lstm_b095_np2_3000_rows.json"),
+         ("LSTM", 2, "0.95", 3000, 0, "lm_adamw_i36_lstm_b095_np2_3000.json",
+          "lm_adamw_i36_lstm_b095_np2_3000_rows.json"),
          ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000.json",
           "lm_adamw_i36_transformer_b095_np2_3000_rows.json")]
 METHODS = [("onebit + EF", "onebit-ef-adam"), ("top-k 1% + EF", "topk-ef-adam"),

@@ -43,8 +43,8 @@ The schedule (the maths in :mod:`hvdcompress.adam_freeze`): v-steps at t <= 128,
 2, 4, 8, ... steps apart, the interval capped at 0.5/(1-b2) (8 steps at b2 = 0.95, 256 at 0.999:
 247 and 173 v-steps of 1,000, 497 and 187 of 3,000); a refresh after I steps weighs
 alpha = 1 - b2^I (it stands for the I steps: Adam's own decay over them), decay_t =
-prod(1 - alpha), which is b2^t when every step is a v-step. ``freeze_steps=T0`` is the explicit override: v-steps
-t <= T0, v frozen after (1-bit Adam), decay_t = b2^min(t, T0).
+prod(1 - alpha), which is b2^t when every step is a v-step. ``freeze_steps=T0`` is the explicit
+override: v-steps t <= T0, v frozen after (1-bit Adam), decay_t = b2^min(t, T0).
 
 With ``min_numel=n`` (``adam_min_numel``) tensors under n elements (biases, norms) run live Adam
 at every step, int8. Off by default (:data:`MIN_NUMEL`): onebit measured -0.007 with 4,096 and
@@ -75,8 +75,8 @@ freeze): it is the same on every rank, so it is added exactly instead of being c
 Since m is the same on every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression
 both placements, and both kinds of steps, are Adam.
 
-``clip_grad_norm`` (the wrappers'; :meth:`hvdcompress.driver.StepDriver.clips_before`): a v-step clips the
-exchanged mean to c, as Horovod's pattern and dense AdamW do, and keeps its coefficient kappa
+``clip_grad_norm`` (the wrappers'; :meth:`hvdcompress.driver.StepDriver.clips_before`): a v-step
+clips the exchanged mean to c, as Horovod's pattern and dense AdamW do, and keeps its coefficient kappa
 (:attr:`clip_scale`, checkpointed); a compressed step scales each rank's gradient by that kappa
 before it is sent (then clips it to c·sqrt(N) against a spike), so that m sees the mean clipped
 as v did at its last refresh. Each rank clipped to c in every step (the rule before) scaled the

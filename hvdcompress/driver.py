@@ -209,7 +209,7 @@ class StepDriver:
         or float, <= 1): under FrozenAdam it is kept as :meth:`clip_scale` (read on the host once
         per v-step); nothing otherwise."""
         if self.adam is not None and coefficient is not None:
-            self.adam.clip_scale = float(coefficient if isinstance(coefficient, float) else self.ops.scalar(coefficient))
+            self.adam.clip_scale = coefficient if isinstance(coefficient, float) else self.ops.scalar(coefficient)
 
     def outgoing(self, x: Tensor, state: MutableMapping, info: TensorInfo,
                  settings: Optional[AdamSettings] = None, param: Optional[Tensor] = None) -> Tensor:

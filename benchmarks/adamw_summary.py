@@ -34,27 +34,23 @@ POWERSGD = "powersgd:rank=4:adam=frozen:freeze_steps=750"
 #: bytes target over the whole run (dense / sent), issue 36; int8 is 4x at most
 BYTES_TARGET = 10.0
 
-#: (model, ranks, betas, steps, seed, file, onebit's file): issue 36's launches. The ``_kappa`` ones
-#: hold every method at today's defaults (onebit per row, v refreshes weighted 1 - b2^I, the clip of
-#: the v-steps' mean kept for the compressed steps; onebit's file None: the same). The 3,000-step
-#: ones are older (each rank clipped to c, refreshes bounded to 1/16): onebit from the ``_rows``
-#: twin (onebit per row beside dense AdamW), the rest from the first launch.
-FILES = [("LSTM", 2, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np2_kappa.json", None),
-         ("LSTM", 2, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np2_kappa.json", None),
-         ("transformer", 2, "0.95", 1000, 0, "lm_adamw_i36_transformer_b095_np2_kappa.json", None),
-         ("transformer", 2, "0.999", 1000, 0, "lm_adamw_i36_transformer_b0999_np2_kappa.json", None),
-         ("LSTM", 8, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np8_kappa.json", None),
-         ("LSTM", 8, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np8_kappa.json", None),
-         ("LSTM", 2, "0.95", 3000, 0, "lm_adamw_i36_lstm_b095_np2_3000.json",
-          "lm_adamw_i36_lstm_b095_np2_3000_rows.json"),
-         ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000.json",
-          "lm_adamw_i36_transformer_b095_np2_3000_rows.json")]
+#: (model, ranks, betas, steps, seed, file): issue 36's launches, every method at today's defaults
+#: in one file. b2 0.95: the ``_cap`` ones (the interval capped at 1/(1-b2)); b2 0.999: the
+#: ``_kappa`` ones (capped at 0.5/(1-b2): the same v-steps up to 3,000 steps, the cap not reached).
+FILES = [("LSTM", 2, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np2_cap.json"),
+         ("LSTM", 2, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np2_kappa.json"),
+         ("transformer", 2, "0.95", 1000, 0, "lm_adamw_i36_transformer_b095_np2_cap.json"),
+         ("transformer", 2, "0.999", 1000, 0, "lm_adamw_i36_transformer_b0999_np2_kappa.json"),
+         ("LSTM", 8, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np8_cap.json"),
+         ("LSTM", 8, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np8_kappa.json"),
+         ("LSTM", 2, "0.95", 3000, 0, "lm_adamw_i36_lstm_b095_np2_3000_cap.json"),
+         ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000_cap.json")]
 METHODS = [("onebit + EF", "onebit-ef-adam"), ("top-k 1% + EF", "topk-ef-adam"),
            ("PowerSGD rank 4", "powersgd-adam"), ("int8", "int8-adam")]
 
 #: (compressor, model, ranks, betas, steps, seed, file, method)
-RUNS = [(name, model, ranks, betas, steps, seed, (method == "onebit-ef-adam" and onebit) or file, method)
-        for model, ranks, betas, steps, seed, file, onebit in FILES for name, method in METHODS]
+RUNS = [(name, model, ranks, betas, steps, seed, file, method)
+        for model, ranks, betas, steps, seed, file in FILES for name, method in METHODS]
 #: the table's columns: (model, ranks, betas, steps)
 SETTINGS = [(m, r, b, 1000) for m in ("LSTM", "transformer") for r in (2, 8) for b in ("0.95", "0.999")] + [
     (m, 2, "0.95", 3000) for m in ("LSTM", "transformer")]

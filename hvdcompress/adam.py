@@ -40,8 +40,8 @@ Adam would have grown v with its first real gradient; frozen, no safe step exist
 taken (DeepSpeed's 1-bit Adam asks the user for such a mask, ``exp_avg_mask``; here it is v = 0).
 
 The schedule (the maths in :mod:`hvdcompress.adam_freeze`): v-steps at t <= 128, then 8 each
-2, 4, 8, ... steps apart, the interval capped at 0.5/(1-b2) (8 steps at b2 = 0.95, 256 at 0.999:
-247 and 173 v-steps of 1,000, 497 and 187 of 3,000); a refresh after I steps weighs
+2, 4, 8, ... steps apart, the interval capped at 1/(1-b2) (16 steps at b2 = 0.95, 512 at 0.999:
+199 and 173 v-steps of 1,000, 324 and 187 of 3,000); a refresh after I steps weighs
 alpha = 1 - b2^I (it stands for the I steps: Adam's own decay over them), decay_t =
 prod(1 - alpha), which is b2^t when every step is a v-step. ``freeze_steps=T0`` is the explicit
 override: v-steps t <= T0, v frozen after (1-bit Adam), decay_t = b2^min(t, T0).
@@ -58,13 +58,13 @@ LSTM, issue 36); at b2 = 0.999 it kept 750 of 1,000 steps dense (1.3x fewer byte
 Refreshing v follows the run whatever b2 is: v tracks the gradients' scale as it falls, most
 often early, when it falls fastest, and ever more rarely once it has settled; each refresh costs
 one int8 step (1/4 of dense's bytes): over 1,000 steps at b2 = 0.999 (0.95) onebit sends about
-1/14 (1/12) of dense's bytes, top-k 1% 1/17 (1/13), PowerSGD rank 4 1/11 (1/9).
+1/13 (1/12) of dense's bytes, top-k 1% 1/17 (1/15), PowerSGD rank 4 1/11 (1/10).
 It needs no statistic of v (a freeze decided from v's change would need a reduction over every
 tensor, a host read of device values, and a threshold of its own): the step count decides, so
 every rank and every front end (Horovod torch, DDP hook, Keras: they reach it through
 :class:`hvdcompress.driver.StepDriver`) takes the same steps without exchanging anything. The
 cost: a v that follows the gradients sparsely, as fast as Adam's but from one sample per interval,
-noisier per coordinate (at b2 = 0.95, ~3 samples instead of 20); and the EF residual, kept in
+noisier per coordinate (at b2 = 0.95, ~2 samples instead of 20); and the EF residual, kept in
 gradient space, meets a v that changed at the refreshes.
 
 Why int8 for the v-steps: 4x fewer bytes, stateless (the decoded mean is the gradient up to

@@ -11,15 +11,19 @@ Default (0/1 Adam, Lu et al. 2022, "variance update at growing intervals"), step
 
     t <= W                                  every step is a v-step (W = 128)
     then levels L = 0, 1, 2, ...            R = 8 v-steps each, I_L = min(2^(L+1), cap) apart
-    cap = 2^floor(log2(0.5 / (1 - b2)))     (>= 2): 8 at b2 = 0.95, 32 at 0.99, 256 at 0.999
+    cap = 2^floor(log2(1 / (1 - b2)))       (>= 2): 16 at b2 = 0.95, 64 at 0.99, 512 at 0.999
 
 the last level (I_L = cap) lasting to the end of the run: every 2nd step up to W + 16, every
 4th up to W + 48, ... The number of v-steps up to T >> W grows as R·log2((T - W)/R) until the
 cap, then as (T - W)/cap: at b2 = 0.999, 173 of 1,000 steps, 187 of 3,000; at b2 = 0.95,
-247 of 1,000 (every 8th step after step 240), 497 of 3,000. The cap is beta2's time constant as
-a bound: a v refreshed every I steps with weight alpha spans I/alpha steps, which must stay
-comparable with Adam's 1/(1-b2) (at b2 = 0.95 without the cap, intervals of 16 and 32 steps
-cost +0.02 bits/byte against 8, benchmarks/README.md section 8).
+199 of 1,000 (every 16th step after step 240), 324 of 3,000. The cap is beta2's time constant
+as a bound: v forgets as fast as Adam's (below), but from one sample per interval, so an
+interval longer than 1/(1-b2) would leave whole stretches of the run out of v. Half of it (the
+cap until issue 36's last round: 8 steps at b2 = 0.95, the same intervals below 3,000 steps at
+0.999) sent more int8 v-steps and lost more: LSTM, 8 ranks, b2 0.95, bits/byte above dense
+with 0.5/(1-b2) -> 1/(1-b2): onebit +0.027 -> +0.007 (9.5x -> 10.7x fewer bytes), PowerSGD
++0.033 -> +0.006 (9.3x -> 10.2x), int8 +0.009 -> -0.020, top-k +0.073 -> +0.063; on the
+transformer (2 ranks) top-k +0.059 -> +0.030 (benchmarks/README.md section 8).
 
 A v-step after an interval of I steps stands for those I steps: v decays as Adam's would over
 them, and the new gradient takes the weight that Adam gives the I gradients it skipped::
@@ -29,10 +33,11 @@ them, and the new gradient takes the weight that Adam gives the I gradients it s
 (I = 1, the warm-up: Adam's own b2·v + (1-b2)·g²), and the bias correction divides by
 1 - prod(1 - alpha) over the v-steps so far (Adam's 1 - b2^t when every step is a v-step).
 v then forgets as fast as Adam's (its time constant 1/(1-b2) steps), from one sample per
-interval instead of I. The cap keeps a single sample's weight at most 1 - b2^cap <= 1 - e^-0.5
-= 0.39, so one near-zero g² shrinks v by 0.61 at worst. Until issue 36's last round alpha was
-also bounded by max(1 - b2, 1/16), so that v averaged >= 16 squares: at b2 = 0.95 (alpha 1/16
-instead of 0.34 at I = 8) v then spanned ~128 steps, and lagged behind the gradients' falling
+interval instead of I. The cap keeps a single sample's weight at most 1 - b2^cap, about
+1 - 1/e = 0.63 (0.56 at b2 = 0.95), so one near-zero g² keeps at least ~0.37 of v. Until
+issue 36's last rounds alpha was also bounded by max(1 - b2, 1/16), so that v averaged >= 16
+squares: at b2 = 0.95 (alpha 1/16 instead of 0.34 at I = 8) v then spanned ~128 steps, and
+lagged behind the gradients' falling
 scale: bits/byte above dense at step 600 (LSTM, 8 ranks) int8 +0.023, onebit +0.053, PowerSGD
 +0.053 with the bound; +0.005, +0.041, +0.034 without (1/4: +0.011, +0.045, +0.041;
 benchmarks/README.md section 8). At b2 = 0.999 the bound never acted below I = 128.
@@ -47,7 +52,7 @@ from typing import Optional
 
 WARMUP = 128       # W: steps of live Adam at the start of the run
 PER_LEVEL = 8       # R: v-steps at each interval before it doubles
-SHARE = 0.5         # the interval stays <= SHARE / (1 - b2), rounded down to a power of 2 (>= 2)
+SHARE = 1.0         # the interval stays <= SHARE / (1 - b2), rounded down to a power of 2 (>= 2)
 
 
 class VarianceSchedule:

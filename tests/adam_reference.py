@@ -81,7 +81,7 @@ def dense_mean(sent: list) -> np.ndarray:
     return (sent[0] + sent[1]) * np.float32(1 / WORLD)
 
 
-def v_steps(steps: int, b2: float, warmup: int = 128, per_level: int = 8, share: float = 0.5) -> dict:
+def v_steps(steps: int, b2: float, warmup: int = 128, per_level: int = 8, share: float = 1.0) -> dict:
     """FrozenAdam's default variance schedule (hvdcompress.adam_freeze), simulated: {v-step t:
     the interval since the previous one}; every step up to ``warmup``, then ``per_level``
     v-steps at each interval 2, 4, 8, ... up to the largest power of 2 <= share/(1-b2), which

@@ -34,23 +34,29 @@ POWERSGD = "powersgd:rank=4:adam=frozen:freeze_steps=750"
 #: bytes target over the whole run (dense / sent), issue 36; int8 is 4x at most
 BYTES_TARGET = 10.0
 
-#: (model, ranks, betas, steps, seed, file): issue 36's launches, every method at today's defaults
-#: in one file. b2 0.95: the ``_cap`` ones (the interval capped at 1/(1-b2)); b2 0.999: the
-#: ``_kappa`` ones (capped at 0.5/(1-b2): the same v-steps up to 3,000 steps, the cap not reached).
-FILES = [("LSTM", 2, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np2_cap.json"),
-         ("LSTM", 2, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np2_kappa.json"),
-         ("transformer", 2, "0.95", 1000, 0, "lm_adamw_i36_transformer_b095_np2_cap.json"),
-         ("transformer", 2, "0.999", 1000, 0, "lm_adamw_i36_transformer_b0999_np2_kappa.json"),
-         ("LSTM", 8, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np8_cap.json"),
-         ("LSTM", 8, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np8_kappa.json"),
-         ("LSTM", 2, "0.95", 3000, 0, "lm_adamw_i36_lstm_b095_np2_3000_cap.json"),
-         ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000_cap.json")]
+#: (model, ranks, betas, steps, seed, file, top-k's file): issue 36's launches at today's defaults.
+#: b2 0.95: the ``_cap`` ones (the interval capped at 1/(1-b2)); b2 0.999: the ``_kappa`` ones
+#: (capped at 0.5/(1-b2): the same v-steps up to 3,000 steps, the cap not reached). Top-k from its
+#: own launch beside dense AdamW (``_topk256``: 256 live steps, its default since), None: the same.
+FILES = [("LSTM", 2, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np2_cap.json", "lm_adamw_i36_lstm_b095_np2_topk256.json"),
+         ("LSTM", 2, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np2_kappa.json",
+          "lm_adamw_i36_lstm_b0999_np2_topk256.json"),
+         ("transformer", 2, "0.95", 1000, 0, "lm_adamw_i36_transformer_b095_np2_cap.json",
+          "lm_adamw_i36_transformer_b095_np2_topk256.json"),
+         ("transformer", 2, "0.999", 1000, 0, "lm_adamw_i36_transformer_b0999_np2_kappa.json",
+          "lm_adamw_i36_transformer_b0999_np2_topk256.json"),
+         ("LSTM", 8, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np8_cap.json", "lm_adamw_i36_lstm_b095_np8_topk256.json"),
+         ("LSTM", 8, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np8_kappa.json",
+          "lm_adamw_i36_lstm_b0999_np8_topk256.json"),
+         ("LSTM", 2, "0.95", 3000, 0, "lm_adamw_i36_lstm_b095_np2_3000_cap.json",
+          "lm_adamw_i36_lstm_b095_np2_3000_topk256.json"),
+         ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000_cap.json", None)]
 METHODS = [("onebit + EF", "onebit-ef-adam"), ("top-k 1% + EF", "topk-ef-adam"),
            ("PowerSGD rank 4", "powersgd-adam"), ("int8", "int8-adam")]
 
 #: (compressor, model, ranks, betas, steps, seed, file, method)
-RUNS = [(name, model, ranks, betas, steps, seed, file, method)
-        for model, ranks, betas, steps, seed, file in FILES for name, method in METHODS]
+RUNS = [(name, model, ranks, betas, steps, seed, (method == "topk-ef-adam" and topk) or file, method)
+        for model, ranks, betas, steps, seed, file, topk in FILES for name, method in METHODS]
 #: the table's columns: (model, ranks, betas, steps)
 SETTINGS = [(m, r, b, 1000) for m in ("LSTM", "transformer") for r in (2, 8) for b in ("0.95", "0.999")] + [
     (m, 2, "0.95", 3000) for m in ("LSTM", "transformer")]

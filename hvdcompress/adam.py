@@ -119,7 +119,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .adam_freeze import VarianceSchedule
+from .adam_freeze import TOPK_WARMUP, VarianceSchedule
 from .backend import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo
 from .compressors.cast import Cast
@@ -216,8 +216,9 @@ class FrozenAdam(Decorator):
     ``warmup``: what sends the gradient in a v-step (live Adam): ``"int8"`` (:class:`Int8`,
     stateless), ``"none"`` (dense allreduce), or ``"auto"`` (default): int8, dense where
     ``inner`` sends 16 bits or more per element (none, fp16, bf16). ``live_steps``: W, the
-    v-steps at the start of the variance schedule (None: its default). ``flush``: a v-step also
-    sends (int8) and clears the wrapped compressor's error-feedback residual. ``min_numel``:
+    v-steps at the start of the variance schedule (None: 256 around top-k, else 128; module
+    doc of :mod:`~hvdcompress.adam_freeze`). ``flush``: a v-step also sends (int8) and clears
+    the wrapped compressor's error-feedback residual. ``min_numel``:
     tensors with fewer elements (biases, norms) run live Adam at every step, their gradient sent
     by the warm-up compressor (default :data:`MIN_NUMEL`). From strings:
     ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen", "freeze_steps": "100",
@@ -246,7 +247,8 @@ class FrozenAdam(Decorator):
         self.freeze_steps = None if freeze_steps is None else check_int(
             "FrozenAdam", "freeze_steps", freeze_steps, 0)
         self.live_steps = None if live_steps is None else check_int("FrozenAdam", "live_steps", live_steps, 1)
-        self.schedule = VarianceSchedule(self.freeze_steps, **({} if live_steps is None else {"warmup": live_steps}))
+        live = live_steps if live_steps is not None else TOPK_WARMUP if isinstance(inner.unwrap(), TopK) else None
+        self.schedule = VarianceSchedule(self.freeze_steps, **({} if live is None else {"warmup": live}))
         self.warmup = warmup
         wide = isinstance(inner.unwrap(), (NoCompression, Cast))
         self.mild: Optional[Compressor] = None if warmup == "none" or (warmup == "auto" and wide) else Int8()

@@ -9,7 +9,7 @@ the step count (``adam_steps``).
 
 Default (0/1 Adam, Lu et al. 2022, "variance update at growing intervals"), step t = 1, 2, ...::
 
-    t <= W                                  every step is a v-step (W = 128)
+    t <= W                                  every step is a v-step (W = 128; 256 around top-k)
     then levels L = 0, 1, 2, ...            R = 8 v-steps each, I_L = min(2^(L+1), cap) apart
     cap = 2^floor(log2(1 / (1 - b2)))       (>= 2): 16 at b2 = 0.95, 64 at 0.99, 512 at 0.999
 
@@ -23,7 +23,17 @@ cap until issue 36's last round: 8 steps at b2 = 0.95, the same intervals below 
 0.999) sent more int8 v-steps and lost more: LSTM, 8 ranks, b2 0.95, bits/byte above dense
 with 0.5/(1-b2) -> 1/(1-b2): onebit +0.027 -> +0.007 (9.5x -> 10.7x fewer bytes), PowerSGD
 +0.033 -> +0.006 (9.3x -> 10.2x), int8 +0.009 -> -0.020, top-k +0.073 -> +0.063; on the
-transformer (2 ranks) top-k +0.059 -> +0.030 (benchmarks/README.md section 8).
+transformer (2 ranks) top-k +0.059 -> +0.029 (benchmarks/README.md section 8).
+
+Around top-k, W = 256 (:data:`TOPK_WARMUP`, FrozenAdam's default there; ``live_steps``
+overrides). Top-k 1% sends a coordinate about once in 1/k = 100 steps, its error feedback
+delivering the rest late, and a late step costs most while the model still moves fast, early
+in the run. 128 more live (int8) steps (299 v-steps of 1,000 at b2 0.999, 319 at 0.95) buy it
+back for bytes: bits/byte above dense with W = 128 -> 256, LSTM, 2 ranks, b2 0.999: +0.052 ->
++0.037 (16.7x -> 11.2x fewer bytes than dense); 8 ranks, 0.999: +0.075 -> +0.043; 8 ranks,
+0.95: +0.063 -> +0.044 (15.1x -> 10.7x); transformer, 0.999: +0.150 -> +0.106; 0.95: +0.029
+-> +0.025; LSTM, 2 ranks, 0.95: +0.006 -> +0.013 (the one loss). W = 384 would send 1/8.5 of
+dense's bytes, short of issue 36's 10x (the int8 v-steps, 1/4 each, are most of them).
 
 A v-step after an interval of I steps stands for those I steps: v decays as Adam's would over
 them, and the new gradient takes the weight that Adam gives the I gradients it skipped::
@@ -51,6 +61,7 @@ import math
 from typing import Optional
 
 WARMUP = 128       # W: steps of live Adam at the start of the run
+TOPK_WARMUP = 256  # W around top-k (FrozenAdam's default; module doc)
 PER_LEVEL = 8       # R: v-steps at each interval before it doubles
 SHARE = 1.0         # the interval stays <= SHARE / (1 - b2), rounded down to a power of 2 (>= 2)
 

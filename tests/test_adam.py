@@ -256,10 +256,12 @@ def test_from_params_errors(params, message):
 def test_from_params_and_defaults():
     c = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
     assert isinstance(c, hc.FrozenAdam) and isinstance(c.inner, hc.ErrorFeedback)
-    # the default: the variance schedule for every compressor and every b2, the warm-up int8
-    for inner in (c.inner, hc.ErrorFeedback(hc.OneBit()), hc.PowerSGD(2), hc.Int8(), hc.QSGD()):
+    # the default: the variance schedule for every compressor and every b2, the warm-up int8;
+    # 256 live steps around top-k, 128 around the others
+    for inner, live in ((c.inner, 256), (hc.TopK(0.1), 256), (hc.ErrorFeedback(hc.OneBit()), 128),
+                        (hc.PowerSGD(2), 128), (hc.Int8(), 128), (hc.QSGD(), 128), (hc.RandomK(0.1), 128)):
         adam = hc.FrozenAdam(inner)
-        assert adam.freeze_steps is None and adam.schedule.freeze_steps is None and adam.schedule.warmup == 128
+        assert adam.freeze_steps is None and adam.schedule.freeze_steps is None and adam.schedule.warmup == live
         assert isinstance(adam.mild, hc.Int8) and adam.config()["adam_warmup"] == "auto"
     for wide in (hc.NoCompression(), hc.FP16()):   # no coarser than the compressor itself: dense
         assert hc.FrozenAdam(wide).mild is None
@@ -295,6 +297,7 @@ def test_from_params_and_defaults():
     assert restored.steps == 1
     live = hc.from_params({"compressor": "onebit", "adam": "frozen", "adam_live_steps": "4"})
     assert live.schedule.warmup == 4 and live.config()["adam_live_steps"] == 4
+    assert hc.FrozenAdam(hc.TopK(0.1), live_steps=128).schedule.warmup == 128   # top-k's 256 overridden
 
 
 def test_a_coordinate_without_gradient_in_the_warm_up_is_not_moved_after_the_freeze():

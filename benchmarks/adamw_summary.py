@@ -166,7 +166,7 @@ def plot(found: dict, path: Path, issue: int = 36) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
     width = 0.8 / len(settings)
     for i, setting in enumerate(settings):
         for j, compressor in enumerate(TARGETS):
@@ -180,7 +180,8 @@ def plot(found: dict, path: Path, issue: int = 36) -> None:
     ax.set_ylabel("bits/byte above dense AdamW")
     ax.set_title(f"FrozenAdam at issue {issue}'s defaults (o seed 0, ^ seed 1; dashed: target)")
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend(dict(zip(labels, handles)).values(), dict(zip(labels, handles)).keys(), fontsize=7)
+    ax.legend(dict(zip(labels, handles)).values(), dict(zip(labels, handles)).keys(), fontsize=7,
+              loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

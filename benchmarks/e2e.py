@@ -84,6 +84,7 @@ HVDC_METHODS = {  # short names for hvdcompress configurations (also used by con
     "randomk-ef-adam": "randomk:k=0.01:ef=vanilla:adam=frozen",
     "int8-adam": "int8:adam=frozen",
     "powersgd-adam": "powersgd:rank=4:adam=frozen",
+    "powersgd-adam-p": "powersgd:rank=4:adam=frozen:adam_send=preconditioned",   # in Adam's update space
     # the take-over sending each rank's momentum (1-bit Adam's placement) instead of its gradient
     "onebit-ef-adam-m": "onebit:ef=vanilla:adam=frozen:adam_send=momentum",
     "topk-ef-adam-m": "topk:k=0.01:ef=vanilla:adam=frozen:adam_send=momentum",

@@ -62,11 +62,12 @@ EXACT_AT_FOUR = ["int8", "onebit_ef", "topk_ef", "two_level_dgc", "halves_onebit
 
 def torchrun(np_: int, script: Path, args: list, timeout: float = 180) -> list:
     """``script`` on ``np_`` ranks (torchrun --standalone: a free port of its own); each rank's
-    records. A failure or a time-out fails the test with the launch's output."""
+    records. A failure or a time-out fails the test with the launch's output (with the Python
+    stacks of a rank that aborts: PYTHONFAULTHANDLER)."""
     with tempfile.TemporaryDirectory() as results:
         log_path = Path(results) / "launch.log"
         env = {**os.environ, RESULTS_ENV: results, "PYTHONPATH": str(HERE.parent),
-               "OMP_NUM_THREADS": str(THREADS), "PYTHONWARNINGS": "ignore"}
+               "OMP_NUM_THREADS": str(THREADS), "PYTHONWARNINGS": "ignore", "PYTHONFAULTHANDLER": "1"}
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc_per_node={np_}", str(script), *args]
         with open(log_path, "w") as log:

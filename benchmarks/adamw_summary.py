@@ -50,7 +50,8 @@ FILES = [("LSTM", 2, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np2_cap.json", "lm
           "lm_adamw_i36_lstm_b0999_np8_topk256.json"),
          ("LSTM", 2, "0.95", 3000, 0, "lm_adamw_i36_lstm_b095_np2_3000_cap.json",
           "lm_adamw_i36_lstm_b095_np2_3000_topk256.json"),
-         ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000_cap.json", None)]
+         ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000_cap.json", None),
+         ("transformer", 8, "0.95", 1000, 0, "lm_adamw_i36_transformer_b095_np8_topk256.json", None)]   # top-k only
 METHODS = [("onebit + EF", "onebit-ef-adam"), ("top-k 1% + EF", "topk-ef-adam"),
            ("PowerSGD rank 4", "powersgd-adam"), ("int8", "int8-adam")]
 

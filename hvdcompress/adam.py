@@ -119,7 +119,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .adam_freeze import TOPK_WARMUP, VarianceSchedule
+from .adam_freeze import TOPK_WARMUP, VarianceSchedule, WARMUP as LIVE_STEPS
 from .backend import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo
 from .compressors.cast import Cast
@@ -247,8 +247,8 @@ class FrozenAdam(Decorator):
         self.freeze_steps = None if freeze_steps is None else check_int(
             "FrozenAdam", "freeze_steps", freeze_steps, 0)
         self.live_steps = None if live_steps is None else check_int("FrozenAdam", "live_steps", live_steps, 1)
-        live = live_steps if live_steps is not None else TOPK_WARMUP if isinstance(inner.unwrap(), TopK) else None
-        self.schedule = VarianceSchedule(self.freeze_steps, **({} if live is None else {"warmup": live}))
+        live = self.live_steps or (TOPK_WARMUP if isinstance(inner.unwrap(), TopK) else LIVE_STEPS)
+        self.schedule = VarianceSchedule(self.freeze_steps, warmup=live)
         self.warmup = warmup
         wide = isinstance(inner.unwrap(), (NoCompression, Cast))
         self.mild: Optional[Compressor] = None if warmup == "none" or (warmup == "auto" and wide) else Int8()

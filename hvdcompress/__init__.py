@@ -14,7 +14,7 @@ from .compressors.csc import CSC
 from .compressors.dgc import DGC
 from .compressors.dithering import Dithering
 from .compressors.efsignsgd import EFSignSGD
-from .compressors.int8 import Int8
+from .compressors.int8 import Int4, Int8  # Int4: FrozenAdam's long warm-up, not registered
 from .compressors.natural import Natural
 from .compressors.none import NoCompression
 from .compressors.onebit import OneBit

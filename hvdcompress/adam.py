@@ -47,28 +47,21 @@ prod(1 - alpha), which is b2^t when every step is a v-step. ``freeze_steps=T0`` 
 override: v-steps t <= T0, v frozen after (1-bit Adam), decay_t = b2^min(t, T0).
 
 With ``min_numel=n`` (``adam_min_numel``) tensors under n elements (biases, norms) run live Adam
-at every step, int8. Off by default (:data:`MIN_NUMEL`): onebit measured -0.007 with 4,096 and
--0.008 without (transformer, b2 0.95). Live Adam at every step around int8 measured +0.015 on
-the LSTM at b2 0.95 (the schedule: -0.012), so int8 keeps the schedule too.
+at every step. Off by default (:data:`MIN_NUMEL`): onebit -0.007 with 4,096, -0.008 without
+(transformer, b2 0.95); int8 live at every step +0.015 (LSTM, 0.95; the schedule: -0.012).
 
-Why this rule. The former default froze v for good at ceil(q / (1-b2)), q = 3/4 for the coarse
-compressors: a share of v's time constant, beta2 alone. At b2 = 0.95 that froze v at step 15,
-long before the gradients' scale settled (onebit +0.104, top-k +0.172 bits/byte on a held-out
-LSTM, issue 36); at b2 = 0.999 it kept 750 of 1,000 steps dense (1.3x fewer bytes over the run).
-Refreshing v follows the run whatever b2 is: v tracks the gradients' scale as it falls, most
-often early, when it falls fastest, and ever more rarely once it has settled; each refresh costs
-one int8 step (1/4 of dense's bytes): over 1,000 steps at b2 = 0.999 (0.95) onebit sends about
-1/13 (1/12) of dense's bytes, top-k 1% 1/17 (1/15), PowerSGD rank 4 1/11 (1/10).
-It needs no statistic of v (a freeze decided from v's change would need a reduction over every
-tensor, a host read of device values, and a threshold of its own): the step count decides, so
-every rank and every front end (Horovod torch, DDP hook, Keras: they reach it through
-:class:`hvdcompress.driver.StepDriver`) takes the same steps without exchanging anything. The
-cost: a v that follows the gradients sparsely, as fast as Adam's but from one sample per interval,
-noisier per coordinate (at b2 = 0.95, ~2 samples instead of 20); and the EF residual, kept in
-gradient space, meets a v that changed at the refreshes.
+Why this rule. The former default froze v for good at ceil(q / (1-b2)), beta2 alone: at
+b2 = 0.95 at step 15, long before the gradients' scale settled (onebit +0.104, top-k +0.172
+bits/byte, held-out LSTM, issue 36); at 0.999 it kept 750 of 1,000 steps dense (1.3x fewer
+bytes). Refreshing v follows the run whatever b2 is, each refresh one int8 step (1/4 of dense's
+bytes; whole-run ratios: benchmarks/README.md section 8). The step count decides, no statistic
+of v (which would need a reduction over every tensor and a host read), so every rank and front
+end (:class:`hvdcompress.driver.StepDriver`) takes the same steps without exchanging anything.
+The cost: v follows the gradients from one sample per interval (at b2 = 0.95, ~2 samples
+instead of 20), and the EF residual meets a v that changed at the refreshes.
 
 Why int8 for the v-steps: 4x fewer bytes, stateless (the decoded mean is the gradient up to
-(max-min)/510 per element). ``warmup="none"`` sends them dense (``adam_warmup`` from strings).
+(max-min)/510 per element); int4 (8x) for top-k's long warm-up at b2 > 0.998 (adam_freeze).
 
 Adam's own (L2) weight decay adds λ·w to the exchanged gradient (to m, times 1-b1, after the
 freeze): it is the same on every rank, so it is added exactly instead of being compressed.
@@ -84,13 +77,12 @@ compressed steps by each rank's own coefficient, smaller than the mean's (the ra
 not cancel in a rank's norm): at b2 = 0.999, where v remembers the early, harder-clipped steps,
 the transformer's int8 lost +0.012 and onebit +0.043 against -0.013 and +0.025 (section 8).
 
-Which to send: measured on two byte-level language models (benchmarks/README.md section 8),
-sending the gradient is as good or better than the momentum for every compressor: with the momentum sent, the
-exchanged m replaces every rank's m, so the compression error of one step stays in m and is
-then amplified by 1/sqrt(v) for 1/(1-b1) steps, and a sparsifier's unsent coordinates see
-their momentum decay by b1 each step while the residual holds their mass; with the gradient
-sent, the error goes through m's low-pass once, and error feedback repays it in the space it
-was made in (top-k: +0.091 -> +0.027, PowerSGD +0.068 -> -0.002 on the LSTM).
+Which to send (benchmarks/README.md section 8): the gradient, as good as or better than the
+momentum for every compressor. With m sent, the exchanged m replaces every rank's, so one step's
+compression error stays in m, amplified by 1/sqrt(v) for 1/(1-b1) steps, and a sparsifier's
+unsent coordinates see their momentum decay while the residual holds their mass; with g sent,
+EF repays the error in the space it was made in (LSTM: top-k +0.091 -> +0.027, PowerSGD +0.068
+-> -0.002).
 
 ``send="preconditioned"`` compresses each rank's g_r / (sqrt(v_hat) + eps) instead (0 where
 v = 0), the gradient in update space, where Adam's step is linear once v is frozen: a quantiser's
@@ -99,31 +91,28 @@ taken in; the exchanged mean is multiplied back by sqrt(v_hat) + eps. Uncompress
 Adam. It is top-k's default (``send="auto"``): top-k picks its k coordinates by magnitude, and
 in gradient space the largest are those of large v, which Adam scales down anyway, while the
 coordinates of small v, which Adam moves as far, wait in the residual; in update space it picks
-the coordinates whose step is largest. Measured on the transformer at b2 0.95 (2 ranks):
-+0.047 against the gradient's +0.080 (issue 36). For onebit it changed nothing: +0.070 against
-the gradient's +0.075 at 8 ranks (LSTM, frozen at 250, seed 1), 2.846 against 2.848 bits/byte on
-the transformer.
+the coordinates whose step is largest (transformer, 2 ranks, b2 0.95: +0.047 against the
+gradient's +0.080). For onebit it changed nothing (+0.070 against +0.075, LSTM, 8 ranks).
 
 Onebit gets a scale per row (``chunk="rows"``, unless chosen): with one per tensor the quiet
 rows' error (an absent token's embedding row gets ±s) cost +0.118 at 8 ranks (LSTM, b2 0.95).
-History (benchmarks/README.md section 8): the fixed freeze at 750 steps (b2 0.999) kept every
-compressor within 0.020 with 1.3x fewer bytes. 0/1 Adam's own constants (32 live steps, no cap)
-lost the gap by step 75 (v lagged), hence W = 128 and the cap; ``flush=True`` (the residual
-sent in the v-steps) made top-k +0.243 at 0.999: its mass enters v squared.
+History (benchmarks/README.md section 8): 0/1 Adam's own constants (32 live steps, no cap) lost
+the gap by step 75, hence W and the cap; ``flush=True`` made top-k +0.243 at 0.999 (its mass
+enters v squared).
 
-The wrappers replace the optimizer's step with :meth:`after_exchange`; m and v live in the
-tensor's compressor state (``adam.m``, ``adam.v``: the ``state_dict()``), the step count in the compressor's.
+The wrappers replace the optimizer's step with :meth:`after_exchange`; m and v live in the tensor's
+compressor state (``adam.m``, ``adam.v``), the step count in the compressor's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .adam_freeze import TOPK_WARMUP, VarianceSchedule, WARMUP as LIVE_STEPS
+from .adam_freeze import TOPK_WARMUP, VarianceSchedule, WARMUP as LIVE_STEPS, topk_warmup
 from .backend import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo
 from .compressors.cast import Cast
-from .compressors.int8 import Int8
+from .compressors.int8 import Int4, Int8
 from .compressors.none import NoCompression
 from .compressors.onebit import OneBit
 from .compressors.topk import TopK
@@ -134,7 +123,7 @@ from .validation import check_int
 SEND = ("auto", "gradient", "momentum", "preconditioned")
 
 #: what sends the gradient in a v-step (live Adam), FrozenAdam's ``warmup`` (the first: the default)
-WARMUP = ("auto", "int8", "none")
+WARMUP = ("auto", "int8", "int4", "none")
 
 #: the state keys of error-feedback residuals (ErrorFeedback's, a compressor's own)
 RESIDUALS = ("residual", "quant_residual")
@@ -213,17 +202,16 @@ class FrozenAdam(Decorator):
     ``send``: what each rank compresses in a compressed step, ``"gradient"``,
     ``"momentum"`` (1-bit Adam's placement), ``"preconditioned"``, or ``"auto"`` (default):
     preconditioned around top-k, else the gradient.
-    ``warmup``: what sends the gradient in a v-step (live Adam): ``"int8"`` (:class:`Int8`,
-    stateless), ``"none"`` (dense allreduce), or ``"auto"`` (default): int8, dense where
-    ``inner`` sends 16 bits or more per element (none, fp16, bf16). ``live_steps``: W, the
-    v-steps at the start of the variance schedule (None: 256 around top-k, else 128; module
-    doc of :mod:`~hvdcompress.adam_freeze`). ``flush``: a v-step also sends (int8) and clears
-    the wrapped compressor's error-feedback residual. ``min_numel``:
+    ``warmup``: what sends the gradient in a v-step (live Adam): ``"int8"``, ``"int4"`` (stateless
+    min-max, :mod:`~hvdcompress.compressors.int8`), ``"none"`` (dense allreduce), or ``"auto"``
+    (default): dense where ``inner`` sends 16 bits or more (none, fp16, bf16), int4 around top-k
+    at b2 > 0.998, else int8. ``live_steps``: W, the v-steps at the start of the schedule (None:
+    around top-k 256, 512 at b2 > 0.998, else 128: :mod:`~hvdcompress.adam_freeze`). ``flush``:
+    a v-step also sends and clears the wrapped compressor's error-feedback residual. ``min_numel``:
     tensors with fewer elements (biases, norms) run live Adam at every step, their gradient sent
-    by the warm-up compressor (default :data:`MIN_NUMEL`). From strings:
-    ``{"compressor": "onebit", "ef": "vanilla", "adam": "frozen", "freeze_steps": "100",
-    "adam_send": "gradient", "adam_warmup": "int8", "adam_live_steps": "128", "adam_min_numel": "4096",
-    "adam_flush": "false"}``.
+    by the warm-up compressor (default :data:`MIN_NUMEL`). From strings: ``{"compressor": "onebit",
+    "ef": "vanilla", "adam": "frozen", "freeze_steps": "100", "adam_send": "gradient", "adam_warmup":
+    "int8", "adam_live_steps": "128", "adam_min_numel": "4096", "adam_flush": "false"}``.
     """
 
     takes_over_adam = True
@@ -247,11 +235,12 @@ class FrozenAdam(Decorator):
         self.freeze_steps = None if freeze_steps is None else check_int(
             "FrozenAdam", "freeze_steps", freeze_steps, 0)
         self.live_steps = None if live_steps is None else check_int("FrozenAdam", "live_steps", live_steps, 1)
-        live = self.live_steps or (TOPK_WARMUP if isinstance(inner.unwrap(), TopK) else LIVE_STEPS)
-        self.schedule = VarianceSchedule(self.freeze_steps, warmup=live)
+        topk = isinstance(inner.unwrap(), TopK)   # W follows b2 from the first step (_follow)
+        self.schedule = VarianceSchedule(self.freeze_steps, self.live_steps or (TOPK_WARMUP if topk else LIVE_STEPS))
         self.warmup = warmup
         wide = isinstance(inner.unwrap(), (NoCompression, Cast))
-        self.mild: Optional[Compressor] = None if warmup == "none" or (warmup == "auto" and wide) else Int8()
+        self.mild: Optional[Compressor] = (None if warmup == "none" or (warmup == "auto" and wide)
+                                           else Int4() if warmup == "int4" else Int8())
         self.flush = bool(flush)
         self.min_numel = MIN_NUMEL if min_numel is None else check_int("FrozenAdam", "min_numel", min_numel, 0)
         self.steps = 0
@@ -276,7 +265,16 @@ class FrozenAdam(Decorator):
         first step, kept (and checkpointed) after it, so that every tensor and rank agree."""
         if settings is not None and (self.beta2 is None or (self.steps == 0 and settings.beta2 < self.beta2)):
             self.beta2 = settings.beta2
+            self._follow(self.beta2)
         return 0.999 if self.beta2 is None else self.beta2
+
+    def _follow(self, beta2: float) -> None:
+        """Around top-k (no freeze_steps, no live_steps), W and (``warmup="auto"``) the warm-up
+        compressor follow b2: 512 live steps, int4, where 1/(1-b2) > 512 (adam_freeze)."""
+        if self.live_steps is None and self.freeze_steps is None and isinstance(self.inner.unwrap(), TopK):
+            self.schedule.warmup = topk_warmup(beta2)
+            if self.warmup == "auto" and self.mild is not None:
+                self.mild = Int4() if self.schedule.warmup > TOPK_WARMUP else Int8()
 
     def live(self, numel: Optional[int]) -> bool:
         """Whether a tensor of ``numel`` elements runs live Adam at every step (``min_numel``)."""
@@ -391,6 +389,8 @@ class FrozenAdam(Decorator):
         self.steps = int(state.pop("adam_steps", 0))
         beta2 = float(state.pop("adam_beta2", 0.0))
         self.beta2 = beta2 if beta2 > 0.0 else None
+        if self.beta2 is not None:
+            self._follow(self.beta2)
         self.clip_scale = float(state.pop("adam_clip_scale", 1.0))
         self.inner.load_state_dict(state)
 

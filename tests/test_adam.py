@@ -284,11 +284,11 @@ def test_from_params_and_defaults():
     assert hc.from_params({"compressor": "int8", "adam": "frozen", "adam_send": "momentum"}).send == "momentum"
     with pytest.raises(ValueError, match="FrozenAdam: send='m'; allowed: 'auto', 'gradient', 'momentum', 'preconditioned'"):
         hc.FrozenAdam(hc.OneBit(), send="m")
-    with pytest.raises(ValueError, match="FrozenAdam: warmup='fp8'; allowed: 'auto', 'int8', 'none'"):
+    with pytest.raises(ValueError, match="FrozenAdam: warmup='fp8'; allowed: 'auto', 'int8', 'int4', 'none'"):
         hc.FrozenAdam(hc.OneBit(), warmup="fp8")
     for params, message in (({"compressor": "onebit", "adam_warmup": "int8"}, "adam_warmup='int8' without adam"),
                             ({"compressor": "onebit", "adam": "frozen", "adam_warmup": "x"},
-                             "adam_warmup='x' is unknown; allowed: 'auto', 'int8', 'none'")):
+                             "adam_warmup='x' is unknown; allowed: 'auto', 'int8', 'int4', 'none'")):
         with pytest.raises(ValueError, match=message):
             hc.from_params(params)
     c.on_step()
@@ -298,6 +298,51 @@ def test_from_params_and_defaults():
     live = hc.from_params({"compressor": "onebit", "adam": "frozen", "adam_live_steps": "4"})
     assert live.schedule.warmup == 4 and live.config()["adam_live_steps"] == 4
     assert hc.FrozenAdam(hc.TopK(0.1), live_steps=128).schedule.warmup == 128   # top-k's 256 overridden
+
+
+@pytest.mark.parametrize("b2, live, mild", [(0.95, 256, "Int8"), (0.99, 256, "Int8"), (0.998, 256, "Int8"),
+                                             (0.9985, 512, "Int4"), (0.999, 512, "Int4")])
+def test_top_k_waits_longer_with_int4_where_v_forms_slowly(b2, live, mild):
+    """Around top-k the first step's b2 sets W and the warm-up compressor: 512 live steps sent
+    int4 where 1/(1-b2) > 512, else 256 int8; a checkpoint brings them back with b2. The other
+    compressors, live_steps, freeze_steps and an explicit warmup keep theirs."""
+    from hvdcompress.adam import AdamSettings
+    from hvdcompress.adam_freeze import topk_warmup
+    settings = AdamSettings(lr=1e-3, beta1=0.9, beta2=b2, eps=1e-8)
+    adam = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
+    assert adam.schedule.warmup == 256 and type(adam.mild).__name__ == "Int8"   # before the first step
+    adam.frozen(settings)
+    assert topk_warmup(b2) == live and adam.schedule.warmup == live and type(adam.mild).__name__ == mild
+    assert [adam.schedule.updates(t, b2) for t in (live, live + 1, live + 2)] == [True, False, True]
+    adam.on_step()
+    restored = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
+    restored.load_state_dict(adam.state_dict())
+    assert restored.schedule.warmup == live and type(restored.mild).__name__ == mild
+    for other, want in ((hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit())), (128, "Int8")),
+                        (hc.FrozenAdam(hc.TopK(0.01), live_steps=300), (300, "Int8")),
+                        (hc.FrozenAdam(hc.TopK(0.01), warmup="int8"), (live, "Int8")),
+                        (hc.FrozenAdam(hc.TopK(0.01), warmup="none"), (live, "NoneType")),
+                        (hc.FrozenAdam(hc.OneBit(), warmup="int4"), (128, "Int4"))):
+        other.frozen(settings)
+        assert (other.schedule.warmup, type(other.mild).__name__) == want
+    fixed = hc.FrozenAdam(hc.TopK(0.01), freeze_steps=3)
+    fixed.frozen(settings)
+    assert type(fixed.mild).__name__ == "Int8" and fixed.schedule.count(1000, b2) == 3
+
+
+def test_an_int4_v_step_sends_half_a_byte_per_element():
+    """The long warm-up's v-steps: 4-bit min-max codes, decoded within half of their 15 steps."""
+    from hvdcompress.compressor import TensorInfo
+    from hvdcompress.torch.backend import TorchOps
+    ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.TopK(0.1)), warmup="int4")
+    info, state = TensorInfo(name="w", numel=1001), {}
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal(1001).astype(np.float32))
+    adam.init_state(ops, x, state, info)
+    packet = adam.compress(ops, x, state, info)
+    assert packet.tensors[0].dtype == torch.uint8 and packet.tensors[0].numel() == 501
+    back = adam.decompress(ops, packet.tensors, packet.ctx, info).numpy()
+    assert np.abs(back - x.numpy()).max() <= (x.max() - x.min()).item() / 30 * 1.001
+    assert "residual" not in state or state["residual"].abs().sum() == 0   # top-k not called
 
 
 def test_a_coordinate_without_gradient_in_the_warm_up_is_not_moved_after_the_freeze():

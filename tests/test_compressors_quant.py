@@ -207,6 +207,22 @@ def test_int8_matches_bagua_minmax(ops):
     np.testing.assert_array_equal(gathered(ops, hc.Int8(512), xs), want)
 
 
+def test_int4_matches_numpy_and_sends_half_a_byte_per_element(ops):
+    """Int4 (FrozenAdam's long warm-up around top-k): min-max with 15 steps per chunk, two codes
+    per byte; numpy's codes rounded half to even, decoded as min + code · (max - min) / 15."""
+    from test_kernels import np_minmax, np_minmax_sum
+    xs = [grad(5001, r) for r in range(2)]
+    packet, _, _ = compress(ops, hc.Int4(512), xs[0])
+    assert packet.tensors[0].numel() == 2501 and packet.tensors[1].numel() == 2 * 10
+    np.testing.assert_array_equal(packet.tensors[0].numpy(), np_minmax(xs[0], 512, 4)[0])
+    want = np_minmax_sum([np_minmax(x, 512, 4) for x in xs], 5001, 512, 4)
+    np.testing.assert_array_equal(gathered(ops, hc.Int4(512), xs), want)
+    assert np.abs(roundtrip(ops, hc.Int4(512), xs[0]) - xs[0]).max() > 10 * np.abs(
+        roundtrip(ops, hc.Int8(512), xs[0]) - xs[0]).max()   # 17x coarser steps than int8
+    with pytest.raises(ValueError, match="Int4: chunk=511; allowed: an even number"):
+        hc.Int4(511)
+
+
 def test_int8_keeps_the_gradient_dtype(ops):
     x = grad(300).astype(np.float16)
     out = roundtrip(ops, hc.Int8(100), x)

@@ -79,7 +79,9 @@ def np_levels(x: np.ndarray, inv: float, levels: int, natural: bool, u: np.ndarr
     return np.minimum(low.astype(np.int64) + (u < r - low), levels)
 
 
-def np_minmax(x: np.ndarray, chunk: int):
+def np_minmax(x: np.ndarray, chunk: int, bits: int = 8):
+    """Bagua's min-max codes per chunk, 2^bits - 1 steps; 4 bits packed two per byte (np_pack)."""
+    top = np.float32(2 ** bits - 1)
     codes, bounds = [], []
     for c in range(0, x.size, chunk):
         v = x[c:c + chunk]
@@ -89,10 +91,21 @@ def np_minmax(x: np.ndarray, chunk: int):
             continue
         mn, mx = v.min(), v.max()
         span = np.float32(mx - mn)
-        inv = np.float32(255) / span if span > 0 else np.float32(0)
-        codes.append(np.clip(np.rint((v - mn) * inv), 0, 255).astype(np.uint8))
+        inv = top / span if span > 0 else np.float32(0)
+        codes.append(np.clip(np.rint((v - mn) * inv), 0, top).astype(np.uint8))
         bounds += [mn, mx]
-    return np.concatenate(codes), np.array(bounds, dtype=np.float32)
+    codes = np.concatenate(codes)
+    return codes if bits == 8 else np_pack(codes, bits), np.array(bounds, dtype=np.float32)
+
+
+def np_minmax_sum(payloads: list, n: int, chunk: int, bits: int = 8) -> np.ndarray:
+    """The float32 sum, in rank order from +0.0, of each (codes, bounds) payload decoded."""
+    top, want = np.float32(2 ** bits - 1), np.zeros(n, np.float32)
+    for q, b in payloads:
+        q = q if bits == 8 else np.unpackbits(q).reshape(-1, 2, 4) @ np.array([8, 4, 2, 1])
+        mn, mx = np.repeat(b[0::2], chunk)[:n], np.repeat(b[1::2], chunk)[:n]
+        want = want + (mn + q.reshape(-1)[:n].astype(np.float32) * ((mx - mn) / top))
+    return want
 
 
 def np_magnitude_keys(x: np.ndarray) -> np.ndarray:
@@ -308,26 +321,31 @@ def test_natural_pack_rounds_to_neighbouring_powers_and_is_unbiased(ops):
     assert abs(mean - 1.3) < 0.01
 
 
-# ---- min-max 8 bits ---------------------------------------------------------------------------
-@pytest.mark.parametrize("n,chunk", [(1, 4), (10, 4), (5000, 256), (70001, 2048), (64, 64)])
-def test_minmax_pack_and_unpack_match_numpy(ops, n, chunk):
+# ---- min-max 8 and 4 bits ---------------------------------------------------------------------
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("n,chunk", [(1, 4), (11, 4), (5001, 256), (70001, 2048), (64, 64)])
+def test_minmax_pack_and_unpack_match_numpy(ops, n, chunk, bits):
     x = data(n, 8)
     if n > 300:
         x[260] = np.nan
         x[:256] = 1.5  # a constant chunk
-    codes, bounds = ops.minmax_pack(t(x), chunk)
-    want_codes, want_bounds = np_minmax(x, chunk)
+    codes, bounds = ops.minmax_pack(t(x), chunk, bits)
+    want_codes, want_bounds = np_minmax(x, chunk, bits)
     np.testing.assert_array_equal(codes.numpy(), want_codes)
     np.testing.assert_array_equal(bounds.numpy(), want_bounds)
-    ranks = [x, data(n, 9)]
-    packed = [np_minmax(v, chunk) for v in ranks]
-    want = np.zeros(n, np.float32)
-    for q, b in packed:
-        mn, mx = np.repeat(b[0::2], chunk)[:n], np.repeat(b[1::2], chunk)[:n]
-        want = want + (mn + q.astype(np.float32) * ((mx - mn) / np.float32(255)))
+    packed = [np_minmax(v, chunk, bits) for v in (x, data(n, 9))]
     got = ops.minmax_unpack_sum(t(np.concatenate([q for q, _ in packed])),
-                                t(np.concatenate([b for _, b in packed])), n, chunk)
-    np.testing.assert_array_equal(got.numpy(), want)
+                                t(np.concatenate([b for _, b in packed])), n, chunk, bits)
+    np.testing.assert_array_equal(got.numpy(), np_minmax_sum(packed, n, chunk, bits))
+
+
+def test_minmax_4_bits_wants_an_even_chunk(ops):
+    for call in (lambda: ops.minmax_pack(torch.zeros(10), 5, 4),
+                 lambda: ops.minmax_unpack_sum(torch.zeros(5, dtype=torch.uint8), torch.zeros(4), 10, 5, 4)):
+        with pytest.raises(ValueError, match="chunk"):
+            call()
+    with pytest.raises(ValueError, match="bits=2 is out of range; allowed: 4, 8"):
+        ops.minmax_pack(torch.zeros(10), 4, 2)
 
 
 def np_sign_runs(x: np.ndarray, run: int) -> tuple:
@@ -360,11 +378,13 @@ def test_sign_runs_pack_and_sum_match_numpy(ops, n, run):
     np.testing.assert_array_equal(got.numpy(), np_sign_runs_sum(payloads, n, run))
 
 
-def test_minmax_error_is_at_most_half_a_step(ops):
+@pytest.mark.parametrize("bits", [8, 4])
+def test_minmax_error_is_at_most_half_a_step(ops, bits):
     x = data(10000, 3)
-    codes, bounds = ops.minmax_pack(t(x), 1000)
-    dec = ops.minmax_unpack_sum(codes, bounds, x.size, 1000).numpy()
-    step = np.repeat(bounds.numpy()[1::2] - bounds.numpy()[0::2], 1000) / 255
+    codes, bounds = ops.minmax_pack(t(x), 1000, bits)
+    assert codes.numel() == 10000 * bits // 8
+    dec = ops.minmax_unpack_sum(codes, bounds, x.size, 1000, bits).numpy()
+    step = np.repeat(bounds.numpy()[1::2] - bounds.numpy()[0::2], 1000) / (2 ** bits - 1)
     assert np.all(np.abs(dec - x) <= step / 2 * 1.001 + 1e-7)
 
 

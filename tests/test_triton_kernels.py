@@ -43,7 +43,7 @@ finally:
 
 from hvdcompress.torch.backend import TorchOps  # noqa: E402
 from test_kernels import (LEVEL_CASES, data, decoders, np_levels, np_magnitude_keys,  # noqa: E402
-                          np_minmax, np_natural_pack, np_pack, np_sign_runs, np_sign_runs_sum, np_twobit,
+                          np_minmax, np_minmax_sum, np_natural_pack, np_pack, np_sign_runs, np_sign_runs_sum, np_twobit,
                           np_uniform24, t)
 from test_paths_identical import RTOL, SPECS, simulate  # noqa: E402
 
@@ -167,24 +167,21 @@ def test_natural_pack_bit_for_bit(triton_ops, key):
     same_bits(triton_ops.natural_pack(t(x), key), np_natural_pack(x, key))
 
 
-@pytest.mark.parametrize("n,chunk", [(1, 4), (10, 4), (3000, 256), (4099, 2048), (64, 64), (1500, 1500)])
-def test_minmax_pack_and_unpack(triton_ops, n, chunk):
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("n,chunk", [(1, 4), (11, 4), (3000, 256), (4099, 2048), (64, 64), (1500, 1500)])
+def test_minmax_pack_and_unpack(triton_ops, n, chunk, bits):
     x = data(n, 8)
     if n > 300:
         x[260] = np.nan
         x[:256] = 1.5  # a constant chunk
-    codes, bounds = triton_ops.minmax_pack(t(x), chunk)
-    want_codes, want_bounds = np_minmax(x, chunk)
+    codes, bounds = triton_ops.minmax_pack(t(x), chunk, bits)
+    want_codes, want_bounds = np_minmax(x, chunk, bits)
     same_bits(codes, want_codes)
     np.testing.assert_array_equal(bounds.numpy(), want_bounds)  # NaN bounds: NaN
-    payloads = [np_minmax(v, chunk) for v in (x, data(n, 9))]
-    want = np.zeros(n, np.float32)
-    for q, b in payloads:
-        low, high = np.repeat(b[0::2], chunk)[:n], np.repeat(b[1::2], chunk)[:n]
-        want = want + (low + q.astype(np.float32) * ((high - low) / np.float32(255)))
+    payloads = [np_minmax(v, chunk, bits) for v in (x, data(n, 9))]
     got = triton_ops.minmax_unpack_sum(t(np.concatenate([q for q, _ in payloads])),
-                                       t(np.concatenate([b for _, b in payloads])), n, chunk)
-    np.testing.assert_array_equal(got.numpy(), want)
+                                       t(np.concatenate([b for _, b in payloads])), n, chunk, bits)
+    np.testing.assert_array_equal(got.numpy(), np_minmax_sum(payloads, n, chunk, bits))
 
 
 @pytest.mark.parametrize("n,run", [(1, 4), (13, 3), (3001, 64), (4099, 1000)])
@@ -309,7 +306,8 @@ def _key_ops(x: torch.Tensor) -> dict:
                                     for lv, nat, inv in LEVEL_CASES],
         "ternary_pack": lambda ops: ops.ternary_pack(x, 0.7, 2 ** 32 - 1),
         "natural_pack": lambda ops: ops.natural_pack(x, 31337),
-        "minmax_pack": lambda ops: [ops.minmax_pack(x, chunk) for chunk in (3, 100, 2048)],
+        "minmax_pack": lambda ops: [ops.minmax_pack(x, chunk, bits) for chunk, bits in
+                                    ((3, 8), (100, 8), (2048, 8), (6, 4), (100, 4), (2048, 4))],
         "select_ge": lambda ops: ops.select_ge(x, 1.5),
         "sampled_threshold": lambda ops: torch.as_tensor(ops.sampled_threshold(x, 0, 3, 200)),
         "momentum_correction": lambda ops: [ops.momentum_correction(residual.clone(), x.clone(), x, 0.9, nesterov)
@@ -372,11 +370,13 @@ KERNEL_SIGNATURES = {
         "out_ptr": _P, "n": "i32", "nbytes": "i32", "R": "i32", "BITS": bits, "VOTE": vote,
         "BYTES": 1024 if bits == 8 else 128} for bits, vote in ((1, False), (2, False), (8, False), (1, True))},
     "_bf16_sum_kernel": {"bits_ptr": "*i16", "out_ptr": _P, "n": "i32", "R": "i32", "BLOCK": 1024},
-    **{f"_minmax_pack_kernel/{chunk}": {"x_ptr": _P, "codes_ptr": _U8, "bounds_ptr": _P, "n": "i32",
-                                        "chunk": chunk, "chunks": "i32", "ROWS": rows, "COLS": 1024 // rows}
-       for chunk, rows in (("i32", 1), ("i32", 256), (1, 1024))},
-    "_minmax_unpack_kernel": {"codes_ptr": _U8, "bounds_ptr": _P, "out_ptr": _P, "n": "i32", "chunk": "i32",
-                              "chunks": "i32", "R": "i32", "BLOCK": 1024},
+    **{f"_minmax_pack_kernel/{chunk}/{bits}": {"x_ptr": _P, "codes_ptr": _U8, "bounds_ptr": _P, "n": "i32",
+                                               "chunk": chunk, "chunks": "i32", "ROWS": rows, "COLS": 1024 // rows,
+                                               "BITS": bits}
+       for chunk, rows, bits in (("i32", 1, 8), ("i32", 256, 8), (1, 1024, 8), ("i32", 1, 4), ("i32", 256, 4))},
+    **{f"_minmax_unpack_kernel/{bits}": {"codes_ptr": _U8, "bounds_ptr": _P, "out_ptr": _P, "n": "i32",
+                                         "nbytes": "i32", "chunk": "i32", "chunks": "i32", "R": "i32",
+                                         "BLOCK": 1024, "BITS": bits} for bits in (8, 4)},
     "_sign_runs_kernel": {"packed_ptr": _U8, "means_ptr": _P, "out_ptr": _P, "n": "i32", "nbytes": "i32",
                           "run": "i32", "runs": "i32", "R": "i32", "BLOCK": 1024},
     "_count_kernel": {"x_ptr": _P, "t_ptr": _P, "counts_ptr": _I64P, "n": "i32", "BLOCK": 1024},

@@ -128,15 +128,16 @@ void sign_pack_runs(const float* x, int64_t n, int64_t run, uint8_t* out, float*
 void sign_runs_sum(const uint8_t* packed, const float* means, int64_t n, int64_t run, int64_t R,
                    float* out);
 
-// ---- 8 bits: min-max per chunk (Bagua) ------------------------------------------------------
+// ---- 8 or 4 bits: min-max per chunk (Bagua) -------------------------------------------------
 // Chunk c covers elements [c*chunk, min(n, (c+1)*chunk)). bounds[2c] = min, bounds[2c+1] = max
-// of the chunk (both NaN when the chunk holds a non-finite value). In float32:
-//   range = max - min;  inv = range > 0 ? 255 / range : 0;
-//   code = clamp(rint((x - min) * inv), 0, 255)   (round half to even; 0 for a NaN chunk)
-// codes: n bytes; bounds: 2 * ceil(n / chunk) floats.
-void minmax_pack(const float* x, int64_t n, int64_t chunk, uint8_t* codes, float* bounds);
-// Decode: value = min + code * (range / 255), summed over R payloads of (n codes, bounds).
-void minmax_unpack_sum(const uint8_t* codes, const float* bounds, int64_t n, int64_t chunk,
+// of the chunk (both NaN when the chunk holds a non-finite value). In float32, top = 2^bits - 1:
+//   range = max - min;  inv = range > 0 ? top / range : 0;
+//   code = clamp(rint((x - min) * inv), 0, top)   (round half to even; 0 for a NaN chunk)
+// codes: packed_bytes(n, bits) bytes (bits 4: element i in byte i / 2, the high nibble for even
+// i; chunk must be even); bounds: 2 * ceil(n / chunk) floats. bits in {4, 8}.
+void minmax_pack(const float* x, int64_t n, int64_t chunk, int bits, uint8_t* codes, float* bounds);
+// Decode: value = min + code * (range / top), summed over R payloads of (codes, bounds).
+void minmax_unpack_sum(const uint8_t* codes, const float* bounds, int64_t n, int64_t chunk, int bits,
                        int64_t R, float* out);
 
 // ---- reductions -----------------------------------------------------------------------------

@@ -190,6 +190,13 @@ HVDC_INLINE double lanes16_sum(const float* x, int64_t m, Term term) {
   return total;
 }
 
+// minmax_pack's and minmax_unpack_sum's arguments (kernels.h).
+inline void check_minmax(const char* name, int64_t chunk, int bits) {
+  if (chunk < 1) throw std::invalid_argument(std::string(name) + ": chunk must be >= 1");
+  if (bits != 8 && bits != 4) throw std::invalid_argument(std::string(name) + ": bits must be 4 or 8");
+  if (bits == 4 && chunk % 2) throw std::invalid_argument(std::string(name) + ": chunk must be even with bits = 4");
+}
+
 // Selection for the sparsifiers: |x[i]| >= t, or x[i] is NaN.
 inline bool selected(float v, float t) { return !(std::fabs(v) < t); }
 

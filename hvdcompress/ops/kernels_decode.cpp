@@ -274,10 +274,11 @@ void sign_runs_sum(const uint8_t* packed, const float* means, int64_t n, int64_t
   });
 }
 
-void minmax_unpack_sum(const uint8_t* codes, const float* bounds, int64_t n, int64_t chunk,
+void minmax_unpack_sum(const uint8_t* codes, const float* bounds, int64_t n, int64_t chunk, int bits,
                        int64_t R, float* out) {
-  if (chunk < 1) throw std::invalid_argument("minmax_unpack_sum: chunk must be >= 1");
-  const int64_t chunks = (n + chunk - 1) / chunk;
+  check_minmax("minmax_unpack_sum", chunk, bits);
+  const int64_t chunks = (n + chunk - 1) / chunk, nbytes = packed_bytes(n, bits);
+  const float top = static_cast<float>((1 << bits) - 1);
   parallel_for(chunks, chunk, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t i0 = c * chunk, m = std::min(chunk, n - i0);
@@ -285,9 +286,13 @@ void minmax_unpack_sum(const uint8_t* codes, const float* bounds, int64_t n, int
       for (int64_t i = 0; i < m; ++i) o[i] = 0.0f;
       for (int64_t r = 0; r < R; ++r) {
         const float mn = bounds[2 * (r * chunks + c)], mx = bounds[2 * (r * chunks + c) + 1];
-        const float step = (mx - mn) / 255.0f;
-        const uint8_t* q = codes + r * n + i0;
-        for (int64_t i = 0; i < m; ++i) o[i] += mn + static_cast<float>(q[i]) * step;
+        const float step = (mx - mn) / top;
+        const uint8_t* q = codes + r * nbytes + i0 * bits / 8;
+        if (bits == 8) {
+          for (int64_t i = 0; i < m; ++i) o[i] += mn + static_cast<float>(q[i]) * step;
+        } else {
+          for (int64_t i = 0; i < m; ++i) o[i] += mn + static_cast<float>((q[i / 2] >> (4 - 4 * (i % 2))) & 15) * step;
+        }
       }
     }
   });

@@ -121,9 +121,11 @@ HVDC_INLINE void ef_sign_body(const float* x, const float* residual, int64_t m, 
   }
 }
 
-// One chunk of minmax_pack (m elements): bounds[0..1] = min, max, and the m codes. Min, max
+// One chunk of minmax_pack (m elements, `top` = 255 or 15 codes): bounds[0..1] = min, max, and
+// the m codes, one per byte (top 255) or two, the first in the high nibble (top 15: m even but
+// for the last chunk). Min, max
 // and the elementwise quantisation are exact in any order, so an ISA clone.
-HVDC_ISA_CLONES void minmax_chunk(const float* v, int64_t m, uint8_t* q, float* bounds) {
+HVDC_ISA_CLONES void minmax_chunk(const float* v, int64_t m, float top, uint8_t* q, float* bounds) {
   float mn = v[0], mx = v[0], poison = 0.0f;
 #pragma omp simd reduction(min : mn) reduction(max : mx) reduction(+ : poison)
   for (int64_t i = 0; i < m; ++i) {
@@ -133,19 +135,24 @@ HVDC_ISA_CLONES void minmax_chunk(const float* v, int64_t m, uint8_t* q, float* 
   }
   if (poison != 0.0f) {
     bounds[0] = bounds[1] = std::nanf("");
-    std::fill(q, q + m, uint8_t{0});
+    std::fill(q, q + (top > 15.0f ? m : (m + 1) / 2), uint8_t{0});
     return;
   }
   bounds[0] = mn;
   bounds[1] = mx;
   const float range = mx - mn;
-  const float inv = range > 0.0f ? 255.0f / range : 0.0f;
+  const float inv = range > 0.0f ? top / range : 0.0f;
+  const auto code = [=](float x) {
+    const float y = rint_small((x - mn) * inv);
+    return static_cast<uint8_t>(static_cast<int>(y < 0.0f ? 0.0f : (y > top ? top : y)));
+  };
+  if (top > 15.0f) {
 #pragma omp simd
-  for (int64_t i = 0; i < m; ++i) {
-    float y = rint_small((v[i] - mn) * inv);
-    y = y < 0.0f ? 0.0f : (y > 255.0f ? 255.0f : y);
-    q[i] = static_cast<uint8_t>(static_cast<int>(y));
+    for (int64_t i = 0; i < m; ++i) q[i] = code(v[i]);
+    return;
   }
+  for (int64_t i = 0; i + 1 < m; i += 2) q[i / 2] = static_cast<uint8_t>((code(v[i]) << 4) | code(v[i + 1]));
+  if (m % 2) q[m / 2] = static_cast<uint8_t>(code(v[m - 1]) << 4);
 }
 
 // One block of twobit_pack: codes of x[0..m) (+ residual, the new residual into res_out, which
@@ -361,13 +368,15 @@ void half_cast(const float* x, int64_t n, bool bf16, uint16_t* out) {
   parallel_blocks(n, [=](int64_t i0, int64_t m) { (bf16 ? bf16_cast_block : fp16)(x + i0, m, out + i0); });
 }
 
-// ---- min-max 8 bits ---------------------------------------------------------------------------
-void minmax_pack(const float* x, int64_t n, int64_t chunk, uint8_t* codes, float* bounds) {
-  if (chunk < 1) throw std::invalid_argument("minmax_pack: chunk must be >= 1");
+// ---- min-max, 8 or 4 bits ----------------------------------------------------------------------
+void minmax_pack(const float* x, int64_t n, int64_t chunk, int bits, uint8_t* codes, float* bounds) {
+  check_minmax("minmax_pack", chunk, bits);
   const int64_t chunks = (n + chunk - 1) / chunk;
+  const float top = static_cast<float>((1 << bits) - 1);
   parallel_for(chunks, chunk, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c)
-      minmax_chunk(x + c * chunk, std::min(chunk, n - c * chunk), codes + c * chunk, bounds + 2 * c);
+      minmax_chunk(x + c * chunk, std::min(chunk, n - c * chunk), top, codes + c * chunk * bits / 8,
+                   bounds + 2 * c);
   });
 }
 

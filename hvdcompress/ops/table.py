@@ -198,9 +198,10 @@ KERNELS: Dict[str, Kernel] = {k.name: k for k in (
            doc="Natural compression, one byte per element (unbiased)"),
     Kernel("half_cast", "x: Vector(), bf16: FLAG", c="x, n, bf16, bits", returns="bits: int16[n]",
            doc="The bit patterns of ``x`` rounded to binary16 (bfloat16 when ``bf16``), as int16"),
-    Kernel("minmax_pack", "x: Vector(), chunk: LENGTH", c="x, n, chunk, codes, bounds",
-           returns="codes: uint8[n], bounds: float32[2 * cdiv(n, chunk)]",
-           doc="Bagua's 8-bit min-max quantisation per chunk: ``(codes, bounds)``"),
+    Kernel("minmax_pack", "x: Vector(), chunk: LENGTH, bits: Choice(4, 8) = 8", c="x, n, chunk, bits, codes, bounds",
+           returns="codes: uint8[packed_bytes(n, bits)], bounds: float32[2 * cdiv(n, chunk)]",
+           doc="Bagua's min-max quantisation per chunk, 8 or 4 bits: ``(codes, bounds)`` (4 bits: "
+               "two codes per byte, the first in the high nibble; ``chunk`` even)"),
     # decoders: the float32 sum of R payloads
     Kernel("unpack_sum", "packed: Payloads('uint8', 'packed_bytes(n, bits)'), n: LENGTH, "
                          "bits: Choice(1, 2, 8), tables: Sized('float32', 'ranks << bits'), "
@@ -225,10 +226,10 @@ KERNELS: Dict[str, Kernel] = {k.name: k for k in (
            c="packed, means, n, run, ranks, out", returns="out",
            doc="Sum of R :meth:`sign_pack_runs` payloads: ``(bit ? 1 : -1) * means_r[i // run]`` "
                "added in rank order from +0.0"),
-    Kernel("minmax_unpack_sum", "codes: Payloads('uint8', 'n'), "
+    Kernel("minmax_unpack_sum", "codes: Payloads('uint8', 'packed_bytes(n, bits)'), "
                                 "bounds: Sized('float32', '2 * ranks * cdiv(n, chunk)'), "
-                                "n: LENGTH, chunk: LENGTH, out: Out() = None",
-           c="codes, bounds, n, chunk, ranks, out", returns="out",
+                                "n: LENGTH, chunk: LENGTH, bits: Choice(4, 8) = 8, out: Out() = None",
+           c="codes, bounds, n, chunk, bits, ranks, out", returns="out",
            doc="Sum of R :meth:`minmax_pack` payloads, decoded"),
     Kernel("sparse_sum", "n, indices, values, out=None", exports=("scatter_add_i32", "scatter_add_i64")),
     # reductions and selection

@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import counter_hash, table
-from .layout import SHIFTS, packed_bytes
+from .layout import SHIFTS, check_minmax, packed_bytes
 from .table import implements
 
 Tensor = torch.Tensor
@@ -225,19 +225,18 @@ def _rows(x: Tensor, chunk: int) -> list:
 
 
 @implements
-def minmax_pack(x: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
-    codes = [torch.zeros(0, dtype=torch.uint8, device=x.device)]
-    bounds = [torch.zeros(0, dtype=torch.float32, device=x.device)]
+def minmax_pack(x: Tensor, chunk: int, bits: int = 8) -> Tuple[Tensor, Tensor]:
+    check_minmax("minmax_pack", chunk, bits)
+    top, codes, bounds = float((1 << bits) - 1), [x.new_zeros(0, dtype=torch.uint8)], [x.new_zeros(0)]
     for rows in _rows(x, chunk):
         mn, mx = rows.amin(1, keepdim=True), rows.amax(1, keepdim=True)
         bad = ~torch.isfinite(rows).all(1, keepdim=True)
-        span = mx - mn
-        inv = torch.where(span > 0, 255.0 / span, torch.zeros_like(span))
-        q = torch.round((rows - mn) * inv).clamp(0, 255)
+        inv = torch.where(mx - mn > 0, top / (mx - mn), torch.zeros_like(mn))
+        q = torch.round((rows - mn) * inv).clamp(0, top)
         codes.append(torch.where(bad, torch.zeros_like(q), q).to(torch.uint8).view(-1))
-        pair = torch.cat([mn, mx], 1)
-        bounds.append(torch.where(bad, torch.full_like(pair, float("nan")), pair).view(-1))
-    return torch.cat(codes), torch.cat(bounds)
+        bounds.append(torch.where(bad, float("nan"), torch.cat([mn, mx], 1)).view(-1))
+    codes8 = torch.cat(codes)   # 4 bits: packed two per byte
+    return codes8 if bits == 8 else _pack(codes8.to(torch.int32), bits), torch.cat(bounds)
 
 
 @implements
@@ -249,16 +248,17 @@ def sign_runs_sum(packed: Tensor, means: Tensor, n: int, run: int, out: Optional
 
 
 @implements
-def minmax_unpack_sum(codes: Tensor, bounds: Tensor, n: int, chunk: int,
+def minmax_unpack_sum(codes: Tensor, bounds: Tensor, n: int, chunk: int, bits: int = 8,
                       out: Optional[Tensor] = None) -> Tensor:
-    chunks = -(-n // chunk)
+    check_minmax("minmax_unpack_sum", chunk, bits)
+    chunks, top = -(-n // chunk), float((1 << bits) - 1)
     out = _output(out, n, codes.device)
-    for r, payload in enumerate(codes.split(n)):
+    for r, payload in enumerate(codes.split(packed_bytes(n, bits))):
         pairs = bounds[2 * chunks * r:2 * chunks * (r + 1)].view(chunks, 2)
         decoded, c = [], 0
-        for rows in _rows(payload, chunk):
+        for rows in _rows(payload if bits == 8 else _unpack(payload, n, bits), chunk):
             mn, mx = pairs[c:c + rows.shape[0], 0:1], pairs[c:c + rows.shape[0], 1:2]
-            decoded.append((mn + rows.float() * ((mx - mn) / 255.0)).view(-1))
+            decoded.append((mn + rows.float() * ((mx - mn) / top)).view(-1))
             c += rows.shape[0]
         out += torch.cat(decoded)
     return out

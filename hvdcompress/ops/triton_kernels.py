@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from . import table, torch_fallback
-from .layout import packed_bytes
+from .layout import check_minmax, packed_bytes
 from .table import implements
 
 Tensor = torch.Tensor
@@ -240,12 +240,20 @@ def _bf16_sum_kernel(bits_ptr, out_ptr, n, R, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, acc, mask=mask)
 
 
-# ---- min-max 8 bits ------------------------------------------------------------------------------
+# ---- min-max, 8 or 4 bits ------------------------------------------------------------------------
+@triton.jit
+def _minmax_code(v, lo, inv, poisoned, TOP: tl.constexpr):
+    y = ((v - lo[:, None]) * inv[:, None] + 12582912.0) - 12582912.0  # rint for 0 <= y < 2^22
+    y = tl.where(y < 0.0, 0.0, tl.where(y > TOP, TOP, y))
+    return tl.where(poisoned[:, None], 0, y.to(tl.int32))
+
+
 @triton.jit
 def _minmax_pack_kernel(x_ptr, codes_ptr, bounds_ptr, n, chunk, chunks, ROWS: tl.constexpr,
-                        COLS: tl.constexpr):
+                        COLS: tl.constexpr, BITS: tl.constexpr):
     """ROWS chunks per program, one per row, read COLS elements at a time: min, max and finiteness
-    in a first pass, the codes in a second."""
+    in a first pass, the codes in a second (BITS 4: COLS pairs at a time, the first of each pair
+    in the high nibble; chunk even)."""
     c = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     rows = c < chunks
     begin = c * chunk
@@ -265,15 +273,23 @@ def _minmax_pack_kernel(x_ptr, codes_ptr, bounds_ptr, n, chunk, chunks, ROWS: tl
     hi = tl.max(mx, axis=1)
     poisoned = tl.max(bad, axis=1) != 0
     span = hi - lo
-    inv = tl.where(span > 0.0, tl.math.div_rn(tl.full([ROWS], 255.0, tl.float32), span), 0.0)
-    for c0 in range(0, chunk, COLS):
-        offs = begin[:, None] + c0 + cols
-        mask = rows[:, None] & (offs < end[:, None])
-        v = tl.load(x_ptr + offs, mask=mask, other=0.0)
-        y = ((v - lo[:, None]) * inv[:, None] + 12582912.0) - 12582912.0  # rint for 0 <= y < 2^22
-        y = tl.where(y < 0.0, 0.0, tl.where(y > 255.0, 255.0, y))
-        q = tl.where(poisoned[:, None], 0, y.to(tl.int32))
-        tl.store(codes_ptr + offs, q.to(tl.uint8), mask=mask)
+    TOP: tl.constexpr = (1 << BITS) - 1
+    inv = tl.where(span > 0.0, tl.math.div_rn(tl.full([ROWS], TOP, tl.float32), span), 0.0)
+    if BITS == 8:
+        for c0 in range(0, chunk, COLS):
+            offs = begin[:, None] + c0 + cols
+            mask = rows[:, None] & (offs < end[:, None])
+            q = _minmax_code(tl.load(x_ptr + offs, mask=mask, other=0.0), lo, inv, poisoned, TOP)
+            tl.store(codes_ptr + offs, q.to(tl.uint8), mask=mask)
+    else:
+        for c0 in range(0, chunk, 2 * COLS):
+            first = begin[:, None] + c0 + 2 * cols
+            mask = rows[:, None] & (first < end[:, None])
+            second = mask & (first + 1 < end[:, None])
+            high = _minmax_code(tl.load(x_ptr + first, mask=mask, other=0.0), lo, inv, poisoned, TOP)
+            low = _minmax_code(tl.load(x_ptr + first + 1, mask=second, other=0.0), lo, inv, poisoned, TOP)
+            q = (high << 4) | tl.where(second, low, 0)
+            tl.store(codes_ptr + first // 2, q.to(tl.uint8), mask=mask)
     nan = float("nan")
     tl.store(bounds_ptr + 2 * c, tl.where(poisoned, nan, lo), mask=rows)
     tl.store(bounds_ptr + 2 * c + 1, tl.where(poisoned, nan, hi), mask=rows)
@@ -293,20 +309,25 @@ def _sign_runs_kernel(packed_ptr, means_ptr, out_ptr, n, nbytes, run, runs, R, B
 
 
 @triton.jit
-def _minmax_unpack_kernel(codes_ptr, bounds_ptr, out_ptr, n, chunk, chunks, R, BLOCK: tl.constexpr):
+def _minmax_unpack_kernel(codes_ptr, bounds_ptr, out_ptr, n, nbytes, chunk, chunks, R, BLOCK: tl.constexpr,
+                          BITS: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     pair = 2 * (offs // chunk)
-    payload = codes_ptr + offs
+    payload = codes_ptr + (offs if BITS == 8 else offs // 2)
+    shift = (4 - 4 * (offs % 2)).to(tl.int32)
     bounds = bounds_ptr + pair
+    TOP: tl.constexpr = (1 << BITS) - 1
     acc = tl.zeros([BLOCK], tl.float32)
     for _ in range(R):
         lo = tl.load(bounds, mask=mask, other=0.0)
         hi = tl.load(bounds + 1, mask=mask, other=0.0)
-        step = tl.math.div_rn(hi - lo, tl.full([BLOCK], 255.0, tl.float32))
-        q = tl.load(payload, mask=mask, other=0).to(tl.float32)
-        acc += lo + q * step
-        payload += n
+        step = tl.math.div_rn(hi - lo, tl.full([BLOCK], TOP, tl.float32))
+        q = tl.load(payload, mask=mask, other=0).to(tl.int32)
+        if BITS == 4:
+            q = (q >> shift) & 15
+        acc += lo + q.to(tl.float32) * step
+        payload += nbytes
         bounds += 2 * chunks
     tl.store(out_ptr + offs, acc, mask=mask)
 
@@ -564,16 +585,18 @@ def natural_pack(x: Tensor, key: int) -> Tensor:
 
 
 @implements
-def minmax_pack(x: Tensor, chunk: int) -> Tuple[Tensor, Tensor]:
+def minmax_pack(x: Tensor, chunk: int, bits: int = 8) -> Tuple[Tensor, Tensor]:
     _check_device(x)
+    check_minmax("minmax_pack", chunk, bits)
     n = x.numel()
     chunks = triton.cdiv(n, chunk)
-    codes, bounds = _bytes(n, x), torch.empty(2 * chunks, dtype=torch.float32, device=x.device)
+    codes = _bytes(packed_bytes(n, bits), x)
+    bounds = torch.empty(2 * chunks, dtype=torch.float32, device=x.device)
     if n:
         cols = min(BLOCK, triton.next_power_of_2(chunk))
         rows = BLOCK // cols
         _minmax_pack_kernel[(triton.cdiv(chunks, rows),)](x, codes, bounds, n, chunk, chunks,
-                                                          ROWS=rows, COLS=cols, **LAUNCH)
+                                                          ROWS=rows, COLS=cols, BITS=bits, **LAUNCH)
     return codes, bounds
 
 
@@ -633,14 +656,16 @@ def sign_runs_sum(packed: Tensor, means: Tensor, n: int, run: int, out: Optional
 
 
 @implements
-def minmax_unpack_sum(codes: Tensor, bounds: Tensor, n: int, chunk: int,
+def minmax_unpack_sum(codes: Tensor, bounds: Tensor, n: int, chunk: int, bits: int = 8,
                       out: Optional[Tensor] = None) -> Tensor:
     _check_device(codes)
-    ranks, chunks = _ranks(codes, n, "codes"), triton.cdiv(n, chunk)
+    check_minmax("minmax_unpack_sum", chunk, bits)
+    nbytes = packed_bytes(n, bits)
+    ranks, chunks = _ranks(codes, nbytes, "codes"), triton.cdiv(n, chunk)
     _check_size(bounds, 2 * chunks * ranks, "bounds")
     out = _output(out, n, codes)
-    _minmax_unpack_kernel[(triton.cdiv(n, BLOCK),)](codes, bounds, out, n, chunk, chunks, ranks,
-                                                   BLOCK=BLOCK, **LAUNCH)
+    _minmax_unpack_kernel[(triton.cdiv(n, BLOCK),)](codes, bounds, out, n, nbytes, chunk, chunks, ranks,
+                                                   BLOCK=BLOCK, BITS=bits, **LAUNCH)
     return out
 
 

@@ -37,21 +37,23 @@ BYTES_TARGET = 10.0
 #: (model, ranks, betas, steps, seed, file, top-k's file): issue 36's launches at today's defaults.
 #: b2 0.95: the ``_cap`` ones (the interval capped at 1/(1-b2)); b2 0.999: the ``_kappa`` ones
 #: (capped at 0.5/(1-b2): the same v-steps up to 3,000 steps, the cap not reached). Top-k from its
-#: own launch beside dense AdamW (``_topk256``: 256 live steps, its default since), None: the same.
+#: own launch beside dense AdamW (``_topk256``: 256 live steps, its default since; at b2 0.999
+#: ``_topk512``: 512 live steps sent int4, its default there since), None: the same.
 FILES = [("LSTM", 2, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np2_cap.json", "lm_adamw_i36_lstm_b095_np2_topk256.json"),
          ("LSTM", 2, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np2_kappa.json",
-          "lm_adamw_i36_lstm_b0999_np2_topk256.json"),
+          "lm_adamw_i36_lstm_b0999_np2_topk512.json"),
          ("transformer", 2, "0.95", 1000, 0, "lm_adamw_i36_transformer_b095_np2_cap.json",
           "lm_adamw_i36_transformer_b095_np2_topk256.json"),
          ("transformer", 2, "0.999", 1000, 0, "lm_adamw_i36_transformer_b0999_np2_kappa.json",
-          "lm_adamw_i36_transformer_b0999_np2_topk256.json"),
+          "lm_adamw_i36_transformer_b0999_np2_topk512.json"),
          ("LSTM", 8, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np8_cap.json", "lm_adamw_i36_lstm_b095_np8_topk256.json"),
          ("LSTM", 8, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np8_kappa.json",
-          "lm_adamw_i36_lstm_b0999_np8_topk256.json"),
+          "lm_adamw_i36_lstm_b0999_np8_topk512.json"),
          ("LSTM", 2, "0.95", 3000, 0, "lm_adamw_i36_lstm_b095_np2_3000_cap.json",
           "lm_adamw_i36_lstm_b095_np2_3000_topk256.json"),
          ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000_cap.json", None),
-         ("transformer", 8, "0.95", 1000, 0, "lm_adamw_i36_transformer_b095_np8_topk256.json", None)]   # top-k only
+         ("transformer", 8, "0.95", 1000, 0, "lm_adamw_i36_transformer_b095_np8_cap.json",
+          "lm_adamw_i36_transformer_b095_np8_topk256.json")]
 METHODS = [("onebit + EF", "onebit-ef-adam"), ("top-k 1% + EF", "topk-ef-adam"),
            ("PowerSGD rank 4", "powersgd-adam"), ("int8", "int8-adam")]
 

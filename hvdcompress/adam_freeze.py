@@ -9,7 +9,7 @@ the step count (``adam_steps``).
 
 Default (0/1 Adam, Lu et al. 2022, "variance update at growing intervals"), step t = 1, 2, ...::
 
-    t <= W                                  every step is a v-step (W = 128; 256 around top-k)
+    t <= W                                  every step is a v-step (W = 128; top-k: 256 or 512)
     then levels L = 0, 1, 2, ...            R = 8 v-steps each, I_L = min(2^(L+1), cap) apart
     cap = 2^floor(log2(1 / (1 - b2)))       (>= 2): 16 at b2 = 0.95, 64 at 0.99, 512 at 0.999
 
@@ -39,11 +39,11 @@ Where v's time constant 1/(1-b2) is over 2·256 steps (b2 > 0.998, :func:`topk_w
 waits longer, W = 512, and its v-steps send 4-bit min-max codes (:class:`~hvdcompress.compressors.int8.Int4`,
 1/8 of dense's bytes; FrozenAdam's ``warmup="auto"``): at b2 0.999, 256 steps leave v formed to
 1 - b2^256 = 23%, 512 to 40%, and the top-k transition costs less the later and the smaller the
-learning rate it meets. Transformer, 2 ranks, b2 0.999, bits/byte above dense: W 256 int8 +0.106,
-384 int4 +0.075, 512 int4 +0.040, 512 int8 +0.029 (1/6.8 of dense's bytes: over issue 36's
-1/10); LSTM, 2 ranks, 0.999: +0.037 with 256 int8 and with 512 int4. Not at b2 0.95: v follows
-~20 steps there and the 4-bit codes' fixed error with it (LSTM, 2 ranks, W 512: int4 +0.065,
-int8 +0.015, against 256 int8 +0.013).
+learning rate it meets (551 v-steps of 1,000). Transformer, 2 ranks, b2 0.999, bits/byte above
+dense: W 256 int8 +0.106 (11.2x fewer bytes), 512 int4 +0.038 (12.7x); 384 int4 +0.075; 512 int8
++0.029 but 6.8x, over issue 36's 1/10; int4 stochastically rounded +0.063, symmetric (zero a code)
++0.051. Not at b2 0.95: v follows ~20 steps there and the 4-bit codes' fixed error with it (LSTM,
+2 ranks, W 512: int4 +0.065, int8 +0.015, against 256 int8 +0.013).
 
 A v-step after an interval of I steps stands for those I steps: v decays as Adam's would over
 them, and the new gradient takes the weight that Adam gives the I gradients it skipped::

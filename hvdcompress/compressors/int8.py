@@ -21,7 +21,7 @@ from typing import Any, Optional
 from ..backend import Ops, Tensor
 from ..compressor import Compressor, Packet, TensorInfo, decode_into
 from ..validation import check_int
-from ..ops.layout import packed_bytes
+from ..ops.layout import check_minmax, packed_bytes
 from .payload import as_float32, check_payload
 
 
@@ -34,9 +34,7 @@ class Int8(Compressor):
 
     def __init__(self, chunk: int = 2048):
         self.chunk = check_int(type(self).__name__, "chunk", chunk, 1)
-        if self.bits == 4 and self.chunk % 2:
-            raise ValueError(f"{type(self).__name__}: chunk={chunk}; allowed: an even number "
-                             "(two 4-bit codes per byte, a chunk starts on a byte)")
+        check_minmax(type(self).__name__, self.chunk, self.bits)
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         x32, dtype = as_float32(ops, x, info)

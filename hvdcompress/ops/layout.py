@@ -11,7 +11,9 @@ def packed_bytes(n: int, bits: int) -> int:
     return (n * bits + 7) // 8
 
 
-def check_minmax(kernel: str, chunk: int, bits: int) -> None:
-    """The C++ kernels' rule for minmax at 4 bits: chunks start on a byte (ValueError)."""
+def check_minmax(owner: str, chunk: int, bits: int) -> None:
+    """The C++ kernels' rule for minmax at 4 bits, for their Python twins and :class:`Int4`: chunks
+    start on a byte (ValueError naming ``owner``)."""
     if bits == 4 and chunk % 2:
-        raise ValueError(f"{kernel}: chunk={chunk} with bits=4; allowed: an even chunk")
+        raise ValueError(f"{owner}: chunk={chunk}; allowed: an even number with bits=4 "
+                         "(two codes per byte, a chunk starts on a byte)")

@@ -16,17 +16,22 @@ v-steps (live Adam on the averaged gradient; the first 128 steps, then refreshes
     dense where the wrapped compressor sends 16 bits or more);  g = mean_r D(W(g_r))
     m <- b1·m + (1-b1)·g;   v <- keep·v + alpha·g²      (b2 and 1-b2 in the warm-up)
 
-compressed steps (v kept), ``send="gradient"`` (the default but for top-k): each rank's gradient is
-compressed by the wrapped compressor (with its error feedback: the residual lives in gradient
-space, untouched by the v-steps) and the momentum is formed from the exchanged mean::
+compressed steps (v kept), ``send="gradient"`` (the default but for top-k): each rank's gradient,
+in lr units (u = lr/L, L the first compressed step's lr), is compressed by the wrapped compressor
+(with its error feedback: the residual holds u·g, a displacement over L, untouched by the
+v-steps) and the momentum is formed from the exchanged mean::
 
-    g = mean_r D(C(g_r))              the exchange (allgather, compressed allreduce, two-level...)
+    g = mean_r D(C(u·g_r)) / u        the exchange (allgather, compressed allreduce, two-level...)
     m <- b1·m + (1-b1)·g
 
-or, with ``send="momentum"`` (1-bit Adam's placement), each rank's own momentum is compressed
-(the residual lives in m-space)::
+or, with ``send="momentum"`` (1-bit Adam's placement), each rank's own momentum (lr units)::
 
-    m_r = b1·m + (1-b1)·g_r;   m <- mean_r D(C(m_r))
+    m_r = b1·m + (1-b1)·g_r;   m <- mean_r D(C(u·m_r)) / u
+
+Why lr units (EF-SGD's p = lr·g + e, 0/1 Adam's lr-weighted updates): mass that waits in the
+residual is applied at the lr it was computed with, not a later, smaller one; at a constant lr
+u = 1 and nothing changes. Transformer, b2 0.999, 2 ranks: PowerSGD +0.066 -> +0.053, top-k
++0.106 -> +0.090; 8 ranks, 0.95: top-k +0.056 -> +0.046 (benchmarks/README.md section 8).
 
 then in both kinds, as torch.optim.Adam/AdamW, v's bias correction over the v-steps so far::
 
@@ -66,7 +71,7 @@ Why int8 for the v-steps: 4x fewer bytes, stateless (the decoded mean is the gra
 Adam's own (L2) weight decay adds λ·w to the exchanged gradient (to m, times 1-b1, after the
 freeze): it is the same on every rank, so it is added exactly instead of being compressed.
 Since m is the same on every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression
-both placements, and both kinds of steps, are Adam.
+both placements, and both kinds of steps, are Adam (up to the rounding of u·x / u).
 
 ``clip_grad_norm`` (the wrappers'; :meth:`hvdcompress.driver.StepDriver.clips_before`): a v-step
 clips the exchanged mean to c, as Horovod's pattern and dense AdamW do, and keeps its coefficient kappa
@@ -97,18 +102,17 @@ gradient's +0.080). For onebit it changed nothing (+0.070 against +0.075, LSTM, 
 Onebit gets a scale per row (``chunk="rows"``, unless chosen): with one per tensor the quiet
 rows' error (an absent token's embedding row gets ±s) cost +0.118 at 8 ranks (LSTM, b2 0.95).
 History (benchmarks/README.md section 8): 0/1 Adam's own constants (32 live steps, no cap) lost
-the gap by step 75, hence W and the cap; ``flush=True`` made top-k +0.243 at 0.999 (its mass
-enters v squared).
+the gap by step 75, hence W and the cap; v-steps that also sent the residual: top-k +0.243.
 
-The wrappers replace the optimizer's step with :meth:`after_exchange`; m and v live in the tensor's
-compressor state (``adam.m``, ``adam.v``), the step count in the compressor's.
+The wrappers replace the optimizer's step with :meth:`after_exchange`; m, v and the unit live in the
+tensor's compressor state (``adam.m``, ``adam.v``, ``adam.unit``), the step count in the compressor's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from .adam_freeze import TOPK_WARMUP, VarianceSchedule, WARMUP as LIVE_STEPS, topk_warmup
+from .adam_settings import AdamSettings
 from .backend import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo
 from .compressors.cast import Cast
@@ -125,40 +129,8 @@ SEND = ("auto", "gradient", "momentum", "preconditioned")
 #: what sends the gradient in a v-step (live Adam), FrozenAdam's ``warmup`` (the first: the default)
 WARMUP = ("auto", "int8", "int4", "none")
 
-#: the state keys of error-feedback residuals (ErrorFeedback's, a compressor's own)
-RESIDUALS = ("residual", "quant_residual")
-
 #: tensors with fewer elements run live Adam at every step (FrozenAdam's ``min_numel``)
 MIN_NUMEL = 0
-
-#: the param-group keys of torch.optim.Adam/AdamW that the take-over refuses when set
-UNSUPPORTED = {"amsgrad": False, "maximize": False}
-
-
-@dataclass
-class AdamSettings:
-    """One param group's Adam hyper-parameters, read at every step."""
-
-    lr: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float = 0.0
-    decoupled: bool = False   # AdamW: w <- w·(1 - lr·λ); Adam: λ·w added to the gradient
-
-
-def adam_settings(group: Mapping[str, Any], index: int = 0) -> AdamSettings:
-    """:class:`AdamSettings` from a torch.optim.Adam/AdamW param group; ValueError naming the
-    option for what the take-over does not run (amsgrad, maximize)."""
-    for key, default in UNSUPPORTED.items():
-        if group.get(key, default) != default:
-            raise ValueError(f"param_groups[{index}] {key}={group[key]!r}: FrozenAdam runs Adam "
-                             f"and AdamW with {key}={default!r} only")
-    beta1, beta2 = (float(b) for b in group["betas"])
-    return AdamSettings(lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=float(group["eps"]),
-                        weight_decay=float(group.get("weight_decay", 0.0)),
-                        decoupled=bool(group.get("decoupled_weight_decay", False)))
-
 
 class _Mild:
     """The ctx of a packet sent by the warm-up compressor in a v-step (decoded by it)."""
@@ -206,19 +178,18 @@ class FrozenAdam(Decorator):
     min-max, :mod:`~hvdcompress.compressors.int8`), ``"none"`` (dense allreduce), or ``"auto"``
     (default): dense where ``inner`` sends 16 bits or more (none, fp16, bf16), int4 around top-k
     at b2 > 0.998, else int8. ``live_steps``: W, the v-steps at the start of the schedule (None:
-    around top-k 256, 512 at b2 > 0.998, else 128: :mod:`~hvdcompress.adam_freeze`). ``flush``:
-    a v-step also sends and clears the wrapped compressor's error-feedback residual. ``min_numel``:
+    around top-k 256, 512 at b2 > 0.998, else 128: :mod:`~hvdcompress.adam_freeze`). ``min_numel``:
     tensors with fewer elements (biases, norms) run live Adam at every step, their gradient sent
     by the warm-up compressor (default :data:`MIN_NUMEL`). From strings: ``{"compressor": "onebit",
     "ef": "vanilla", "adam": "frozen", "freeze_steps": "100", "adam_send": "gradient", "adam_warmup":
-    "int8", "adam_live_steps": "128", "adam_min_numel": "4096", "adam_flush": "false"}``.
+    "int8", "adam_live_steps": "128", "adam_min_numel": "4096"}``.
     """
 
     takes_over_adam = True
 
     def __init__(self, inner: Compressor, freeze_steps: Optional[int] = None,
                  send: str = "auto", warmup: str = "auto", live_steps: Optional[int] = None,
-                 flush: bool = False, min_numel: Optional[int] = None):
+                 min_numel: Optional[int] = None):
         super().__init__(inner)
         if isinstance(inner.unwrap(), OneBit) and inner.unwrap().chunk == "auto":
             inner.unwrap().chunk = "rows"   # a scale per row (onebit.py: the 8-rank gap)
@@ -241,11 +212,11 @@ class FrozenAdam(Decorator):
         wide = isinstance(inner.unwrap(), (NoCompression, Cast))
         self.mild: Optional[Compressor] = (None if warmup == "none" or (warmup == "auto" and wide)
                                            else Int4() if warmup == "int4" else Int8())
-        self.flush = bool(flush)
         self.min_numel = MIN_NUMEL if min_numel is None else check_int("FrozenAdam", "min_numel", min_numel, 0)
         self.steps = 0
         self.beta2: Optional[float] = None   # the b2 of the schedule's intervals (the first step's, smallest)
         self.clip_scale = 1.0   # kappa: the clip coefficient of the exchanged mean at the last v-step
+        self.lr_unit: Optional[float] = None   # L: the lr of the first compressed step (_unit)
         self._server: Optional[_Phased] = None
 
     @property
@@ -299,11 +270,6 @@ class FrozenAdam(Decorator):
     def _compress(self, inner: Compressor, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         if self.mild is None or (self.frozen() and not info.mild):
             return inner.compress(ops, x, state, info)
-        if self.flush:   # the error-feedback residual delivered with this v-step's gradient
-            for key in RESIDUALS:
-                if key in state:
-                    x = x + state[key]
-                    ops.write(state, key, state[key] * 0.0)
         packet = self.mild.compress(ops, x, {}, info)   # stateless: inner's residual untouched
         return Packet(packet.tensors, _Mild(packet.ctx), packet.summable, packet.resume)
 
@@ -324,20 +290,36 @@ class FrozenAdam(Decorator):
     # ---- the wrapper's side ---------------------------------------------------------------
     def before_exchange(self, ops: Ops, x: Tensor, state: dict, settings: AdamSettings,
                         param: Tensor) -> Tensor:
-        """What this rank exchanges for the local gradient ``x`` (flat): ``x``, except in a
-        compressed step with ``send="momentum"`` (its momentum b1·m + (1-b1)·x) or
-        ``"preconditioned"``. ``state`` is the whole tensor's (m and v are created there on
-        first use), not a segment's or a shard's."""
+        """What this rank exchanges for the local gradient ``x`` (flat): ``x`` in a v-step; in a
+        compressed step its gradient, its momentum b1·m + (1-b1)·x (``send="momentum"``) or its
+        preconditioned gradient, times lr (:meth:`_unit`). ``state`` is the whole tensor's (m, v
+        and the unit are created there on first use), not a segment's or a shard's."""
         for key in ("adam.m", "adam.v"):
             if key not in state:
                 ops.write(state, key, ops.zeros(ops.numel(x), like=x))
-        if self.send == "gradient" or not self.frozen(settings, ops.numel(x)):
+        if "adam.unit" not in state:
+            ops.write(state, "adam.unit", ops.zeros(1, like=x) + 1.0)
+        if not self.frozen(settings, ops.numel(x)):
             return x
+        if settings.lr > 0.0:   # the run's lr unit L: the first compressed step's lr (the same on every rank)
+            self.lr_unit = self.lr_unit or settings.lr
+            ops.write(state, "adam.unit", state["adam.unit"] * 0.0 + settings.lr / self.lr_unit)
+        unit = self._unit(state, settings)
+        if self.send == "gradient":
+            return x * unit
         if self.send == "preconditioned":   # coordinates with v = 0 send 0 (not updated)
             v = state["adam.v"]
-            return ops.where(v > 0.0, x / self._denominator(ops, state, settings),
+            return ops.where(v > 0.0, x / self._denominator(ops, state, settings) * unit,
                              ops.zeros(ops.numel(x), like=x))
-        return state["adam.m"] * settings.beta1 + x * (1.0 - settings.beta1)
+        return (state["adam.m"] * settings.beta1 + x * (1.0 - settings.beta1)) * unit
+
+    def _unit(self, state: dict, settings: AdamSettings) -> Any:
+        """What a compressed step's exchange is multiplied by: lr / L, L the run's first compressed
+        lr (:attr:`lr_unit`), so that the error-feedback residual holds a displacement (EF-SGD's
+        p = lr·g + e; 0/1 Adam compresses lr-weighted updates) and mass that waits is applied at
+        the lr it was computed with, not a later, smaller one (cosine halves lr by mid-run); 1.0
+        at a constant lr. At lr 0 (nothing moves) the tensor's last (``adam.unit``, 1.0 before any)."""
+        return settings.lr / self.lr_unit if settings.lr > 0.0 and self.lr_unit else state.get("adam.unit", 1.0)
 
     def _denominator(self, ops: Ops, state: dict, settings: AdamSettings, live: bool = False) -> Tensor:
         """sqrt(v / (1 - decay)) + eps: Adam's per-coordinate scale, v's bias correction over the
@@ -356,6 +338,9 @@ class FrozenAdam(Decorator):
         l2 = settings.weight_decay if not settings.decoupled else 0.0
         numel = ops.numel(param)
         live, frozen = self.live(numel), self.frozen(settings, numel)
+        if frozen:   # back from lr units
+            unit = self._unit(state, settings)
+            exchanged = exchanged * (1.0 / unit) if isinstance(unit, float) else exchanged / unit
         if frozen and self.send == "momentum":
             ops.write(state, "adam.m", exchanged + param * ((1.0 - b1) * l2) if l2 else exchanged * 1.0)
         else:
@@ -382,7 +367,7 @@ class FrozenAdam(Decorator):
     def state_dict(self) -> dict:
         return {**self.inner.state_dict(), "adam_steps": self.steps,   # the same keys from the start (TF)
                 "adam_beta2": 0.0 if self.beta2 is None else self.beta2,   # 0.0: not set yet
-                "adam_clip_scale": self.clip_scale}
+                "adam_clip_scale": self.clip_scale, "adam_lr_unit": self.lr_unit or 0.0}
 
     def load_state_dict(self, state: dict) -> None:
         state = dict(state)
@@ -392,9 +377,10 @@ class FrozenAdam(Decorator):
         if self.beta2 is not None:
             self._follow(self.beta2)
         self.clip_scale = float(state.pop("adam_clip_scale", 1.0))
+        self.lr_unit = float(state.pop("adam_lr_unit", 0.0)) or None   # none before: the residual is in L's units
         self.inner.load_state_dict(state)
 
     def config(self) -> dict:
         return {"adam": "frozen", "freeze_steps": self.freeze_steps, "adam_send": self.send,
                 "adam_warmup": self.warmup, "adam_live_steps": self.live_steps, "adam_min_numel": self.min_numel,
-                **({"adam_flush": True} if self.flush else {}), **self.inner.config()}
+                **self.inner.config()}

@@ -34,7 +34,7 @@ from collections.abc import MutableMapping
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from .accounting import ByteCount
-from .adam import AdamSettings
+from .adam_settings import AdamSettings
 from .agreement import check_ranks_agree
 from .backend import Ops, Tensor
 from .collectives import Collectives, Planner

@@ -73,7 +73,7 @@ from .validation import check_choice, check_int
 _REGISTRY: Dict[str, Type[Compressor]] = {}
 #: The registered planners over the algorithms (``"auto"``): buildable, not in :func:`available`.
 _PLANNERS: set = set()
-DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "adam_send", "adam_warmup", "adam_live_steps", "adam_min_numel", "adam_flush", "seed")
+DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "adam_send", "adam_warmup", "adam_live_steps", "adam_min_numel", "seed")
 #: BytePS's prefixed spelling of the keys (its tensor attributes) -> this registry's key.
 BYTEPS_KEYS: Dict[str, str] = {
     "byteps_compressor_type": "compressor", "byteps_compressor_k": "k",
@@ -232,9 +232,6 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
             raise ValueError(f"from_params: {spelled[key]}={value!r} without adam; allowed: with adam 'frozen'")
     live = None if live is None else _count(spelled["adam_live_steps"], live, 1)
     small = None if small is None else _count(spelled["adam_min_numel"], small, 0)
-    flush = given.pop("adam_flush", "false")
-    if str(flush).lower() not in ("true", "false"):
-        raise ValueError(f"from_params: {spelled['adam_flush']}={flush!r} is unknown; allowed: 'true', 'false'")
     if adam_warmup is not None and adam_warmup not in ADAM_WARMUP:
         raise ValueError(f"from_params: {spelled['adam_warmup']}={adam_warmup!r} is unknown; allowed: "
                          f"{', '.join(map(repr, ADAM_WARMUP))}")
@@ -302,8 +299,7 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
         compressor = Momentum(compressor, mu=mu, nesterov=momentum == "nesterov")
     if adam == "frozen":
         compressor = FrozenAdam(compressor, freeze_steps=freeze, send=send or SEND[0],
-                                warmup=adam_warmup or ADAM_WARMUP[0], live_steps=live, min_numel=small,
-                                flush=str(flush).lower() == "true")
+                                warmup=adam_warmup or ADAM_WARMUP[0], live_steps=live, min_numel=small)
     return compressor
 
 

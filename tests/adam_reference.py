@@ -7,6 +7,9 @@ import numpy as np
 
 N, WORLD = 1000, 2
 
+#: each step's lr in the schedule cases (it falls, is 0 once, rises): the compressed steps' units
+LRS = [0.01, 0.01, 0.008, 0.004, 0.0, 0.002, 0.006]
+
 
 def by_case(records: list) -> dict:
     """Horovod records grouped as {case: {rank: record}}."""
@@ -121,7 +124,7 @@ def clipped(x: np.ndarray, limit: float) -> np.ndarray:
 def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, wd: float, decoupled: bool,
               exchange=None, eps: float = 1e-8, clip: float | None = None,
               send: str = "gradient", warmup=dense_mean, live: int = 128, clip_each: bool = False,
-              all_live: bool = False) -> list:
+              all_live: bool = False, lrs: list | None = None, units: bool = True) -> list:
     """Weights after each step of the take-over on WORLD ranks (module doc of hvdcompress.adam):
     dense mean gradient for t <= freeze, then
     ``exchange`` (default: the exact mean) of every rank's b1*m + (1-b1)*g_r; with ``clip``: the
@@ -135,7 +138,9 @@ def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, w
     the result multiplied back, then as ``"gradient"``. ``freeze=None``: the default variance
     schedule (:func:`v_steps`, its first ``live`` steps live: live Adam in its v-steps, v updated with :func:`v_weights`, bias
     correction 1 - prod(keep)); ``warmup``: the v-steps' exchange (:func:`dense_mean`,
-    :func:`int8_mean`, :func:`int8_alltoall`)."""
+    :func:`int8_mean`, :func:`int8_alltoall`). ``lrs``: each step's lr (default ``lr`` in every
+    step); a compressed step sends u·x and divides the result by u, u = lr/L, L the first compressed
+    step's positive lr, at lr 0 the last u (1.0 before any); ``units=False``: u = 1 (the rule before)."""
     f32 = np.float32
     w = np.linspace(-1, 1, N, dtype=np.float32)
     m, v = np.zeros(N, f32), np.zeros(N, f32)
@@ -145,8 +150,10 @@ def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, w
     out = []
     schedule = {t: 1 for t in range(1, freeze + 1)} if freeze is not None else v_steps(steps, b2, warmup=live)
     decay = 1.0 if freeze is None else b2 ** max(freeze, 1)   # freeze: the old closed form
+    first, unit = None, 1.0   # L and the last u
     for step in range(steps):
         t = step + 1
+        lr = lrs[step] if lrs is not None else lr
         xs = gradients(step)
         vstep = t in schedule
         live = vstep or all_live
@@ -169,7 +176,12 @@ def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, w
             denom = np.sqrt(v * f32(1 / (1 - decay))) + f32(eps)
             sent = xs if send == "gradient" else [m * f32(b1) + x * f32(1 - b1) for x in xs] \
                 if send == "momentum" else [np.where(v > 0, x / denom, f32(0)) for x in xs]
+            if units and lr > 0:
+                first = first or lr
+                unit = lr / first
+            sent = [s * f32(unit) for s in sent]
             got = exchange(sent, residuals) if exchange else (sent[0] + sent[1]) * f32(1 / WORLD)
+            got = got * f32(1.0 / unit) if lr > 0 or not units else got / f32(unit)
             if send == "preconditioned":   # back from update space, then as the gradient's
                 got = got * denom
             if send != "momentum":

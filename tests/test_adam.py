@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hvdcompress as hc
-from adam_reference import (WORLD, by_case, allgather_exchange, compressed_allreduce, int8_alltoall, int8_mean,
+from adam_reference import (LRS, WORLD, by_case, allgather_exchange, compressed_allreduce, int8_alltoall, int8_mean,
                              reference, v_steps, v_weights)
 from conftest import run_horovod
 
@@ -71,6 +71,23 @@ def test_sending_the_preconditioned_gradient_after_the_freeze_matches_numpy(runs
     for r in range(WORLD):
         np.testing.assert_allclose(np.array(runs["preconditioned"][r]["weights"], dtype=np.float32), want,
                                    rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.horovod
+def test_a_compressed_step_exchanges_in_lr_units_under_a_schedule(runs):
+    """With the lr changed before each step (falling, 0 once, rising), each rank sends u·g_r,
+    u = lr / L (L = 0.008, the first compressed step's lr; the last u at lr 0), so the residual
+    holds a displacement; the rule before (u = 1) gives other weights; L is checkpointed."""
+    kwargs = dict(steps=len(LRS), freeze=2, lr=0.0, b1=0.8, b2=0.95, wd=0.05, decoupled=False,
+                  exchange=allgather_exchange, send="gradient", warmup=int8_mean, lrs=LRS)
+    want = np.array(reference(**kwargs))
+    before = np.array(reference(**kwargs, units=False))
+    assert np.abs(want - before).max() > 1e-5
+    for r in range(WORLD):
+        np.testing.assert_allclose(np.array(runs["lr_units"][r]["weights"], dtype=np.float32), want,
+                                   rtol=1e-5, atol=1e-6)
+    assert runs["lr_units"][0]["weights"] == runs["lr_units"][1]["weights"]
+    assert runs["lr_units"][0]["compressor_state"]["adam_lr_unit"] == pytest.approx(0.008)
 
 
 @pytest.mark.horovod
@@ -193,7 +210,7 @@ def test_the_default_take_over_matches_numpy_over_the_first_300_steps(b2):
     """after_exchange step by step against the numpy reference at the defaults (one rank, the
     exchanged mean given): the v-steps' weights, the bias correction over them."""
     from adam_reference import gradients, N
-    from hvdcompress.adam import AdamSettings
+    from hvdcompress.adam_settings import AdamSettings
     from hvdcompress.torch.backend import TorchOps
     ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()))
     settings = AdamSettings(lr=0.01, beta1=0.9, beta2=b2, eps=1e-8, weight_decay=0.1, decoupled=True)
@@ -306,7 +323,7 @@ def test_top_k_waits_longer_with_int4_where_v_forms_slowly(b2, live, mild):
     """Around top-k the first step's b2 sets W and the warm-up compressor: 512 live steps sent
     int4 where 1/(1-b2) > 512, else 256 int8; a checkpoint brings them back with b2. The other
     compressors, live_steps, freeze_steps and an explicit warmup keep theirs."""
-    from hvdcompress.adam import AdamSettings
+    from hvdcompress.adam_settings import AdamSettings
     from hvdcompress.adam_freeze import topk_warmup
     settings = AdamSettings(lr=1e-3, beta1=0.9, beta2=b2, eps=1e-8)
     adam = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
@@ -349,7 +366,7 @@ def test_a_coordinate_without_gradient_in_the_warm_up_is_not_moved_after_the_fre
     """v = 0 at the freeze (an always-zero input pixel): onebit sends ±scale for its zero
     gradient, and m / (sqrt(0) + eps) would move it by lr·scale/eps (NaN on digits); it stays,
     while the other coordinates take the frozen-Adam step."""
-    from hvdcompress.adam import AdamSettings
+    from hvdcompress.adam_settings import AdamSettings
     from hvdcompress.torch.backend import TorchOps
     ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=1)  # v-steps: t = 1
     settings = AdamSettings(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8)
@@ -366,15 +383,13 @@ def test_a_coordinate_without_gradient_in_the_warm_up_is_not_moved_after_the_fre
     assert after[1].item() == pytest.approx(expected, rel=1e-6)
 
 
-@pytest.mark.parametrize("flush", [False, True])
-def test_a_v_step_sends_int8_and_leaves_or_delivers_the_residual(flush):
+def test_a_v_step_sends_int8_and_leaves_the_residual():
     """In a v-step the wrapped compressor is not called: int8 sends the gradient (decoded within
-    its rounding) and the error-feedback residual waits for the next compressed step, or with
-    flush=True is sent with the gradient and cleared."""
+    its rounding) and the error-feedback residual waits for the next compressed step."""
     from hvdcompress.compressor import TensorInfo
     from hvdcompress.torch.backend import TorchOps
     from adam_reference import int8_decoded
-    ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.TopK(0.1)), live_steps=1, flush=flush)
+    ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.TopK(0.1)), live_steps=1)
     info, state = TensorInfo(name="w", numel=100), {}
     x = torch.from_numpy(np.random.default_rng(0).standard_normal(100).astype(np.float32))
     adam.init_state(ops, x, state, info)
@@ -386,11 +401,37 @@ def test_a_v_step_sends_int8_and_leaves_or_delivers_the_residual(flush):
     adam.on_step()                                   # step 3: a v-step
     assert not adam.frozen() and not adam.sends_dense()
     packet = adam.compress(ops, x, state, info)
-    sent = (x + residual) if flush else x
-    want = int8_decoded(sent.numpy())
+    want = int8_decoded(x.numpy())
     np.testing.assert_allclose(adam.decompress(ops, packet.tensors, packet.ctx, info).numpy(), want, rtol=1e-6, atol=1e-6)
     assert packet.tensors[0].dtype == torch.uint8
-    if flush:
-        assert state["residual"].abs().sum() == 0
-    else:
-        assert torch.equal(state["residual"], residual)
+    assert torch.equal(state["residual"], residual)
+
+
+def test_the_unit_follows_the_lr_of_the_compressed_steps_and_is_checkpointed():
+    """before_exchange sends u·x, u = lr / L (L the first compressed step's lr, kept in the
+    compressor's state_dict), the last u at lr 0; after_exchange divides the mean by u; a new
+    FrozenAdam loaded from the state_dict keeps L; an adam_lr_unit of 0 (none yet) sets it anew."""
+    from hvdcompress.adam_settings import AdamSettings
+    from hvdcompress.torch.backend import TorchOps
+    ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=1)
+    x, w, state = torch.full((4,), 2.0), torch.zeros(4), {}
+    adam.before_exchange(ops, x, state, AdamSettings(lr=0.5, beta1=0.9, beta2=0.99, eps=1e-8), w)
+    adam.after_exchange(ops, state, w, x, AdamSettings(lr=0.5, beta1=0.9, beta2=0.99, eps=1e-8))
+    adam.on_step()                                   # a v-step: sent as it is, L not set
+    assert adam.lr_unit is None
+    sent = []
+    for lr in (0.2, 0.1, 0.0, 0.4):
+        settings = AdamSettings(lr=lr, beta1=0.9, beta2=0.99, eps=1e-8)
+        sent.append(adam.before_exchange(ops, x, state, settings, w))
+        m = state["adam.m"].clone()
+        adam.after_exchange(ops, state, w, sent[-1], settings)
+        torch.testing.assert_close(state["adam.m"], m * 0.9 + x * 0.1)   # m saw the gradient, not u·x
+        adam.on_step()
+    assert [s[0].item() for s in sent] == [2.0, 1.0, 1.0, 4.0]
+    saved = adam.state_dict()
+    assert saved["adam_lr_unit"] == 0.2
+    again = hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=1)
+    again.load_state_dict(saved)
+    assert again.lr_unit == 0.2
+    again.load_state_dict({**saved, "adam_lr_unit": 0.0})
+    assert again.lr_unit is None

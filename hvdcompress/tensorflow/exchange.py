@@ -29,7 +29,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..adam import AdamSettings
+from ..adam_settings import AdamSettings
 from ..clipping import local_clip_limit
 from ..compressor import TensorInfo
 from ..driver import StepDriver

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .. import state_store
-from ..adam import adam_settings
+from ..adam_settings import adam_settings
 from ..arguments import documented
 from ..collectives import check_collective
 from ..compressor import Compressor, TensorInfo

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from ..adam import adam_settings
+from ..adam_settings import adam_settings
 from ..compressor import Compressor
 
 TAKEN_OVER = ("momentum", "nesterov", "weight_decay")

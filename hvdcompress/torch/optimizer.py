@@ -21,7 +21,7 @@ from typing import Iterable, Mapping, Optional, Union
 import horovod.torch as hvd
 import torch
 
-from ..adam import adam_settings
+from ..adam_settings import adam_settings
 from ..arguments import documented
 from ..compressor import Compressor, TensorInfo
 from ..driver import Completion, StepDriver

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from ..adam import adam_settings
+from ..adam_settings import adam_settings
 from ..compressor import TensorInfo
 from ..fusion import bucket_info
 from ..state_store import Conversions

@@ -17,9 +17,14 @@ step in numpy). Cases, each reporting every step's weights:
           hvdcompress.adam_freeze (v-steps int8) after 4 live steps instead of 128, Adam, 24 steps,
           clip_grad_norm=20 (the mean's clip in the v-steps, kept for the others)
 "schedule_a2a": "schedule" without the clip through the compressed allreduce
+"lr_units": "gradient" with the lr set before each step (adam_reference.LRS: it falls, is 0 once, rises again): the
+          compressed steps send u·g, u = lr / (the first compressed lr), and divide the mean by u
 "small":  "schedule" with min_numel=N+1: the tensor is small, so it runs live Adam (int8) at every step
           (clipped to 20 as the schedule's steps say)
 """
+import sys
+from pathlib import Path
+
 import horovod.torch as hvd
 import torch
 
@@ -27,6 +32,9 @@ import hvdcompress as hc
 import hvdcompress.torch as hvc
 from common import result
 from torch_common import Linear, rank_vector
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from adam_reference import LRS  # noqa: E402 (tests/: the schedule the numpy reference runs)
 
 hvd.init()
 rank = hvd.rank()
@@ -49,9 +57,11 @@ def make(compression, kind: str = "adamw", **kwargs):
                                            compression=compression, **kwargs)
 
 
-def train(model, opt, steps, first: int = 0) -> list:
+def train(model, opt, steps, first: int = 0, lrs=None) -> list:
     out = []
     for step in range(first, first + steps):
+        for group in opt.param_groups if lrs else ():
+            group["lr"] = lrs[step]
         opt.zero_grad()
         model(gradient(step)).backward()
         opt.step()
@@ -88,6 +98,9 @@ model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2), 
 result(rank, case="gradient", weights=train(model, opt, 5))
 model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2, send="preconditioned"), kind="adam")
 result(rank, case="preconditioned", weights=train(model, opt, 5))
+model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2), kind="adam")
+result(rank, case="lr_units", weights=train(model, opt, len(LRS), lrs=LRS),
+       compressor_state=opt.state_dict()["hvdcompress"]["compressor"])
 
 model, opt = make(onebit(), kind="adam", collective="alltoall")
 result(rank, case="a2a", weights=train(model, opt, 5))

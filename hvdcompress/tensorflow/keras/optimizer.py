@@ -64,7 +64,7 @@ from typing import Any, Callable, Optional
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ...adam import AdamSettings
+from ...adam_settings import AdamSettings
 from ...arguments import documented
 from ...clipping import state_carrier, what_it_keeps
 from ...compressor import Compressor

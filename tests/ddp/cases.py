@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import hvdcompress as hc
-from hvdcompress.adam import adam_settings
+from hvdcompress.adam_settings import adam_settings
 from hvdcompress.compressor import TensorInfo
 from hvdcompress.exchange import Exchange
 from hvdcompress.fusion import FusedKey, buckets, compress_bucket, totals

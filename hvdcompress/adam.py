@@ -66,7 +66,7 @@ The cost: v follows the gradients from one sample per interval (at b2 = 0.95, ~2
 instead of 20), and the EF residual meets a v that changed at the refreshes.
 
 Why int8 for the v-steps: 4x fewer bytes, stateless (the decoded mean is the gradient up to
-(max-min)/510 per element); int4 (8x) for top-k's long warm-up at b2 > 0.998 (adam_freeze).
+(max-min)/510 per element); int4 (8x) for top-k's and PowerSGD's long warm-up at b2 > 0.998 (adam_freeze).
 
 Adam's own (L2) weight decay adds λ·w to the exchanged gradient (to m, times 1-b1, after the
 freeze): it is the same on every rank, so it is added exactly instead of being compressed.
@@ -111,7 +111,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .adam_freeze import TOPK_WARMUP, VarianceSchedule, WARMUP as LIVE_STEPS, topk_warmup
+from .adam_freeze import LONG_WARMUP, TOPK_WARMUP, VarianceSchedule, WARMUP as LIVE_STEPS, long_warmup
 from .adam_settings import AdamSettings
 from .backend import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo
@@ -119,6 +119,7 @@ from .compressors.cast import Cast
 from .compressors.int8 import Int4, Int8
 from .compressors.none import NoCompression
 from .compressors.onebit import OneBit
+from .compressors.powersgd import PowerSGD
 from .compressors.topk import TopK
 from .memory import Decorator
 from .validation import check_int
@@ -177,8 +178,9 @@ class FrozenAdam(Decorator):
     ``warmup``: what sends the gradient in a v-step (live Adam): ``"int8"``, ``"int4"`` (stateless
     min-max, :mod:`~hvdcompress.compressors.int8`), ``"none"`` (dense allreduce), or ``"auto"``
     (default): dense where ``inner`` sends 16 bits or more (none, fp16, bf16), int4 around top-k
-    at b2 > 0.998, else int8. ``live_steps``: W, the v-steps at the start of the schedule (None:
-    around top-k 256, 512 at b2 > 0.998, else 128: :mod:`~hvdcompress.adam_freeze`). ``min_numel``:
+    and PowerSGD at b2 > 0.998, else int8. ``live_steps``: W, the v-steps at the start of the
+    schedule (None: 512 around top-k and PowerSGD at b2 > 0.998, else 256 around top-k, 128:
+    :mod:`~hvdcompress.adam_freeze`). ``min_numel``:
     tensors with fewer elements (biases, norms) run live Adam at every step, their gradient sent
     by the warm-up compressor (default :data:`MIN_NUMEL`). From strings: ``{"compressor": "onebit",
     "ef": "vanilla", "adam": "frozen", "freeze_steps": "100", "adam_send": "gradient", "adam_warmup":
@@ -206,8 +208,8 @@ class FrozenAdam(Decorator):
         self.freeze_steps = None if freeze_steps is None else check_int(
             "FrozenAdam", "freeze_steps", freeze_steps, 0)
         self.live_steps = None if live_steps is None else check_int("FrozenAdam", "live_steps", live_steps, 1)
-        topk = isinstance(inner.unwrap(), TopK)   # W follows b2 from the first step (_follow)
-        self.schedule = VarianceSchedule(self.freeze_steps, self.live_steps or (TOPK_WARMUP if topk else LIVE_STEPS))
+        self._short = TOPK_WARMUP if isinstance(inner.unwrap(), TopK) else LIVE_STEPS   # W; b2 may lengthen it (_follow)
+        self.schedule = VarianceSchedule(self.freeze_steps, self.live_steps or self._short)
         self.warmup = warmup
         wide = isinstance(inner.unwrap(), (NoCompression, Cast))
         self.mild: Optional[Compressor] = (None if warmup == "none" or (warmup == "auto" and wide)
@@ -240,12 +242,12 @@ class FrozenAdam(Decorator):
         return 0.999 if self.beta2 is None else self.beta2
 
     def _follow(self, beta2: float) -> None:
-        """Around top-k (no freeze_steps, no live_steps), W and (``warmup="auto"``) the warm-up
-        compressor follow b2: 512 live steps, int4, where 1/(1-b2) > 512 (adam_freeze)."""
-        if self.live_steps is None and self.freeze_steps is None and isinstance(self.inner.unwrap(), TopK):
-            self.schedule.warmup = topk_warmup(beta2)
+        """Around top-k and PowerSGD (no freeze_steps, no live_steps), W and (``warmup="auto"``)
+        the warm-up compressor follow b2: 512 live steps, int4, where 1/(1-b2) > 512 (adam_freeze)."""
+        if self.live_steps is None and self.freeze_steps is None and isinstance(self.inner.unwrap(), (TopK, PowerSGD)):
+            self.schedule.warmup = long_warmup(beta2, self._short)
             if self.warmup == "auto" and self.mild is not None:
-                self.mild = Int4() if self.schedule.warmup > TOPK_WARMUP else Int8()
+                self.mild = Int4() if self.schedule.warmup == LONG_WARMUP else Int8()
 
     def live(self, numel: Optional[int]) -> bool:
         """Whether a tensor of ``numel`` elements runs live Adam at every step (``min_numel``)."""

@@ -35,15 +35,17 @@ back for bytes: bits/byte above dense with W = 128 -> 256, LSTM, 2 ranks, b2 0.9
 -> +0.025; LSTM, 2 ranks, 0.95: +0.006 -> +0.013 (the one loss). W = 384 would send 1/8.5 of
 dense's bytes, short of issue 36's 10x (the int8 v-steps, 1/4 each, are most of them).
 
-Where v's time constant 1/(1-b2) is over 2·256 steps (b2 > 0.998, :func:`topk_warmup`), top-k
-waits longer, W = 512, and its v-steps send 4-bit min-max codes (:class:`~hvdcompress.compressors.int8.Int4`,
+Where v's time constant 1/(1-b2) is over 512 steps (b2 > 0.998, :func:`long_warmup`), top-k
+and PowerSGD wait longer, W = 512, and their v-steps send 4-bit min-max codes (:class:`~hvdcompress.compressors.int8.Int4`,
 1/8 of dense's bytes; FrozenAdam's ``warmup="auto"``): at b2 0.999, 256 steps leave v formed to
 1 - b2^256 = 23%, 512 to 40%, and the top-k transition costs less the later and the smaller the
 learning rate it meets (551 v-steps of 1,000). Transformer, 2 ranks, b2 0.999, bits/byte above
 dense: W 256 int8 +0.106 (11.2x fewer bytes), 512 int4 +0.038 (12.7x); 384 int4 +0.075; 512 int8
 +0.029 but 6.8x, over issue 36's 1/10; int4 stochastically rounded +0.063, symmetric (zero a code)
-+0.051. Not at b2 0.95: v follows ~20 steps there and the 4-bit codes' fixed error with it (LSTM,
-2 ranks, W 512: int4 +0.065, int8 +0.015, against 256 int8 +0.013).
++0.051. PowerSGD rank 4 there (both with the lr-unit exchange of :mod:`hvdcompress.adam`): W 128 int8
++0.055 (11.9x), 512 int4 +0.018 (10.9x); W 256 int4 (before the lr units) +0.065. Not at b2 0.95:
+v follows ~20 steps there and the 4-bit codes' fixed error with it (LSTM, 2 ranks, W 512: int4
++0.065, int8 +0.015, against 256 int8 +0.013).
 
 A v-step after an interval of I steps stands for those I steps: v decays as Adam's would over
 them, and the new gradient takes the weight that Adam gives the I gradients it skipped::
@@ -72,12 +74,13 @@ from typing import Optional
 
 WARMUP = 128       # W: steps of live Adam at the start of the run
 TOPK_WARMUP = 256  # W around top-k (FrozenAdam's default; module doc)
-TOPK_LONG_WARMUP = 512  # W around top-k where v's time constant 1/(1-b2) is over 2·TOPK_WARMUP
+LONG_WARMUP = 512  # W around top-k and PowerSGD where v's time constant 1/(1-b2) is over it
 
 
-def topk_warmup(beta2: float) -> int:
-    """W around top-k for this b2 (module doc): 512 where 1/(1 - b2) > 512 (b2 > 0.998), else 256."""
-    return TOPK_LONG_WARMUP if beta2 >= 1.0 or 1.0 / (1.0 - beta2) > 2 * TOPK_WARMUP else TOPK_WARMUP
+def long_warmup(beta2: float, short: int) -> int:
+    """W around top-k (``short`` 256) or PowerSGD (128) for this b2 (module doc): 512 where
+    1/(1 - b2) > 512 (b2 > 0.998), else ``short``."""
+    return LONG_WARMUP if beta2 >= 1.0 or 1.0 / (1.0 - beta2) > LONG_WARMUP else short
 PER_LEVEL = 8       # R: v-steps at each interval before it doubles
 SHARE = 1.0         # the interval stays <= SHARE / (1 - b2), rounded down to a power of 2 (>= 2)
 

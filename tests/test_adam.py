@@ -319,22 +319,27 @@ def test_from_params_and_defaults():
 
 @pytest.mark.parametrize("b2, live, mild", [(0.95, 256, "Int8"), (0.99, 256, "Int8"), (0.998, 256, "Int8"),
                                              (0.9985, 512, "Int4"), (0.999, 512, "Int4")])
-def test_top_k_waits_longer_with_int4_where_v_forms_slowly(b2, live, mild):
-    """Around top-k the first step's b2 sets W and the warm-up compressor: 512 live steps sent
-    int4 where 1/(1-b2) > 512, else 256 int8; a checkpoint brings them back with b2. The other
-    compressors, live_steps, freeze_steps and an explicit warmup keep theirs."""
+@pytest.mark.parametrize("params, short", [({"compressor": "topk", "k": "0.01", "ef": "vanilla"}, 256),
+                                           ({"compressor": "powersgd", "rank": "4"}, 128)])
+def test_top_k_and_powersgd_wait_longer_with_int4_where_v_forms_slowly(b2, live, mild, params, short):
+    """Around top-k and PowerSGD the first step's b2 sets W and the warm-up compressor: 512 live
+    steps sent int4 where 1/(1-b2) > 512, else 256 int8 (top-k) or 128 int8 (PowerSGD); a
+    checkpoint brings them back with b2. The other compressors, live_steps, freeze_steps and an
+    explicit warmup keep theirs."""
     from hvdcompress.adam_settings import AdamSettings
-    from hvdcompress.adam_freeze import topk_warmup
+    from hvdcompress.adam_freeze import long_warmup
+    live = live if live == 512 else short
     settings = AdamSettings(lr=1e-3, beta1=0.9, beta2=b2, eps=1e-8)
-    adam = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
-    assert adam.schedule.warmup == 256 and type(adam.mild).__name__ == "Int8"   # before the first step
+    adam = hc.from_params({**params, "adam": "frozen"})
+    assert adam.schedule.warmup == short and type(adam.mild).__name__ == "Int8"   # before the first step
     adam.frozen(settings)
-    assert topk_warmup(b2) == live and adam.schedule.warmup == live and type(adam.mild).__name__ == mild
+    assert long_warmup(b2, short) == live and adam.schedule.warmup == live and type(adam.mild).__name__ == mild
     assert [adam.schedule.updates(t, b2) for t in (live, live + 1, live + 2)] == [True, False, True]
     adam.on_step()
-    restored = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
+    restored = hc.from_params({**params, "adam": "frozen"})
     restored.load_state_dict(adam.state_dict())
     assert restored.schedule.warmup == live and type(restored.mild).__name__ == mild
+    live = long_warmup(b2, 256)   # top-k's, below
     for other, want in ((hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit())), (128, "Int8")),
                         (hc.FrozenAdam(hc.TopK(0.01), live_steps=300), (300, "Int8")),
                         (hc.FrozenAdam(hc.TopK(0.01), warmup="int8"), (live, "Int8")),

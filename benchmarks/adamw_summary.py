@@ -34,35 +34,26 @@ POWERSGD = "powersgd:rank=4:adam=frozen:freeze_steps=750"
 #: bytes target over the whole run (dense / sent), issue 36; int8 is 4x at most
 BYTES_TARGET = 10.0
 
-#: (model, ranks, betas, steps, seed, file, top-k's file): issue 36's launches at today's defaults.
-#: b2 0.95: the ``_cap`` ones (the interval capped at 1/(1-b2)); b2 0.999: the ``_kappa`` ones
-#: (capped at 0.5/(1-b2): the same v-steps up to 3,000 steps, the cap not reached). Top-k from its
-#: own launch beside dense AdamW (``_topk256``: 256 live steps, its default since; at b2 0.999
-#: ``_topk512``: 512 live steps sent int4, its default there since), None: the same.
-FILES = [("LSTM", 2, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np2_cap.json", "lm_adamw_i36_lstm_b095_np2_topk256.json"),
-         ("LSTM", 2, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np2_kappa.json",
-          "lm_adamw_i36_lstm_b0999_np2_topk512.json"),
-         ("transformer", 2, "0.95", 1000, 0, "lm_adamw_i36_transformer_b095_np2_cap.json",
-          "lm_adamw_i36_transformer_b095_np2_topk256.json"),
-         ("transformer", 2, "0.999", 1000, 0, "lm_adamw_i36_transformer_b0999_np2_kappa.json",
-          "lm_adamw_i36_transformer_b0999_np2_topk512.json"),
-         ("LSTM", 8, "0.95", 1000, 0, "lm_adamw_i36_lstm_b095_np8_cap.json", "lm_adamw_i36_lstm_b095_np8_topk256.json"),
-         ("LSTM", 8, "0.999", 1000, 0, "lm_adamw_i36_lstm_b0999_np8_kappa.json",
-          "lm_adamw_i36_lstm_b0999_np8_topk512.json"),
-         ("LSTM", 2, "0.95", 3000, 0, "lm_adamw_i36_lstm_b095_np2_3000_cap.json",
-          "lm_adamw_i36_lstm_b095_np2_3000_topk256.json"),
-         ("transformer", 2, "0.95", 3000, 0, "lm_adamw_i36_transformer_b095_np2_3000_cap.json", None),
-         ("transformer", 8, "0.95", 1000, 0, "lm_adamw_i36_transformer_b095_np8_cap.json",
-          "lm_adamw_i36_transformer_b095_np8_topk256.json")]
+#: the table's columns: (model, ranks, betas, steps)
+SETTINGS = [(m, r, b, 1000) for m in ("LSTM", "transformer") for r in (2, 8) for b in ("0.95", "0.999")] + [
+    (m, 2, "0.95", 3000) for m in ("LSTM", "transformer")]
+
+
+def result_file(model: str, ranks: int, betas: str, steps: int) -> str:
+    """Issue 36's launch at today's defaults for a column: ``lm_adamw_i36_<model>_b<b2>_np<N>[_3000]_lr.json``
+    (``_lr``: the compressed steps' lr units, adam.py). A record with a ``launch`` key was carried
+    from that earlier launch (before the lr units; dense AdamW, which they do not touch, or a
+    method not run again), named in benchmarks/README.md section 8."""
+    b2 = betas.replace(".", "")
+    return f"lm_adamw_i36_{model.lower()}_b{b2}_np{ranks}{'_3000' if steps != 1000 else ''}_lr.json"
+
+
 METHODS = [("onebit + EF", "onebit-ef-adam"), ("top-k 1% + EF", "topk-ef-adam"),
            ("PowerSGD rank 4", "powersgd-adam"), ("int8", "int8-adam")]
 
 #: (compressor, model, ranks, betas, steps, seed, file, method)
-RUNS = [(name, model, ranks, betas, steps, seed, (method == "topk-ef-adam" and topk) or file, method)
-        for model, ranks, betas, steps, seed, file, topk in FILES for name, method in METHODS]
-#: the table's columns: (model, ranks, betas, steps)
-SETTINGS = [(m, r, b, 1000) for m in ("LSTM", "transformer") for r in (2, 8) for b in ("0.95", "0.999")] + [
-    (m, 2, "0.95", 3000) for m in ("LSTM", "transformer")]
+RUNS = [(name, model, ranks, betas, steps, 0, result_file(model, ranks, betas, steps), method)
+        for model, ranks, betas, steps in SETTINGS for name, method in METHODS]
 
 #: issue 20's runs at its defaults, betas (0.9, 0.999) (the aliases onebit-ef-adam, topk-ef-adam,
 #: randomk-ef-adam and powersgd-adam where run after their default became 750)
@@ -105,8 +96,8 @@ SETTINGS_20 = [("LSTM", 2), ("LSTM", 8), ("transformer", 2), ("transformer", 8)]
 
 def gap(file: str, ranks: int, method: str) -> Optional[tuple]:
     """(the method's final bits/byte minus dense AdamW's (``hvd-dense``) of the same file and
-    number of ranks, the method's dense/sent bytes over the whole run); None where either was
-    not run."""
+    number of ranks, the method's dense/sent bytes over the whole run, whether the method's record
+    was carried from an earlier launch); None where either was not run."""
     path = RESULTS / file
     if not path.exists():
         return None
@@ -114,7 +105,7 @@ def gap(file: str, ranks: int, method: str) -> Optional[tuple]:
     if method not in runs or "hvd-dense" not in runs:
         return None
     sent = runs[method].get("bytes") or {}
-    return runs[method]["final_bpb"] - runs["hvd-dense"]["final_bpb"], sent.get("ratio", 1.0)
+    return runs[method]["final_bpb"] - runs["hvd-dense"]["final_bpb"], sent.get("ratio", 1.0), "launch" in runs[method]
 
 
 def gaps(issue: int = 36) -> dict:
@@ -141,7 +132,7 @@ def label(model: str, ranks: int, betas: str, steps: int) -> str:
 def table(found: dict, issue: int = 36, run_only: bool = False) -> str:
     """A markdown table: a row per compressor, a column per model, number of ranks and b2, each
     cell the gaps of seeds 0 / 1 with the whole run's bytes ratio, bold where every seed meets
-    the targets."""
+    the targets; † where the method's record came from an earlier launch (:func:`result_file`)."""
     settings = settings_of(issue)
     if run_only:   # only the columns with a run
         settings = [x for x in settings if any(k[1:] == x for k in found)]
@@ -153,10 +144,10 @@ def table(found: dict, issue: int = 36, run_only: bool = False) -> str:
         cells = []
         for setting in settings:
             seeds = found.get((compressor, *setting), {})
-            text = " / ".join(f"{seeds[s][0]:+.3f} ({seeds[s][1]:.1f}x)" if s in seeds else "-" for s in (0, 1)
-                              if s == 0 or s in seeds)
+            text = " / ".join(f"{seeds[s][0]:+.3f} ({seeds[s][1]:.1f}x){'†' if seeds[s][2] else ''}"
+                              if s in seeds else "-" for s in (0, 1) if s == 0 or s in seeds)
             enough = lambda ratio: issue != 36 or compressor == "int8" or ratio >= BYTES_TARGET
-            met = seeds and all(g <= target and enough(r) for g, r in seeds.values())
+            met = seeds and all(g <= target and enough(r) for g, r, _ in seeds.values())
             cells.append(f"**{text}**" if met else text if seeds else "-")
         lines.append(f"| {compressor} (<= {target}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -173,7 +164,7 @@ def plot(found: dict, path: Path, issue: int = 36) -> None:
     width = 0.8 / len(settings)
     for i, setting in enumerate(settings):
         for j, compressor in enumerate(TARGETS):
-            for seed, (value, _) in found.get((compressor, *setting), {}).items():
+            for seed, (value, _, _) in found.get((compressor, *setting), {}).items():
                 ax.plot(j + (i - (len(settings) - 1) / 2) * width, value, "o^"[seed], color=f"C{i}",
                         label=label(*setting) if seed == 0 else None)
     for j, target in enumerate(TARGETS.values()):

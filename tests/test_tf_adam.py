@@ -10,7 +10,7 @@ import tensorflow as tf
 import hvdcompress as hc
 import hvdcompress.tensorflow as hvc
 import hvdcompress.tensorflow.keras as hvck
-from adam_reference import WORLD, by_case, allgather_exchange, int8_mean, reference
+from adam_reference import LRS, WORLD, by_case, allgather_exchange, int8_mean, reference
 from conftest import run_horovod
 
 
@@ -22,8 +22,8 @@ def runs():
 @pytest.mark.horovod
 def test_keras_adamw_take_over_matches_numpy_eager_and_in_a_tf_function(runs):
     """Fixed freezes (int8 warm-up around onebit), the default variance schedule after 4 live
-    steps, a tensor under min_numel (live Adam at every step): the same rules as the torch front
-    ends (tests/test_adam.py)."""
+    steps, a tensor under min_numel (live Adam at every step), the lr units under a changing lr:
+    the same rules as the torch front ends (tests/test_adam.py)."""
     plain = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True))
     onebit = np.array(reference(5, 2, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=True,
                                 exchange=allgather_exchange, send="momentum", warmup=int8_mean))
@@ -32,8 +32,10 @@ def test_keras_adamw_take_over_matches_numpy_eager_and_in_a_tf_function(runs):
     schedule = np.array(reference(24, None, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=True,
                                   exchange=allgather_exchange, warmup=int8_mean, clip=20.0, live=4))
     live = np.array(reference(12, 12, lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=True, warmup=int8_mean))
+    units = np.array(reference(len(LRS), 2, lr=0.0, b1=0.8, b2=0.95, wd=0.05, decoupled=True,
+                               exchange=allgather_exchange, send="gradient", warmup=int8_mean, lrs=LRS))
     for case, want, steps in (("none", plain, 6), ("onebit", onebit, 5), ("function", gradient, 5),
-                              ("schedule", schedule, 24), ("small", live, 12)):
+                              ("schedule", schedule, 24), ("small", live, 12), ("lr_units", units, len(LRS))):
         for r in range(WORLD):
             seen = runs[case][r]
             np.testing.assert_allclose(np.array(seen["weights"], dtype=np.float32), want, rtol=1e-5, atol=1e-6,

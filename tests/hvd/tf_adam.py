@@ -12,7 +12,12 @@ recomputes every step in numpy, tests/adam_reference.py). Cases, each reporting 
             (hvdcompress.adam_freeze, int8 v-steps) after 4 live steps, 24 steps in a tf.function,
             clip_grad_norm=20
 "small":    "schedule" with min_numel=N+1 and no clip, 12 steps: the tensor runs live Adam (int8) at every step
+"lr_units": "function" eager, the learning rate assigned before each step (adam_reference.LRS: it
+            falls, is 0 once, rises): the compressed steps exchange in lr units, as on torch
 """
+import sys
+from pathlib import Path
+
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
@@ -20,6 +25,9 @@ import tensorflow as tf
 import hvdcompress as hc
 import hvdcompress.tensorflow.keras as hvck
 from common import result
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from adam_reference import LRS  # noqa: E402 (tests/: the schedule the numpy reference runs)
 
 hvd.init()
 rank = hvd.rank()
@@ -30,7 +38,7 @@ def gradient(step: int) -> np.ndarray:
     return np.random.default_rng(100 + 10 * step + rank).standard_normal(N).astype(np.float32)
 
 
-def run(compression, lr, b1, b2, wd, steps, function=False, clip=None) -> tuple:
+def run(compression, lr, b1, b2, wd, steps, function=False, clip=None, lrs=None) -> tuple:
     w = tf.Variable(np.linspace(-1, 1, N, dtype=np.float32), name="w")
     opt = hvck.DistributedOptimizer(tf.keras.optimizers.AdamW(lr, beta_1=b1, beta_2=b2, epsilon=1e-8,
                                                               weight_decay=wd),
@@ -40,6 +48,8 @@ def run(compression, lr, b1, b2, wd, steps, function=False, clip=None) -> tuple:
         apply = tf.function(apply)
     out = []
     for step in range(steps):
+        if lrs:
+            opt.learning_rate.assign(lrs[step])
         apply(tf.constant(gradient(step)))
         out.append(w.numpy().tolist())
     return out, int(opt.iterations.numpy())
@@ -60,3 +70,6 @@ result(rank, case="schedule", weights=weights, iterations=iterations)
 weights, iterations = run(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), live_steps=4, min_numel=N + 1),
                          0.01, 0.8, 0.95, 0.05, 12, function=True)
 result(rank, case="small", weights=weights, iterations=iterations)
+weights, iterations = run(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2), 0.01, 0.8, 0.95, 0.05,
+                         len(LRS), lrs=LRS)
+result(rank, case="lr_units", weights=weights, iterations=iterations)

@@ -208,7 +208,8 @@ class FrozenAdam(Decorator):
         self.freeze_steps = None if freeze_steps is None else check_int(
             "FrozenAdam", "freeze_steps", freeze_steps, 0)
         self.live_steps = None if live_steps is None else check_int("FrozenAdam", "live_steps", live_steps, 1)
-        self._short = TOPK_WARMUP if isinstance(inner.unwrap(), TopK) else LIVE_STEPS   # W; b2 may lengthen it (_follow)
+        # W; the first step's b2 may lengthen it (_follow)
+        self._short = TOPK_WARMUP if isinstance(inner.unwrap(), TopK) else LIVE_STEPS
         self.schedule = VarianceSchedule(self.freeze_steps, self.live_steps or self._short)
         self.warmup = warmup
         wide = isinstance(inner.unwrap(), (NoCompression, Cast))

@@ -36,16 +36,16 @@ back for bytes: bits/byte above dense with W = 128 -> 256, LSTM, 2 ranks, b2 0.9
 dense's bytes, short of issue 36's 10x (the int8 v-steps, 1/4 each, are most of them).
 
 Where v's time constant 1/(1-b2) is over 512 steps (b2 > 0.998, :func:`long_warmup`), top-k
-and PowerSGD wait longer, W = 512, and their v-steps send 4-bit min-max codes (:class:`~hvdcompress.compressors.int8.Int4`,
-1/8 of dense's bytes; FrozenAdam's ``warmup="auto"``): at b2 0.999, 256 steps leave v formed to
-1 - b2^256 = 23%, 512 to 40%, and the top-k transition costs less the later and the smaller the
-learning rate it meets (551 v-steps of 1,000). Transformer, 2 ranks, b2 0.999, bits/byte above
-dense: W 256 int8 +0.106 (11.2x fewer bytes), 512 int4 +0.038 (12.7x); 384 int4 +0.075; 512 int8
-+0.029 but 6.8x, over issue 36's 1/10; int4 stochastically rounded +0.063, symmetric (zero a code)
-+0.051. PowerSGD rank 4 there (both with the lr-unit exchange of :mod:`hvdcompress.adam`): W 128 int8
-+0.055 (11.9x), 512 int4 +0.018 (10.9x); W 256 int4 (before the lr units) +0.065. Not at b2 0.95:
-v follows ~20 steps there and the 4-bit codes' fixed error with it (LSTM, 2 ranks, W 512: int4
-+0.065, int8 +0.015, against 256 int8 +0.013).
+and PowerSGD wait longer, W = 512, and their v-steps send 4-bit min-max codes
+(:class:`~hvdcompress.compressors.int8.Int4`, 1/8 of dense's bytes; FrozenAdam's
+``warmup="auto"``): at b2 0.999, 256 steps leave v formed to 1 - b2^256 = 23%, 512 to 40%, and
+the transition costs less the later and the smaller the learning rate it meets (551 v-steps of
+1,000). Transformer, 2 ranks, b2 0.999, bits/byte above dense, top-k: W 256 int8 +0.106 (11.2x
+fewer bytes), 512 int4 +0.038 (12.7x); 384 int4 +0.075; 512 int8 +0.029 but 6.8x, over issue
+36's 1/10; int4 stochastically rounded +0.063, symmetric (zero a code) +0.051. PowerSGD rank 4
+(with the lr-unit exchange of :mod:`hvdcompress.adam`): W 128 int8 +0.055 (11.9x), 512 int4
++0.018 (10.9x). Not at b2 0.95: v follows ~20 steps there and the 4-bit codes' fixed error with
+it (LSTM, 2 ranks, top-k W 512: int4 +0.065, int8 +0.015, against 256 int8 +0.013).
 
 A v-step after an interval of I steps stands for those I steps: v decays as Adam's would over
 them, and the new gradient takes the weight that Adam gives the I gradients it skipped::

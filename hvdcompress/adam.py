@@ -30,8 +30,8 @@ or, with ``send="momentum"`` (1-bit Adam's placement), each rank's own momentum 
 
 Why lr units (EF-SGD's p = lr·g + e, 0/1 Adam's lr-weighted updates): mass that waits in the
 residual is applied at the lr it was computed with, not a later, smaller one; at a constant lr
-u = 1 and nothing changes. Transformer, b2 0.999, 2 ranks: PowerSGD +0.066 -> +0.053, top-k
-+0.106 -> +0.090; 8 ranks, 0.95: top-k +0.056 -> +0.046 (benchmarks/README.md section 8).
+u = 1 and nothing changes. Bits/byte above dense AdamW, transformer, b2 0.95, 2 ranks: top-k +0.025
+-> +0.006; 8 ranks: +0.056 -> +0.044; b2 0.999: PowerSGD +0.066 -> +0.055 (benchmarks/README.md section 8).
 
 then in both kinds, as torch.optim.Adam/AdamW, v's bias correction over the v-steps so far::
 

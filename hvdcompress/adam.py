@@ -295,7 +295,7 @@ class FrozenAdam(Decorator):
                         param: Tensor) -> Tensor:
         """What this rank exchanges for the local gradient ``x`` (flat): ``x`` in a v-step; in a
         compressed step its gradient, its momentum b1·m + (1-b1)·x (``send="momentum"``) or its
-        preconditioned gradient, times lr (:meth:`_unit`). ``state`` is the whole tensor's (m, v
+        preconditioned gradient, times u = lr / L (:meth:`_unit`). ``state`` is the whole tensor's (m, v
         and the unit are created there on first use), not a segment's or a shard's."""
         for key in ("adam.m", "adam.v"):
             if key not in state:

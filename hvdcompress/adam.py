@@ -28,48 +28,42 @@ or, with ``send="momentum"`` (1-bit Adam's placement), each rank's own momentum 
 
     m_r = b1·m + (1-b1)·g_r;   m <- mean_r D(C(u·m_r)) / u
 
-Why lr units (EF-SGD's p = lr·g + e, 0/1 Adam's lr-weighted updates): mass that waits in the
-residual is applied at the lr it was computed with, not a later, smaller one; at a constant lr
-u = 1 and nothing changes. Bits/byte above dense AdamW, transformer, b2 0.95, 2 ranks: top-k +0.025
--> +0.006; 8 ranks: +0.056 -> +0.044; b2 0.999: PowerSGD +0.066 -> +0.055 (benchmarks/README.md section 8).
+Why lr units (EF-SGD's p = lr·g + e): mass that waits in the residual is applied at the lr it
+was computed with, not a later, smaller one (u = 1 at a constant lr). Transformer, b2 0.95: top-k
++0.025 -> +0.006 (2 ranks), +0.056 -> +0.044 (8); b2 0.999: PowerSGD +0.066 -> +0.055.
 
 then in both kinds, as torch.optim.Adam/AdamW, v's bias correction over the v-steps so far::
 
     w <- w·(1 - lr·λ)  (AdamW);   w <- w - lr · (m / (1-b1^t)) / (sqrt(v / (1 - decay_t)) + eps)
 
-except that in a compressed step a coordinate whose v is 0 (it had no gradient in any v-step
-so far: an unused embedding row, an always-zero input pixel) is not updated. Its denominator is
-eps, so the compression error the exchange gives it (onebit sends ±scale for a zero gradient)
-would move it by lr·scale/eps, about 1e8 steps at once: training went to NaN on digits. Live
-Adam would have grown v with its first real gradient; frozen, no safe step exists, and none is
-taken (DeepSpeed's 1-bit Adam asks the user for such a mask, ``exp_avg_mask``; here it is v = 0).
+except that in a compressed step a coordinate whose v is 0 (no gradient in any v-step so far:
+an unused embedding row, an always-zero pixel) is not updated: the compression error it gets
+(onebit's ±scale) over eps would move it ~1e8 steps at once (NaN on digits). DeepSpeed's 1-bit
+Adam asks the user for such a mask (``exp_avg_mask``); here it is v = 0.
 
-The schedule (the maths in :mod:`hvdcompress.adam_freeze`): v-steps at t <= 128, then 8 each
-2, 4, 8, ... steps apart, the interval capped at 1/(1-b2) (16 steps at b2 = 0.95, 512 at 0.999:
-199 and 173 v-steps of 1,000, 324 and 187 of 3,000); a refresh after I steps weighs
-alpha = 1 - b2^I (it stands for the I steps: Adam's own decay over them), decay_t =
-prod(1 - alpha), which is b2^t when every step is a v-step. ``freeze_steps=T0`` is the explicit
-override: v-steps t <= T0, v frozen after (1-bit Adam), decay_t = b2^min(t, T0).
+The schedule (:mod:`hvdcompress.adam_freeze`): v-steps at t <= 128, then 8 each 2, 4, 8, ...
+steps apart up to 1/(1-b2) (173 v-steps of 1,000 at b2 = 0.999, 199 at 0.95); a refresh after
+I steps weighs alpha = 1 - b2^I, decay_t = prod(1 - alpha) (b2^t if every step is a v-step).
+``freeze_steps=T0``: v-steps t <= T0, v frozen after (1-bit Adam), decay_t = b2^min(t, T0).
 
 With ``min_numel=n`` (``adam_min_numel``) tensors under n elements (biases, norms) run live Adam
-at every step. Off by default (:data:`MIN_NUMEL`): onebit -0.007 with 4,096, -0.008 without
-(transformer, b2 0.95); int8 live at every step +0.015 (LSTM, 0.95; the schedule: -0.012).
+at every step; off by default (:data:`MIN_NUMEL`; onebit -0.007 with 4,096, -0.008 without).
 
-Why this rule. The former default froze v for good at ceil(q / (1-b2)), beta2 alone: at
-b2 = 0.95 at step 15, long before the gradients' scale settled (onebit +0.104, top-k +0.172
-bits/byte, held-out LSTM, issue 36); at 0.999 it kept 750 of 1,000 steps dense (1.3x fewer
-bytes). Refreshing v follows the run whatever b2 is, each refresh one int8 step (1/4 of dense's
-bytes; whole-run ratios: benchmarks/README.md section 8). The step count decides, no statistic
-of v (which would need a reduction over every tensor and a host read), so every rank and front
-end (:class:`hvdcompress.driver.StepDriver`) takes the same steps without exchanging anything.
-The cost: v follows the gradients from one sample per interval (at b2 = 0.95, ~2 samples
-instead of 20), and the EF residual meets a v that changed at the refreshes.
+Why this rule: the former freeze at ceil(q / (1-b2)) came at step 15 at b2 = 0.95 (onebit
++0.104, top-k +0.172 bits/byte, issue 36) and kept 750 of 1,000 steps dense at 0.999. The step
+count decides, no statistic of v (a reduction over every tensor and a host read), so every rank
+and front end (:class:`hvdcompress.driver.StepDriver`) takes the same steps without an exchange;
+v follows the gradients from one sample per interval, and the EF residual meets its refreshes.
 
 Why int8 for the v-steps: 4x fewer bytes, stateless (the decoded mean is the gradient up to
-(max-min)/510 per element); int4 (8x) for top-k's and PowerSGD's long warm-up at b2 > 0.998 (adam_freeze).
+(max-min)/510 per element); int4 (8x) for the long warm-up at b2 > 0.998 (top-k, PowerSGD, onebit
+from :data:`ONEBIT_LONG_RANKS` ranks: adam_freeze). The compressed allreduce re-sends a v-step's
+reduced segment int4 in chunks of :data:`SERVER_INT4_CHUNK` = 64: that error lands on the mean
+whole, the ranks' averaged over N. Onebit's long warm-up (transformer, 8 ranks, b2 0.999), bits/byte
+above dense at step 25 with the sum re-sent int4 in one chunk of 2,048: +0.042; of 256: +0.020;
+of 64: +0.016; int8: +0.014, as top-k's int4 quantised once. The bounds add 1/4 to the sum's bytes.
 
-Adam's own (L2) weight decay adds λ·w to the exchanged gradient (to m, times 1-b1, after the
-freeze): it is the same on every rank, so it is added exactly instead of being compressed.
+Adam's own (L2) weight decay λ·w is the same on every rank: added exactly after the exchange.
 Since m is the same on every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression
 both placements, and both kinds of steps, are Adam (up to the rounding of u·x / u).
 
@@ -77,32 +71,22 @@ both placements, and both kinds of steps, are Adam (up to the rounding of u·x /
 clips the exchanged mean to c, as Horovod's pattern and dense AdamW do, and keeps its coefficient kappa
 (:attr:`clip_scale`, checkpointed); a compressed step scales each rank's gradient by that kappa
 before it is sent (then clips it to c·sqrt(N) against a spike), so that m sees the mean clipped
-as v did at its last refresh. Each rank clipped to c in every step (the rule before) scaled the
-compressed steps by each rank's own coefficient, smaller than the mean's (the ranks' noise does
-not cancel in a rank's norm): at b2 = 0.999, where v remembers the early, harder-clipped steps,
-the transformer's int8 lost +0.012 and onebit +0.043 against -0.013 and +0.025 (section 8).
+as v did at its last refresh (each rank clipped to c, the rule before: transformer, b2 0.999,
+int8 +0.012 and onebit +0.043 against -0.013 and +0.025).
 
-Which to send (benchmarks/README.md section 8): the gradient, as good as or better than the
-momentum for every compressor. With m sent, the exchanged m replaces every rank's, so one step's
-compression error stays in m, amplified by 1/sqrt(v) for 1/(1-b1) steps, and a sparsifier's
-unsent coordinates see their momentum decay while the residual holds their mass; with g sent,
-EF repays the error in the space it was made in (LSTM: top-k +0.091 -> +0.027, PowerSGD +0.068
--> -0.002).
+Which to send: the gradient (LSTM: top-k +0.091 -> +0.027, PowerSGD +0.068 -> -0.002 against
+m). A sent m replaces every rank's, so one step's error stays in m for 1/(1-b1) steps; with g
+sent, EF repays the error in the space it was made in.
 
 ``send="preconditioned"`` compresses each rank's g_r / (sqrt(v_hat) + eps) instead (0 where
-v = 0), the gradient in update space, where Adam's step is linear once v is frozen: a quantiser's
-one scale then fits every coordinate alike, and error feedback repays in the space the step is
-taken in; the exchanged mean is multiplied back by sqrt(v_hat) + eps. Uncompressed it is the same
-Adam. It is top-k's default (``send="auto"``): top-k picks its k coordinates by magnitude, and
-in gradient space the largest are those of large v, which Adam scales down anyway, while the
-coordinates of small v, which Adam moves as far, wait in the residual; in update space it picks
-the coordinates whose step is largest (transformer, 2 ranks, b2 0.95: +0.047 against the
-gradient's +0.080). For onebit it changed nothing (+0.070 against +0.075, LSTM, 8 ranks).
+v = 0), the gradient in update space, where the frozen-v step is linear; the exchanged mean is
+multiplied back by sqrt(v_hat) + eps (uncompressed: the same Adam). Top-k's default: by magnitude
+it then picks the coordinates whose step is largest, not those of large v, which Adam scales down
+(transformer, 2 ranks, b2 0.95: +0.047 against +0.080). Onebit: +0.070 against +0.075 (LSTM, 8 ranks).
 
-Onebit gets a scale per row (``chunk="rows"``, unless chosen): with one per tensor the quiet
-rows' error (an absent token's embedding row gets ±s) cost +0.118 at 8 ranks (LSTM, b2 0.95).
-History (benchmarks/README.md section 8): 0/1 Adam's own constants (32 live steps, no cap) lost
-the gap by step 75, hence W and the cap; v-steps that also sent the residual: top-k +0.243.
+Onebit gets a scale per row (``chunk="rows"``, unless chosen): one per tensor cost +0.118 (LSTM,
+8 ranks, b2 0.95; an absent token's embedding row gets ±s). 0/1 Adam's own constants (32 live
+steps, no cap) lost the gap by step 75; v-steps that also sent the residual: top-k +0.243.
 
 The wrappers replace the optimizer's step with :meth:`after_exchange`; m, v and the unit live in the
 tensor's compressor state (``adam.m``, ``adam.v``, ``adam.unit``), the step count in the compressor's.
@@ -111,7 +95,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .adam_freeze import LONG_WARMUP, TOPK_WARMUP, VarianceSchedule, WARMUP as LIVE_STEPS, long_warmup
+from .adam_freeze import LONG_FIRST, LONG_WARMUP, TOPK_WARMUP, VarianceSchedule, WARMUP as LIVE_STEPS, long_warmup
 from .adam_settings import AdamSettings
 from .backend import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo
@@ -133,11 +117,17 @@ WARMUP = ("auto", "int8", "int4", "none")
 #: tensors with fewer elements run live Adam at every step (FrozenAdam's ``min_numel``)
 MIN_NUMEL = 0
 
-class _Mild:
-    """The ctx of a packet sent by the warm-up compressor in a v-step (decoded by it)."""
+#: onebit takes the long warm-up (512 int4 v-steps where b2 > 0.998) from this many ranks on
+ONEBIT_LONG_RANKS = 4
 
-    def __init__(self, ctx: Any):
-        self.ctx = ctx
+#: the chunk of the 4-bit codes that re-send a v-step's reduced segment (compressed allreduce)
+SERVER_INT4_CHUNK = 64
+
+class _Mild:
+    """The ctx of a packet sent by a warm-up compressor in a v-step (decoded by it)."""
+
+    def __init__(self, ctx: Any, compressor: Compressor):
+        self.ctx, self.compressor = ctx, compressor
 
 
 class _Phased(Decorator):
@@ -149,7 +139,7 @@ class _Phased(Decorator):
         self.owner = owner
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
-        return self.owner._compress(self.inner, ops, x, state, info)
+        return self.owner._compress(self.inner, ops, x, state, info, server=True)
 
     def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
                    out: Optional[Tensor] = None) -> Tensor:
@@ -176,13 +166,12 @@ class FrozenAdam(Decorator):
     ``"momentum"`` (1-bit Adam's placement), ``"preconditioned"``, or ``"auto"`` (default):
     preconditioned around top-k, else the gradient.
     ``warmup``: what sends the gradient in a v-step (live Adam): ``"int8"``, ``"int4"`` (stateless
-    min-max, :mod:`~hvdcompress.compressors.int8`), ``"none"`` (dense allreduce), or ``"auto"``
-    (default): dense where ``inner`` sends 16 bits or more (none, fp16, bf16), int4 around top-k
-    and PowerSGD at b2 > 0.998, else int8. ``live_steps``: W, the v-steps at the start of the
-    schedule (None: 512 around top-k and PowerSGD at b2 > 0.998, else 256 around top-k, 128:
-    :mod:`~hvdcompress.adam_freeze`). ``min_numel``:
-    tensors with fewer elements (biases, norms) run live Adam at every step, their gradient sent
-    by the warm-up compressor (default :data:`MIN_NUMEL`). From strings: ``{"compressor": "onebit",
+    min-max, :mod:`~hvdcompress.compressors.int8`), ``"none"`` (dense), or ``"auto"`` (default):
+    dense where ``inner`` sends 16 bits or more, int4 in the long warm-up, else int8.
+    ``live_steps``: W, the v-steps at the start (None: 512, the long warm-up, at b2 > 0.998 around
+    top-k, PowerSGD and onebit from 4 ranks (:meth:`_follow`), else 256 around top-k, 128).
+    ``min_numel``: tensors with fewer elements run live Adam at every step (default
+    :data:`MIN_NUMEL`). From strings: ``{"compressor": "onebit",
     "ef": "vanilla", "adam": "frozen", "freeze_steps": "100", "adam_send": "gradient", "adam_warmup":
     "int8", "adam_live_steps": "128", "adam_min_numel": "4096"}``.
     """
@@ -218,6 +207,7 @@ class FrozenAdam(Decorator):
         self.min_numel = MIN_NUMEL if min_numel is None else check_int("FrozenAdam", "min_numel", min_numel, 0)
         self.steps = 0
         self.beta2: Optional[float] = None   # the b2 of the schedule's intervals (the first step's, smallest)
+        self.world: Optional[int] = None     # the ranks of the exchange (set_world; None: unknown, taken as 1)
         self.clip_scale = 1.0   # kappa: the clip coefficient of the exchanged mean at the last v-step
         self.lr_unit: Optional[float] = None   # L: the lr of the first compressed step (_unit)
         self._server: Optional[_Phased] = None
@@ -242,13 +232,27 @@ class FrozenAdam(Decorator):
             self._follow(self.beta2)
         return 0.999 if self.beta2 is None else self.beta2
 
+    def set_world(self, world: int) -> None:
+        """The number of ranks the exchange spans (the step driver's, at each engine it builds):
+        onebit's warm-up follows it (:meth:`_follow`)."""
+        self.world = check_int("FrozenAdam", "world", world, 1)
+        if self.beta2 is not None:
+            self._follow(self.beta2)
+
     def _follow(self, beta2: float) -> None:
-        """Around top-k and PowerSGD (no freeze_steps, no live_steps), W and (``warmup="auto"``)
-        the warm-up compressor follow b2: 512 live steps, int4, where 1/(1-b2) > 512 (adam_freeze)."""
-        if self.live_steps is None and self.freeze_steps is None and isinstance(self.inner.unwrap(), (TopK, PowerSGD)):
-            self.schedule.warmup = long_warmup(beta2, self._short)
+        """Around top-k and PowerSGD, and onebit from :data:`ONEBIT_LONG_RANKS` ranks on (no
+        freeze_steps, no live_steps), the warm-up follows b2: where 1/(1-b2) > 512, 512 live steps
+        sent with int4 (``warmup="auto"``), the first interval after them :data:`LONG_FIRST`
+        (:mod:`~hvdcompress.adam_freeze`)."""
+        inner = self.inner.unwrap()
+        follows = isinstance(inner, (TopK, PowerSGD)) or (
+            isinstance(inner, OneBit) and (self.world or 1) >= ONEBIT_LONG_RANKS)
+        if self.live_steps is None and self.freeze_steps is None and follows:
+            long = long_warmup(beta2, self._short) == LONG_WARMUP
+            self.schedule.warmup = LONG_WARMUP if long else self._short
+            self.schedule.first = LONG_FIRST if long else 2
             if self.warmup == "auto" and self.mild is not None:
-                self.mild = Int4() if self.schedule.warmup == LONG_WARMUP else Int8()
+                self.mild = Int4() if long else Int8()
 
     def live(self, numel: Optional[int]) -> bool:
         """Whether a tensor of ``numel`` elements runs live Adam at every step (``min_numel``)."""
@@ -270,14 +274,21 @@ class FrozenAdam(Decorator):
         (:attr:`TensorInfo.mild <hvdcompress.compressor.TensorInfo>`): live Adam with warmup int8."""
         return self.mild is not None and not self.frozen(settings, numel)
 
-    def _compress(self, inner: Compressor, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
+    def _compress(self, inner: Compressor, ops: Ops, x: Tensor, state: dict, info: TensorInfo,
+                  server: bool = False) -> Packet:
         if self.mild is None or (self.frozen() and not info.mild):
             return inner.compress(ops, x, state, info)
-        packet = self.mild.compress(ops, x, {}, info)   # stateless: inner's residual untouched
-        return Packet(packet.tensors, _Mild(packet.ctx), packet.summable, packet.resume)
+        mild = self._server_mild() if server else self.mild
+        packet = mild.compress(ops, x, {}, info)   # stateless: inner's residual untouched
+        return Packet(packet.tensors, _Mild(packet.ctx, mild), packet.summable, packet.resume)
+
+    def _server_mild(self) -> Compressor:
+        """What re-sends a v-step's reduced segment in the compressed allreduce: the warm-up
+        compressor, with 4-bit codes in chunks of :data:`SERVER_INT4_CHUNK` (module doc)."""
+        return Int4(chunk=SERVER_INT4_CHUNK) if isinstance(self.mild, Int4) else self.mild
 
     def _decoder(self, inner: Compressor, ctx: Any) -> Compressor:
-        return self.mild if isinstance(ctx, _Mild) else inner
+        return ctx.compressor if isinstance(ctx, _Mild) else inner
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         return self._compress(self.inner, ops, x, state, info)

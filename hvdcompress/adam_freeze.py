@@ -77,22 +77,28 @@ TOPK_WARMUP = 256  # W around top-k (FrozenAdam's default; module doc)
 LONG_WARMUP = 512  # W around top-k and PowerSGD where v's time constant 1/(1-b2) is over it
 
 
+LONG_FIRST = 16    # the first interval after the long warm-up (module doc)
+
+
 def long_warmup(beta2: float, short: int) -> int:
     """W around top-k (``short`` 256) or PowerSGD (128) for this b2 (module doc): 512 where
     1/(1 - b2) > 512 (b2 > 0.998), else ``short``."""
     return LONG_WARMUP if beta2 >= 1.0 or 1.0 / (1.0 - beta2) > LONG_WARMUP else short
+
+
 PER_LEVEL = 8       # R: v-steps at each interval before it doubles
 SHARE = 1.0         # the interval stays <= SHARE / (1 - b2), rounded down to a power of 2 (>= 2)
 
 
 class VarianceSchedule:
     """Which steps update v and with which weight (module doc). ``freeze_steps``: None for the
-    growing intervals, else the fixed freeze T0."""
+    growing intervals, else the fixed freeze T0; ``first``: the interval of the first level after
+    the warm-up (2; :data:`LONG_FIRST` after the long one)."""
 
     def __init__(self, freeze_steps: Optional[int] = None, warmup: int = WARMUP,
-                 per_level: int = PER_LEVEL, share: float = SHARE):
+                 per_level: int = PER_LEVEL, share: float = SHARE, first: int = 2):
         self.freeze_steps = freeze_steps
-        self.warmup, self.per_level, self.share = warmup, per_level, share
+        self.warmup, self.per_level, self.share, self.first = warmup, per_level, share, first
 
     def cap(self, beta2: float) -> int:
         """The longest interval for this b2: a power of 2, >= 2, <= share/(1 - b2)."""
@@ -103,7 +109,8 @@ class VarianceSchedule:
     def _levels(self, beta2: float):
         """(start, interval, last) of each level: its v-steps are at u = start + k·interval,
         k = 1..R (k >= 1 without end for the last, capped, level), u = t - W."""
-        cap, start, interval = self.cap(beta2), 0, 2
+        cap, start = self.cap(beta2), 0
+        interval = min(self.first, cap)
         while interval < cap:
             yield start, interval, False
             start, interval = start + self.per_level * interval, interval * 2

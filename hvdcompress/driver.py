@@ -126,6 +126,8 @@ class StepDriver:
         if self._engine is None:
             self._engine = self._make_engine()
             self._engine.total_bytes.merge(self._total)
+            if self.adam is not None:   # FrozenAdam's warm-up may follow the number of ranks
+                self.adam.set_world(self.comm.world)
         return self._engine
 
     @property

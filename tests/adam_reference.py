@@ -54,15 +54,19 @@ def compressed_allreduce(sent: list, residuals: dict) -> np.ndarray:
     return np.concatenate(out) * np.float32(1 / WORLD)
 
 
-def int8_decoded(x: np.ndarray) -> np.ndarray:
-    """Int8's min-max quantisation of x (one chunk: N <= 2048) and back: codes rint((x - min) ·
-    255/(max - min)), decoded min + code·(max - min)/255 (hvdcompress.compressors.int8)."""
+def int8_decoded(x: np.ndarray, steps: int = 255, chunk: int = 2048) -> np.ndarray:
+    """Int8's min-max quantisation of x per chunk and back: codes rint((x - min) · steps/(max -
+    min)), decoded min + code·(max - min)/steps (hvdcompress.compressors.int8; Int4: 15 steps)."""
     f32 = np.float32
-    mn, mx = x.min(), x.max()
-    span = mx - mn
-    inv = f32(255) / span if span > 0 else f32(0)
-    codes = np.clip(np.round((x - mn) * inv), 0, 255)
-    return mn + codes * (span / f32(255))
+    out = np.empty_like(x)
+    for c in range(0, x.size, chunk):
+        v = x[c:c + chunk]
+        mn, mx = v.min(), v.max()
+        span = mx - mn
+        inv = f32(steps) / span if span > 0 else f32(0)
+        codes = np.clip(np.round((v - mn) * inv), 0, steps)
+        out[c:c + chunk] = mn + codes * (span / f32(steps))
+    return out
 
 
 def int8_mean(sent: list) -> np.ndarray:
@@ -76,6 +80,16 @@ def int8_alltoall(sent: list) -> np.ndarray:
     summed on rank j, the sum int8-quantised again and gathered; times 1/WORLD."""
     half = N // WORLD
     out = [int8_decoded(int8_decoded(sent[0][j * half:(j + 1) * half]) + int8_decoded(sent[1][j * half:(j + 1) * half]))
+           for j in range(WORLD)]
+    return np.concatenate(out) * np.float32(1 / WORLD)
+
+
+def int4_alltoall(sent: list, server_chunk: int = 64) -> np.ndarray:
+    """:func:`int8_alltoall` with 4-bit codes (FrozenAdam's warmup="int4"): each rank's segment
+    in one chunk, the reduced sum in chunks of ``server_chunk`` (hvdcompress.adam.SERVER_INT4_CHUNK)."""
+    half = N // WORLD
+    out = [int8_decoded(int8_decoded(sent[0][j * half:(j + 1) * half], 15) +
+                        int8_decoded(sent[1][j * half:(j + 1) * half], 15), 15, server_chunk)
            for j in range(WORLD)]
     return np.concatenate(out) * np.float32(1 / WORLD)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hvdcompress as hc
-from adam_reference import (LRS, WORLD, by_case, allgather_exchange, compressed_allreduce, int8_alltoall, int8_mean,
+from adam_reference import (LRS, WORLD, by_case, allgather_exchange, compressed_allreduce, int4_alltoall, int8_alltoall, int8_mean,
                              reference, v_steps, v_weights)
 from conftest import run_horovod
 
@@ -319,37 +319,59 @@ def test_from_params_and_defaults():
 
 @pytest.mark.parametrize("b2, live, mild", [(0.95, 256, "Int8"), (0.99, 256, "Int8"), (0.998, 256, "Int8"),
                                              (0.9985, 512, "Int4"), (0.999, 512, "Int4")])
-@pytest.mark.parametrize("params, short", [({"compressor": "topk", "k": "0.01", "ef": "vanilla"}, 256),
-                                           ({"compressor": "powersgd", "rank": "4"}, 128)])
-def test_top_k_and_powersgd_wait_longer_with_int4_where_v_forms_slowly(b2, live, mild, params, short):
-    """Around top-k and PowerSGD the first step's b2 sets W and the warm-up compressor: 512 live
-    steps sent int4 where 1/(1-b2) > 512, else 256 int8 (top-k) or 128 int8 (PowerSGD); a
-    checkpoint brings them back with b2. The other compressors, live_steps, freeze_steps and an
-    explicit warmup keep theirs."""
+@pytest.mark.parametrize("params, short, world", [({"compressor": "topk", "k": "0.01", "ef": "vanilla"}, 256, 2),
+                                                  ({"compressor": "powersgd", "rank": "4"}, 128, 2),
+                                                  ({"compressor": "onebit", "ef": "vanilla"}, 128, 4)])
+def test_the_warm_up_waits_longer_with_int4_where_v_forms_slowly(b2, live, mild, params, short, world):
+    """Around top-k and PowerSGD (any number of ranks) and onebit (from 4 ranks) the first step's
+    b2 sets W, the warm-up compressor and the first interval after W: 512 live steps sent int4,
+    then a v-step every 16th, where 1/(1-b2) > 512, else 256 int8 (top-k) or 128 int8, then every
+    2nd; a checkpoint brings them back with b2. Onebit at 2 ranks, the other compressors,
+    live_steps, freeze_steps and an explicit warmup keep theirs."""
     from hvdcompress.adam_settings import AdamSettings
     from hvdcompress.adam_freeze import long_warmup
     live = live if live == 512 else short
+    first = 16 if live == 512 else 2
     settings = AdamSettings(lr=1e-3, beta1=0.9, beta2=b2, eps=1e-8)
     adam = hc.from_params({**params, "adam": "frozen"})
     assert adam.schedule.warmup == short and type(adam.mild).__name__ == "Int8"   # before the first step
     adam.frozen(settings)
+    adam.set_world(world)   # the driver's, when it builds its engine
     assert long_warmup(b2, short) == live and adam.schedule.warmup == live and type(adam.mild).__name__ == mild
-    assert [adam.schedule.updates(t, b2) for t in (live, live + 1, live + 2)] == [True, False, True]
+    assert [t for t in range(live, live + first + 1) if adam.schedule.updates(t, b2)] == [live, live + first]
     adam.on_step()
     restored = hc.from_params({**params, "adam": "frozen"})
+    restored.set_world(world)
     restored.load_state_dict(adam.state_dict())
     assert restored.schedule.warmup == live and type(restored.mild).__name__ == mild
     live = long_warmup(b2, 256)   # top-k's, below
     for other, want in ((hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit())), (128, "Int8")),
+                        (hc.FrozenAdam(hc.Int8()), (128, "Int8")),
                         (hc.FrozenAdam(hc.TopK(0.01), live_steps=300), (300, "Int8")),
                         (hc.FrozenAdam(hc.TopK(0.01), warmup="int8"), (live, "Int8")),
                         (hc.FrozenAdam(hc.TopK(0.01), warmup="none"), (live, "NoneType")),
                         (hc.FrozenAdam(hc.OneBit(), warmup="int4"), (128, "Int4"))):
         other.frozen(settings)
+        other.set_world(2)
         assert (other.schedule.warmup, type(other.mild).__name__) == want
     fixed = hc.FrozenAdam(hc.TopK(0.01), freeze_steps=3)
     fixed.frozen(settings)
     assert type(fixed.mild).__name__ == "Int8" and fixed.schedule.count(1000, b2) == 3
+    with pytest.raises(ValueError, match="world=0"):
+        fixed.set_world(0)
+
+
+@pytest.mark.horovod
+def test_the_compressed_allreduce_re_sends_an_int4_v_step_in_chunks_of_64(runs):
+    """An int4 v-step through the compressed allreduce: each rank's segment 4-bit, the reduced
+    sum 4-bit again in chunks of 64 (its error lands on the mean whole, the ranks' averaged)."""
+    kw = dict(lr=0.01, b1=0.8, b2=0.95, wd=0.05, decoupled=False, exchange=compressed_allreduce, live=4)
+    want = np.array(reference(8, None, **kw, warmup=int4_alltoall))
+    assert np.abs(want - np.array(reference(8, None, **kw, warmup=lambda s: int4_alltoall(s, 2048)))).max() > 1e-5
+    for r in range(WORLD):
+        np.testing.assert_allclose(np.array(runs["int4_a2a"][r]["weights"], dtype=np.float32), want,
+                                   rtol=1e-5, atol=1e-6)
+    assert runs["int4_a2a"][0]["weights"] == runs["int4_a2a"][1]["weights"]
 
 
 def test_an_int4_v_step_sends_half_a_byte_per_element():

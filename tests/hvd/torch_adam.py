@@ -17,6 +17,7 @@ step in numpy). Cases, each reporting every step's weights:
           hvdcompress.adam_freeze (v-steps int8) after 4 live steps instead of 128, Adam, 24 steps,
           clip_grad_norm=20 (the mean's clip in the v-steps, kept for the others)
 "schedule_a2a": "schedule" without the clip through the compressed allreduce
+"int4_a2a": "schedule_a2a" with warmup="int4": 4-bit v-steps, the reduced sum re-sent in chunks of 64
 "lr_units": "gradient" with the lr set before each step (adam_reference.LRS: it falls, is 0 once, rises again): the
           compressed steps send u·g, u = lr / (the first compressed lr), and divide the mean by u
 "small":  "schedule" with min_numel=N+1: the tensor is small, so it runs live Adam (int8) at every step
@@ -117,6 +118,9 @@ result(rank, case="schedule", weights=weights, sent=opt.total_bytes.sent, dense=
        compressor_state=opt.state_dict()["hvdcompress"]["compressor"])
 model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), live_steps=4), kind="adam", collective="alltoall")
 result(rank, case="schedule_a2a", weights=train(model, opt, 24))
+model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), live_steps=4, warmup="int4"), kind="adam",
+                  collective="alltoall")
+result(rank, case="int4_a2a", weights=train(model, opt, 8))
 model, opt = make(hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), live_steps=4, min_numel=N + 1), kind="adam",
                   clip_grad_norm=20.0)
 result(rank, case="small", weights=train(model, opt, 12), sent=opt.total_bytes.sent, dense=opt.total_bytes.dense)

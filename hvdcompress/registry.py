@@ -17,10 +17,10 @@ Values may be strings (as from a command line or a config file) or typed. Keys:
   ``adam_send``: what is compressed in the compressed steps, ``"auto"`` (default: ``"preconditioned"``
   around top-k, else ``"gradient"``), ``"gradient"``, ``"momentum"`` or ``"preconditioned"``,
   and ``adam_warmup``: what sends the gradient while v is updated, ``"auto"`` (default: int8;
-  int4 around top-k and PowerSGD at b2 > 0.998), ``"int8"``, ``"int4"`` or ``"none"`` (dense), and
-  ``adam_live_steps``: the steps of live Adam before the refreshes of v begin (default around
-  top-k and PowerSGD: :func:`~hvdcompress.adam_freeze.long_warmup`, 512 at b2 > 0.998, else 256
-  around top-k; else
+  int4 in the long warm-up), ``"int8"``, ``"int4"`` or ``"none"`` (dense), and
+  ``adam_live_steps``: the steps of live Adam before the refreshes of v begin (default: the long
+  warm-up, 512, at b2 > 0.998 around top-k, PowerSGD and onebit from 4 ranks,
+  :func:`~hvdcompress.adam_freeze.long_warmup`; else 256 around top-k, else
   :data:`~hvdcompress.adam_freeze.WARMUP`), and ``adam_min_numel``:
   tensors with fewer elements run live Adam at every step (default: :data:`hvdcompress.adam.MIN_NUMEL`).
   Around onebit it makes ``chunk="auto"`` (onebit's default) a scale per row (``"rows"``); give

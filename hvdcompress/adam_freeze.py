@@ -9,8 +9,9 @@ the step count (``adam_steps``).
 
 Default (0/1 Adam, Lu et al. 2022, "variance update at growing intervals"), step t = 1, 2, ...::
 
-    t <= W                                  every step is a v-step (W = 128; top-k: 256 or 512)
-    then levels L = 0, 1, 2, ...            R = 8 v-steps each, I_L = min(2^(L+1), cap) apart
+    t <= W                                  every step is a v-step (W = 128; top-k: 256; long: 512)
+    then levels L = 0, 1, 2, ...            R = 8 v-steps each, I_L = min(F·2^L, cap) apart (F = 2;
+                                            16 after the long warm-up)
     cap = 2^floor(log2(1 / (1 - b2)))       (>= 2): 16 at b2 = 0.95, 64 at 0.99, 512 at 0.999
 
 the last level (I_L = cap) lasting to the end of the run: every 2nd step up to W + 16, every
@@ -46,6 +47,20 @@ fewer bytes), 512 int4 +0.038 (12.7x); 384 int4 +0.075; 512 int8 +0.029 but 6.8x
 (with the lr-unit exchange of :mod:`hvdcompress.adam`): W 128 int8 +0.055 (11.9x), 512 int4
 +0.018 (10.9x). Not at b2 0.95: v follows ~20 steps there and the 4-bit codes' fixed error with
 it (LSTM, 2 ranks, top-k W 512: int4 +0.065, int8 +0.015, against 256 int8 +0.013).
+
+Onebit takes the long warm-up from 4 ranks on (:data:`hvdcompress.adam.ONEBIT_LONG_RANKS`). Its
+128 int8 steps left the transformer at 8 ranks, b2 0.999, +0.090 above dense (+0.175 by step
+200: the first compressed steps met a v formed to 12%). Its v-steps cross the compressed
+allreduce, where the N ranks' int4 errors average (the reduced sum is re-sent in chunks of 64,
+:mod:`hvdcompress.adam`). At 8 ranks, b2 0.999, W 128 int8 -> 512 int4: transformer +0.090 ->
++0.030 (11.9x -> 10.3x fewer bytes than dense), LSTM +0.024 -> +0.012 (11.4x -> 10.1x). At 2
+ranks int4's fixed error averages over two ranks only: LSTM +0.001 -> +0.033 (top-k's curve,
+step for step, to step 512), transformer +0.023 -> +0.017; there onebit keeps 128 int8.
+
+After the long warm-up the levels start 16 steps apart (:data:`LONG_FIRST`), not 2: v has been
+live for 512 steps, and the first levels' 22 int4 v-steps cost bytes the ratio does not have
+(529 v-steps of 1,000 instead of 551). Onebit, 8 ranks, b2 0.999: LSTM 9.9x -> 10.1x (+0.012
+both), transformer 10.0x -> 10.3x (+0.028 -> +0.030).
 
 A v-step after an interval of I steps stands for those I steps: v decays as Adam's would over
 them, and the new gradient takes the weight that Adam gives the I gradients it skipped::

@@ -242,15 +242,15 @@ class FrozenAdam(Decorator):
     def _follow(self, beta2: float) -> None:
         """Around top-k and PowerSGD, and onebit from :data:`ONEBIT_LONG_RANKS` ranks on (no
         freeze_steps, no live_steps), the warm-up follows b2: where 1/(1-b2) > 512, 512 live steps
-        sent with int4 (``warmup="auto"``), the first interval after them :data:`LONG_FIRST`
-        (:mod:`~hvdcompress.adam_freeze`)."""
+        sent with int4 (``warmup="auto"``), the first interval after them :data:`LONG_FIRST` (but
+        top-k's, 2: :mod:`~hvdcompress.adam_freeze`)."""
         inner = self.inner.unwrap()
         follows = isinstance(inner, (TopK, PowerSGD)) or (
             isinstance(inner, OneBit) and (self.world or 1) >= ONEBIT_LONG_RANKS)
         if self.live_steps is None and self.freeze_steps is None and follows:
             long = long_warmup(beta2, self._short) == LONG_WARMUP
             self.schedule.warmup = LONG_WARMUP if long else self._short
-            self.schedule.first = LONG_FIRST if long else 2
+            self.schedule.first = LONG_FIRST if long and not isinstance(inner, TopK) else 2
             if self.warmup == "auto" and self.mild is not None:
                 self.mild = Int4() if long else Int8()
 

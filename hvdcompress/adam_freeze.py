@@ -11,7 +11,7 @@ Default (0/1 Adam, Lu et al. 2022, "variance update at growing intervals"), step
 
     t <= W                                  every step is a v-step (W = 128; top-k: 256; long: 512)
     then levels L = 0, 1, 2, ...            R = 8 v-steps each, I_L = min(F·2^L, cap) apart (F = 2;
-                                            16 after the long warm-up)
+                                            16 after the long warm-up, but top-k's)
     cap = 2^floor(log2(1 / (1 - b2)))       (>= 2): 16 at b2 = 0.95, 64 at 0.99, 512 at 0.999
 
 the last level (I_L = cap) lasting to the end of the run: every 2nd step up to W + 16, every
@@ -60,7 +60,11 @@ step for step, to step 512), transformer +0.023 -> +0.017; there onebit keeps 12
 After the long warm-up the levels start 16 steps apart (:data:`LONG_FIRST`), not 2: v has been
 live for 512 steps, and the first levels' 22 int4 v-steps cost bytes the ratio does not have
 (529 v-steps of 1,000 instead of 551). Onebit, 8 ranks, b2 0.999: LSTM 9.9x -> 10.1x (+0.012
-both), transformer 10.0x -> 10.3x (+0.028 -> +0.030).
+both), transformer 10.0x -> 10.3x (+0.028 -> +0.030); PowerSGD: transformer, 8 ranks, +0.011 ->
++0.013 (10.9x -> 11.1x), 2 ranks +0.018 -> +0.017; LSTM, 8 ranks, +0.003 both (10.4x -> 10.5x).
+Not around top-k (12.7x either way), whose error feedback holds mass back ~100 steps and needs
+the early refreshes: transformer +0.031 -> +0.039 (8 ranks), +0.034 -> +0.044 (2); LSTM, 8
+ranks, +0.010 -> +0.014.
 
 A v-step after an interval of I steps stands for those I steps: v decays as Adam's would over
 them, and the new gradient takes the weight that Adam gives the I gradients it skipped::

@@ -247,10 +247,10 @@ class FrozenAdam(Decorator):
         inner = self.inner.unwrap()
         follows = isinstance(inner, (TopK, PowerSGD)) or (
             isinstance(inner, OneBit) and (self.world or 1) >= ONEBIT_LONG_RANKS)
-        if self.live_steps is None and self.freeze_steps is None and follows:
-            long = long_warmup(beta2, self._short) == LONG_WARMUP
-            self.schedule.warmup = LONG_WARMUP if long else self._short
-            self.schedule.first = LONG_FIRST if long and not isinstance(inner, TopK) else 2
+        if self.live_steps is None and self.freeze_steps is None:   # else the user's W
+            long = follows and long_warmup(beta2, self._short) == LONG_WARMUP
+            self.schedule.warmup, self.schedule.first = (LONG_WARMUP, 2 if isinstance(inner, TopK) else LONG_FIRST) \
+                if long else (self._short, 2)
             if self.warmup == "auto" and self.mild is not None:
                 self.mild = Int4() if long else Int8()
 

@@ -462,3 +462,29 @@ def test_the_unit_follows_the_lr_of_the_compressed_steps_and_is_checkpointed():
     assert again.lr_unit == 0.2
     again.load_state_dict({**saved, "adam_lr_unit": 0.0})
     assert again.lr_unit is None
+
+
+def test_the_step_driver_gives_its_world_to_the_take_over_when_it_builds_its_engine():
+    """Onebit's warm-up follows the number of ranks: the driver sets it with each engine it
+    builds (again after a rebuild at another size), so 4 ranks at b2 0.999 wait 512 int4 steps
+    and 2 ranks 128 int8."""
+    from types import SimpleNamespace
+    from hvdcompress.accounting import ByteCount
+    from hvdcompress.adam_settings import AdamSettings
+    from hvdcompress.driver import StepDriver
+    from hvdcompress.options import parse_options
+    from hvdcompress.torch.tensors import OPS
+
+    adam = hc.from_params({"compressor": "onebit", "ef": "vanilla", "adam": "frozen"})
+    world = {"n": 4}
+    driver = StepDriver(parse_options(adam, op="avg", average_op="avg", sum_op="sum"), OPS,
+                        engine=lambda: SimpleNamespace(total_bytes=ByteCount()),
+                        comm=lambda: SimpleNamespace(world=world["n"]), who="test", adam=adam)
+    adam.frozen(AdamSettings(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8))
+    assert adam.schedule.warmup == 128 and adam.world is None   # no engine yet
+    driver.engine
+    assert (adam.world, adam.schedule.warmup, adam.schedule.first, type(adam.mild).__name__) == (4, 512, 16, "Int4")
+    world["n"] = 2
+    driver.rebuild()
+    driver.engine
+    assert (adam.world, adam.schedule.warmup, adam.schedule.first, type(adam.mild).__name__) == (2, 128, 2, "Int8")

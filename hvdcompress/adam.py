@@ -95,7 +95,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .adam_freeze import LONG_FIRST, LONG_WARMUP, TOPK_WARMUP, VarianceSchedule, WARMUP as LIVE_STEPS, long_warmup
+from .adam_freeze import FIRST, LONG_FIRST, LONG_WARMUP, TOPK_WARMUP, VarianceSchedule, WARMUP as LIVE_STEPS, long_warmup
 from .adam_settings import AdamSettings
 from .backend import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo
@@ -204,6 +204,7 @@ class FrozenAdam(Decorator):
         wide = isinstance(inner.unwrap(), (NoCompression, Cast))
         self.mild: Optional[Compressor] = (None if warmup == "none" or (warmup == "auto" and wide)
                                            else Int4() if warmup == "int4" else Int8())
+        self._server_int4 = Int4(chunk=SERVER_INT4_CHUNK)   # stateless: one for every v-step
         self.min_numel = MIN_NUMEL if min_numel is None else check_int("FrozenAdam", "min_numel", min_numel, 0)
         self.steps = 0
         self.beta2: Optional[float] = None   # the b2 of the schedule's intervals (the first step's, smallest)
@@ -240,17 +241,16 @@ class FrozenAdam(Decorator):
             self._follow(self.beta2)
 
     def _follow(self, beta2: float) -> None:
-        """Around top-k and PowerSGD, and onebit from :data:`ONEBIT_LONG_RANKS` ranks on (no
-        freeze_steps, no live_steps), the warm-up follows b2: where 1/(1-b2) > 512, 512 live steps
-        sent with int4 (``warmup="auto"``), the first interval after them :data:`LONG_FIRST` (but
-        top-k's, 2: :mod:`~hvdcompress.adam_freeze`)."""
+        """Around top-k, PowerSGD and onebit from :data:`ONEBIT_LONG_RANKS` ranks (no freeze_steps or
+        live_steps), where 1/(1-b2) > 512: 512 live steps sent int4 (``warmup="auto"``), then the
+        first interval :data:`LONG_FIRST` (top-k's: FIRST; :mod:`~hvdcompress.adam_freeze`)."""
         inner = self.inner.unwrap()
         follows = isinstance(inner, (TopK, PowerSGD)) or (
             isinstance(inner, OneBit) and (self.world or 1) >= ONEBIT_LONG_RANKS)
         if self.live_steps is None and self.freeze_steps is None:   # else the user's W
             long = follows and long_warmup(beta2, self._short) == LONG_WARMUP
-            self.schedule.warmup, self.schedule.first = (LONG_WARMUP, 2 if isinstance(inner, TopK) else LONG_FIRST) \
-                if long else (self._short, 2)
+            self.schedule.warmup = LONG_WARMUP if long else self._short
+            self.schedule.first = LONG_FIRST if long and not isinstance(inner, TopK) else FIRST
             if self.warmup == "auto" and self.mild is not None:
                 self.mild = Int4() if long else Int8()
 
@@ -285,7 +285,7 @@ class FrozenAdam(Decorator):
     def _server_mild(self) -> Compressor:
         """What re-sends a v-step's reduced segment in the compressed allreduce: the warm-up
         compressor, with 4-bit codes in chunks of :data:`SERVER_INT4_CHUNK` (module doc)."""
-        return Int4(chunk=SERVER_INT4_CHUNK) if isinstance(self.mild, Int4) else self.mild
+        return self._server_int4 if isinstance(self.mild, Int4) else self.mild
 
     def _decoder(self, inner: Compressor, ctx: Any) -> Compressor:
         return ctx.compressor if isinstance(ctx, _Mild) else inner

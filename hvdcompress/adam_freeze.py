@@ -93,10 +93,9 @@ from typing import Optional
 
 WARMUP = 128       # W: steps of live Adam at the start of the run
 TOPK_WARMUP = 256  # W around top-k (FrozenAdam's default; module doc)
-LONG_WARMUP = 512  # W around top-k and PowerSGD where v's time constant 1/(1-b2) is over it
-
-
-LONG_FIRST = 16    # the first interval after the long warm-up (module doc)
+LONG_WARMUP = 512  # W, the long warm-up, where v's time constant 1/(1-b2) is over it (FrozenAdam._follow)
+FIRST = 2          # F: the interval of the first level after the warm-up
+LONG_FIRST = 16    # F after the long warm-up (module doc)
 
 
 def long_warmup(beta2: float, short: int) -> int:
@@ -112,10 +111,10 @@ SHARE = 1.0         # the interval stays <= SHARE / (1 - b2), rounded down to a 
 class VarianceSchedule:
     """Which steps update v and with which weight (module doc). ``freeze_steps``: None for the
     growing intervals, else the fixed freeze T0; ``first``: the interval of the first level after
-    the warm-up (2; :data:`LONG_FIRST` after the long one)."""
+    the warm-up (:data:`FIRST`; :data:`LONG_FIRST` after the long one)."""
 
     def __init__(self, freeze_steps: Optional[int] = None, warmup: int = WARMUP,
-                 per_level: int = PER_LEVEL, share: float = SHARE, first: int = 2):
+                 per_level: int = PER_LEVEL, share: float = SHARE, first: int = FIRST):
         self.freeze_steps = freeze_steps
         self.warmup, self.per_level, self.share, self.first = warmup, per_level, share, first
 

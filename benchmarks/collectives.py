@@ -3,7 +3,7 @@
 Payload sizes are measured by compressing a real tensor (every registered compressor, with its
 defaults or the arguments below) the way the exchange engine does: the whole tensor for
 allreduce/allgather, P segments for the compressed allreduce (alltoall). Wire bytes come from
-the cost model of :mod:`hvdcompress.collectives` (ring algorithms): allreduce and alltoall
+the cost model of :mod:`hvdcompress.transport.collectives` (ring algorithms): allreduce and alltoall
 2(P-1)/P · payload, allgather (P-1) · payload. Multi-round algorithms (PowerSGD, CSC) count every
 round. Writes benchmarks/results/collectives.json and prints a table (ratio = dense / method).
 
@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 import hvdcompress as hc
-from hvdcompress.compressor import TensorInfo, payload_bytes
-from hvdcompress.collectives import choose_collective, wire_bytes
-from hvdcompress.torch.backend import TorchOps
+from hvdcompress.contract.compressor import TensorInfo, payload_bytes
+from hvdcompress.ops.torch_ops import TorchOps
+from hvdcompress.transport.collectives import choose_collective, wire_bytes
 
 OPS = TorchOps()
 RESULTS = Path(__file__).parent / "results"

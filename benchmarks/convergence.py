@@ -56,8 +56,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))  # lm_train, hvdrun
-from e2e import (DDP_HOOK, CodecTimer, hvdc_params, make_optimizer, optimizer_options, runnable, uses_ddp,
-                 shared_parser, two_level)
+from e2e import (
+    DDP_HOOK,
+    CodecTimer,
+    hvdc_params,
+    make_optimizer,
+    optimizer_options,
+    runnable,
+    shared_parser,
+    two_level,
+    uses_ddp,
+)
 from hvdrun import LaunchError, run_script, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -97,6 +106,7 @@ def train(method: str, args, data) -> dict:
     import horovod.torch as hvd
     import torch
     import torch.nn.functional as F
+
     from hvdcompress.torch import SparsityScheduler
 
     xtr, ytr, xte, yte = data
@@ -170,9 +180,10 @@ def train_lm(method: str, args, data) -> dict:
     constant rate this model overfits: dense bottoms out near step 800 of 3000 and rises after)."""
     import horovod.torch as hvd
     import torch
+    from lm_train import build_model, lm_loss, sample_batch, validation_bits_per_byte
+
     import hvdcompress
     import hvdcompress.torch as hvc
-    from lm_train import build_model, lm_loss, sample_batch, validation_bits_per_byte
 
     train_text, val_text = data
     name, options = lm_method(method)
@@ -193,6 +204,7 @@ def train_lm(method: str, args, data) -> dict:
         opt = hvd.DistributedOptimizer(sgd, named_parameters=named)
     elif name.startswith(DDP_HOOK):  # the same compressor as DistributedDataParallel's comm hook
         from torch.nn.parallel import DistributedDataParallel
+
         from hvdcompress.torch import ddp
         forward = DistributedDataParallel(model)
         state = ddp.CompressionState(compression=compression, optimizer=sgd, named_parameters=named,
@@ -247,6 +259,7 @@ def worker(args) -> None:
         hvd.init()
     if any(uses_ddp(m) for m in args.methods):  # the DDP hook's process group beside Horovod's
         import os
+
         import torch.distributed as dist
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port),
                           RANK=str(hvd.rank()), WORLD_SIZE=str(hvd.size()))

@@ -186,7 +186,7 @@ def optimizer_options(method: str) -> dict:
     """The DistributedOptimizer (or DDP hook state) keywords after ``@`` in a method:
     ``collective`` as given, ``intra_node`` as a compressor (``@intra_node=fp16`` ->
     ``from_params({"compressor": "fp16"})``), ``ranks_per_node`` as an int (nodes emulated on one
-    machine), ``fusion`` as bytes or ``true`` (fused compression, :mod:`hvdcompress.fusion`)."""
+    machine), ``fusion`` as bytes or ``true`` (fused compression, :mod:`hvdcompress.engines.fusion`)."""
     import hvdcompress
     _, *pairs = hvdc_spec(method).split("@")
     options = dict(p.split("=", 1) for p in pairs)
@@ -301,7 +301,8 @@ def make_ddp(method: str, model, opt, timer: CodecTimer) -> tuple:
     """:func:`make_method` for a DDP method: ``model`` in DistributedDataParallel with the
     method's comm hook (none for ``ddp-dense``); the counter is the hvdcompress hook's exchange.
     A two-level ``ddp:`` method without ``ranks_per_node`` takes Horovod's local size."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook as psgd
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
     from torch.nn.parallel import DistributedDataParallel
     wrapped = DistributedDataParallel(model, bucket_cap_mb=DDP_BUCKET_MB)
     if method == "ddp-dense":

@@ -43,11 +43,11 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from hvdrun import write_result
+    from lm_train import build_model, lm_loss, load_corpus, sample_batch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from hvdcompress.torch import fsdp
-    from hvdrun import write_result
-    from lm_train import build_model, lm_loss, load_corpus, sample_batch
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -37,8 +37,8 @@ from typing import Callable, Optional
 import torch
 
 import hvdcompress as hc
-from hvdcompress.compressor import Compressor, TensorInfo
-from hvdcompress.torch.backend import TorchOps
+from hvdcompress.contract.compressor import Compressor, TensorInfo
+from hvdcompress.ops.torch_ops import TorchOps
 
 COMPRESSORS: dict = {
     "onebit": lambda: hc.OneBit(),
@@ -134,7 +134,8 @@ def tensorflow_ops(threads: Optional[int]):
     ``threads`` threads; None when TensorFlow is not installed."""
     try:
         import tensorflow as tf
-        from hvdcompress.tensorflow.backend import TFOps
+
+        from hvdcompress.ops.tf_ops import TFOps
     except ImportError:
         return None
     if threads:

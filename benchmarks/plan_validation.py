@@ -21,7 +21,7 @@ at one thread per process, run by min(ranks, cores) processes at once as the ran
 memory (cached apart from the plan's own): codec times, the reduction's gamma per dtype and a
 memory copy's cost (DDP's gradient copies, :mod:`hvdcompress.plan.front_ends`); the front ends'
 cost per tensor and per fused-bucket member, measured in the probe's job
-(:mod:`hvdcompress.plan.job_costs`, :func:`job_calibration`); for the Horovod front end, its float16 gamma solved from a 2-rank ``hvd.allreduce`` on
+(:mod:`hvdcompress.torch.job_costs`, :func:`job_calibration`); for the Horovod front end, its float16 gamma solved from a 2-rank ``hvd.allreduce`` on
 loopback, float32 against float16 (:func:`horovod_gamma`: Horovod's float16 sum converts in
 software, about 11x numpy's float16 add here; torch's Gloo, the DDP hook's, sums at about
 numpy's speed);
@@ -55,15 +55,17 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))   # hvdrun
 CACHE = Path.home() / ".cache" / "hvdcompress" / "one-thread"
 
+from hvdrun import LaunchError, run_script, write_result  # noqa: E402
+
 from hvdcompress import from_params  # noqa: E402
-from hvdcompress.fusion import check_fusion  # noqa: E402
-from hvdcompress.plan import calibration as cal, job_costs  # noqa: E402
+from hvdcompress.engines.fusion import check_fusion  # noqa: E402
+from hvdcompress.plan import calibration as cal  # noqa: E402
 from hvdcompress.plan.front_ends import FRONT_ENDS as GRADIENT_COPIES  # noqa: E402
 from hvdcompress.plan.links import Cluster, Link, cpu_share  # noqa: E402
 from hvdcompress.plan.model import predict  # noqa: E402
 from hvdcompress.plan.payloads import DEFAULT_COMPRESSORS  # noqa: E402
 from hvdcompress.plan.profile import from_sizes, fused  # noqa: E402
-from hvdrun import LaunchError, run_script, write_result  # noqa: E402
+from hvdcompress.torch import job_costs
 
 #: per front end, e2e method -> the plan's compressor label; the first is the probe (dense)
 FRONT_ENDS = {
@@ -151,7 +153,7 @@ def probe_results() -> dict:
 @functools.lru_cache(maxsize=None)
 def job_calibration(ranks: int) -> cal.Calibration:
     """:func:`calibration_for` with the front ends' cost per tensor measured in the probe's job
-    (:mod:`hvdcompress.plan.job_costs`)."""
+    (:mod:`hvdcompress.torch.job_costs`)."""
     probe = probe_results()
     return replace(calibration_for(ranks), per_tensor=probe["per_tensor"], per_member=probe["per_member"])
 

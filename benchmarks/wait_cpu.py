@@ -1,5 +1,5 @@
 """CPU a rank burns while it waits for a slower one: Horovod's ``hvd.synchronize`` against the
-engine's polite wait (:mod:`hvdcompress.waiting`), side by side in one launch::
+engine's polite wait (:mod:`hvdcompress.transport.waiting`), side by side in one launch::
 
     horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python benchmarks/wait_cpu.py --seconds 5
 
@@ -18,7 +18,7 @@ import horovod.torch as hvd
 import torch
 
 from hvdcompress.torch.collectives import HorovodCollectives
-from hvdcompress.waiting import DEFAULT_CAP_US, VARIABLE
+from hvdcompress.transport.waiting import DEFAULT_CAP_US, VARIABLE
 
 
 def one_wait(comm: HorovodCollectives, seconds: float, tag: str) -> tuple:

@@ -4,7 +4,7 @@
 compressor of the registry with its options, BytePS style (key=value, comma-separated; see
 ``hvdcompress.available()`` and ``hvdcompress.from_params``) and overrides ``--compression``;
 a list keeps its commas (``compressor=dgc,warmup_sparsities=0.75,0.9375,warmup_unit=epoch``).
-``--intra-node`` turns on two-level compression (:mod:`hvdcompress.two_level`): the gradients
+``--intra-node`` turns on two-level compression (:mod:`hvdcompress.engines.two_level`): the gradients
 are reduced inside each node with that mild compressor (``none``: full precision) and only the
 node's shards cross nodes with the compressor above; ``--ranks-per-node`` emulates nodes on one
 machine (e.g. 2 with ``horovodrun -np 4``). :func:`init_horovod` registers the process sets it needs.
@@ -15,8 +15,8 @@ import argparse
 from typing import Any, Optional
 
 import hvdcompress
-from hvdcompress.process_sets import node_process_sets
 from hvdcompress.registry import parse_params
+from hvdcompress.transport.process_sets import node_process_sets
 
 COMPRESSIONS = {
     "dense": lambda a: None,
@@ -41,7 +41,7 @@ def add_compression_arguments(parser: argparse.ArgumentParser, warmup_epochs: in
                              "(from_params' warmup_epochs; 0: none)")
     parser.add_argument("--fusion", type=int, default=None, metavar="BYTES",
                         help="fused compression: consecutive tensors up to BYTES compressed as one "
-                             "buffer (hvdcompress.fusion; default: each tensor alone)")
+                             "buffer (hvdcompress.engines.fusion; default: each tensor alone)")
 
 
 def add_intra_node_arguments(parser: argparse.ArgumentParser) -> None:

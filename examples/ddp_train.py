@@ -20,15 +20,18 @@ import argparse
 import numpy as np
 import torch
 import torch.distributed as dist
+from compression_cli import (  # examples/
+    add_compression_arguments,
+    add_intra_node_arguments,
+    compression_from_args,
+    intra_node_from_args,
+)
+from hvdrun import write_result
+from pytorch_train import build_model, load_data, train_epochs
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hvdcompress import SparsityScheduler
 from hvdcompress.torch import ddp
-from hvdrun import write_result
-
-from compression_cli import (add_compression_arguments, add_intra_node_arguments,  # examples/
-                             compression_from_args, intra_node_from_args)
-from pytorch_train import build_model, load_data, train_epochs
 
 
 def main() -> None:

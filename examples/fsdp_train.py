@@ -20,13 +20,12 @@ import argparse
 import numpy as np
 import torch
 import torch.distributed as dist
+from compression_cli import parse_params  # examples/
+from hvdrun import write_result
+from pytorch_train import build_model, load_data, train_epochs
 
 import hvdcompress
 from hvdcompress.torch import fsdp
-from hvdrun import write_result
-
-from compression_cli import parse_params   # examples/
-from pytorch_train import build_model, load_data, train_epochs
 
 COMPRESSIONS = {
     "dense": None,
@@ -43,7 +42,8 @@ def shard(net: torch.nn.Module, version: int, compression) -> tuple:
     """(the sharded model, the compression state or None for FSDP's own reduce-scatter)."""
     layers = [m for m in net if isinstance(m, torch.nn.Linear)]
     if version == 1:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         model = FSDP(net, auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}), device_id=torch.device("cpu"),
                      sharding_strategy=ShardingStrategy.FULL_SHARD)

@@ -12,12 +12,13 @@ run (with the per-epoch sparsity from the logs) and a comparison at the end.
 from __future__ import annotations
 
 import argparse
+
 import horovod.tensorflow as hvd
 import tensorflow as tf
+from tensorflow2_train import build_model, compare, dgc_params, load_data, two_level
 
 import hvdcompress
 import hvdcompress.tensorflow.keras as hvck
-from tensorflow2_train import build_model, compare, dgc_params, load_data, two_level
 
 
 def train(args: argparse.Namespace, use_dgc: bool) -> dict:

@@ -40,11 +40,10 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-import hvdcompress.torch as hvc
+from compression_cli import add_compression_arguments, compression_from_args  # examples/
 from hvdrun import write_result
 
-from compression_cli import add_compression_arguments, compression_from_args  # examples/
+import hvdcompress.torch as hvc
 
 CORPUS = Path(torch.__file__).parent / "_torch_docs.py"
 TRAIN_FRACTION = 0.9

@@ -28,13 +28,12 @@ import argparse
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
+from compression_cli import add_compression_arguments, compression_from_args  # examples/
+from hvdrun import write_result
+from pytorch_train import build_model, load_data
 
 import hvdcompress.torch as hvc
 from hvdcompress.torch.elastic import TorchState
-from hvdrun import write_result
-
-from compression_cli import add_compression_arguments, compression_from_args  # examples/
-from pytorch_train import build_model, load_data
 
 
 def main() -> None:

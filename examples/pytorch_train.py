@@ -24,14 +24,18 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
+from compression_cli import (  # examples/
+    add_compression_arguments,
+    add_intra_node_arguments,
+    compression_from_args,
+    init_horovod,
+    intra_node_from_args,
+)
+from hvdrun import progress, write_result
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import hvdcompress.torch as hvc
-from hvdrun import progress, write_result
-
-from compression_cli import (add_compression_arguments, add_intra_node_arguments,  # examples/
-                             compression_from_args, init_horovod, intra_node_from_args)
 
 
 def load_data(rank: int, size: int):

@@ -19,14 +19,13 @@ from typing import Callable
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from compression_cli import add_intra_node_arguments, init_horovod, intra_node_from_args  # examples/
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import hvdcompress
 import hvdcompress.tensorflow as hvc
 from hvdcompress.registry import parse_params
-
-from compression_cli import add_intra_node_arguments, init_horovod, intra_node_from_args  # examples/
 
 
 def load_data(rank: int, size: int) -> tuple:

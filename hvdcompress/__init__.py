@@ -7,8 +7,7 @@ Compressors live in the framework-agnostic core and are handed to a framework wr
     opt = hvc.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=DGC(0.999))
 """
-from .adam import FrozenAdam
-from .compressor import Compressor, Packet, TensorInfo, payload_bytes
+from .adam.frozen import FrozenAdam
 from .compressors.cast import BF16, FP16
 from .compressors.csc import CSC
 from .compressors.dgc import DGC
@@ -26,10 +25,11 @@ from .compressors.terngrad import TernGrad
 from .compressors.threshold import Threshold
 from .compressors.topk import TopK
 from .compressors.twobit import TwoBit
-from .memory import ErrorFeedback, Momentum
+from .contract.compressor import Compressor, Packet, TensorInfo, payload_bytes
+from .contract.memory import ErrorFeedback, Momentum
+from .contract.schedule import ExponentialWarmup, ListWarmup, SparsityScheduler
 from .registry import available, from_params, register
-from .replicas import ReplicaMismatch
-from .schedule import ExponentialWarmup, ListWarmup, SparsityScheduler
+from .step.replicas import ReplicaMismatch
 
 for _cls in (NoCompression, FP16, BF16, TopK, RandomK, DGC, OneBit, EFSignSGD, Signum, Threshold,
              TwoBit, Int8, Dithering, QSGD, TernGrad, Natural, PowerSGD, CSC):

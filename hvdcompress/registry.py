@@ -7,22 +7,22 @@ Values may be strings (as from a command line or a config file) or typed. Keys:
 
 * ``compressor``: a registered name (:func:`available`).
 * the compressor's own constructor arguments, converted by their type hints.
-* ``ef``: ``"none"`` or ``"vanilla"`` (wrap in :class:`~hvdcompress.memory.ErrorFeedback`).
+* ``ef``: ``"none"`` or ``"vanilla"`` (wrap in :class:`~hvdcompress.contract.memory.ErrorFeedback`).
 * ``momentum``: ``"none"``, ``"plain"`` or ``"nesterov"`` (wrap in
-  :class:`~hvdcompress.memory.Momentum`), with ``momentum_mu`` (default: the optimizer's).
+  :class:`~hvdcompress.contract.memory.Momentum`), with ``momentum_mu`` (default: the optimizer's).
   For compressors with momentum built in (DGC) it sets their ``nesterov`` instead of wrapping,
   and ``momentum_mu`` their ``momentum``.
-* ``adam``: ``"none"`` or ``"frozen"`` (wrap in :class:`~hvdcompress.adam.FrozenAdam`, outermost:
-  the Adam/AdamW take-over), with ``freeze_steps`` (default: none, v refreshed at growing intervals, :mod:`hvdcompress.adam_freeze`),
+* ``adam``: ``"none"`` or ``"frozen"`` (wrap in :class:`~hvdcompress.adam.frozen.FrozenAdam`, outermost:
+  the Adam/AdamW take-over), with ``freeze_steps`` (default: none, v refreshed at growing intervals, :mod:`hvdcompress.adam.variance`),
   ``adam_send``: what is compressed in the compressed steps, ``"auto"`` (default: ``"preconditioned"``
   around top-k, else ``"gradient"``), ``"gradient"``, ``"momentum"`` or ``"preconditioned"``,
   and ``adam_warmup``: what sends the gradient while v is updated, ``"auto"`` (default: int8;
   int4 in the long warm-up), ``"int8"``, ``"int4"`` or ``"none"`` (dense), and
   ``adam_live_steps``: the steps of live Adam before the refreshes of v begin (default: the long
   warm-up, 512, at b2 > 0.998 around top-k, PowerSGD and onebit from 4 ranks,
-  :func:`~hvdcompress.adam_freeze.long_warmup`; else 256 around top-k, else
-  :data:`~hvdcompress.adam_freeze.WARMUP`), and ``adam_min_numel``:
-  tensors with fewer elements run live Adam at every step (default: :data:`hvdcompress.adam.MIN_NUMEL`).
+  :func:`~hvdcompress.adam.variance.long_warmup`; else 256 around top-k, else
+  :data:`~hvdcompress.adam.variance.WARMUP`), and ``adam_min_numel``:
+  tensors with fewer elements run live Adam at every step (default: :data:`hvdcompress.adam.frozen.MIN_NUMEL`).
   Around onebit it makes ``chunk="auto"`` (onebit's default) a scale per row (``"rows"``); give
   ``chunk="none"`` for one scale per tensor.
 * ``seed``: the seed of compressors that draw random numbers; checked and unused by the others.
@@ -49,11 +49,11 @@ Sparsity warm-up of the compressors that take a ``warmup`` schedule (DGC, CSC), 
 
 * ``warmup_epochs=N`` (``warmup_steps=N``): the DGC paper's exponential ramp over ``N`` epochs
   (steps) below the target, then the target: density ``(1 - s) ** ((t + 1) / (N + 1))`` at
-  ``t < N``, which is :class:`~hvdcompress.schedule.ExponentialWarmup` ``(N + 1)``; for
+  ``t < N``, which is :class:`~hvdcompress.contract.schedule.ExponentialWarmup` ``(N + 1)``; for
   ``s = 0.999`` and ``N = 4``: 74.9%, 93.7%, 98.4%, 99.6%, then 99.9%. ``N = 0``: no warm-up.
 * ``warmup_sparsities="0.75,0.9375,0.984375,0.996"`` with ``warmup_unit`` ``"epoch"`` (default)
   or ``"step"``: one entry per unit, then the target
-  (:class:`~hvdcompress.schedule.ListWarmup` with ``to_target=True``). With Paddle's
+  (:class:`~hvdcompress.contract.schedule.ListWarmup` with ``to_target=True``). With Paddle's
   ``rampup_begin_step=B`` and ``rampup_step=L`` (steps): dense before step ``B``, the list
   walked evenly over ``L`` steps, then the target.
 
@@ -65,11 +65,12 @@ import inspect
 import typing
 from typing import Any, Dict, Mapping, Optional, Type
 
-from .adam import SEND, WARMUP as ADAM_WARMUP, FrozenAdam
-from .compressor import Compressor
-from .memory import ErrorFeedback, Momentum
-from .schedule import ExponentialWarmup, ListWarmup, Schedule
-from .validation import check_choice, check_int
+from .adam.frozen import SEND, FrozenAdam
+from .adam.frozen import WARMUP as ADAM_WARMUP
+from .contract.compressor import Compressor
+from .contract.memory import ErrorFeedback, Momentum
+from .contract.schedule import ExponentialWarmup, ListWarmup, Schedule
+from .contract.validation import check_choice, check_int
 
 _REGISTRY: Dict[str, Type[Compressor]] = {}
 #: The registered planners over the algorithms (``"auto"``): buildable, not in :func:`available`.
@@ -108,6 +109,22 @@ def register(cls: Type[Compressor], planner: bool = False) -> Type[Compressor]:
     else:
         _PLANNERS.discard(cls.name)
     return cls
+
+
+def is_planner(compressor: Compressor) -> bool:
+    """Whether ``compressor`` is a registered planner (it picks each tensor's algorithm and
+    collective itself, so it takes no ``collective=`` or ``intra_node=``)."""
+    return type(compressor).name in _PLANNERS and _REGISTRY.get(type(compressor).name) is type(compressor)
+
+
+def planner_from_arguments(compression: Any, allowed: Any = None, link: Any = None) -> Optional[Compressor]:
+    """The front ends' ``compression="auto"`` with their ``auto_allowed=`` and ``link=``: the
+    registered planner built from them; None for any other ``compression`` (which then takes
+    neither argument: the planner's ``from_arguments`` says so)."""
+    if AUTO not in _REGISTRY:
+        raise ValueError(f"compression={compression!r}: no planner is registered as {AUTO!r} "
+                         "(import hvdcompress registers hvdcompress.auto.Auto)")
+    return _REGISTRY[AUTO].from_arguments(compression, allowed, link)
 
 
 def available() -> list:

@@ -1,4 +1,4 @@
-"""Numpy references of the Adam take-over (hvdcompress.adam.FrozenAdam) on WORLD ranks with the
+"""Numpy references of the Adam take-over (hvdcompress.adam.frozen.FrozenAdam) on WORLD ranks with the
 exact gradients of tests/hvd/torch_adam.py and tf_adam.py (loss = sum(w * c_r)), shared by the
 torch and TensorFlow tests (no framework import here)."""
 from __future__ import annotations
@@ -86,7 +86,7 @@ def int8_alltoall(sent: list) -> np.ndarray:
 
 def int4_alltoall(sent: list, server_chunk: int = 64) -> np.ndarray:
     """:func:`int8_alltoall` with 4-bit codes (FrozenAdam's warmup="int4"): each rank's segment
-    in one chunk, the reduced sum in chunks of ``server_chunk`` (hvdcompress.adam.SERVER_INT4_CHUNK)."""
+    in one chunk, the reduced sum in chunks of ``server_chunk`` (hvdcompress.adam.frozen.SERVER_INT4_CHUNK)."""
     half = N // WORLD
     out = [int8_decoded(int8_decoded(sent[0][j * half:(j + 1) * half], 15) +
                         int8_decoded(sent[1][j * half:(j + 1) * half], 15), 15, server_chunk)
@@ -99,7 +99,7 @@ def dense_mean(sent: list) -> np.ndarray:
 
 
 def v_steps(steps: int, b2: float, warmup: int = 128, per_level: int = 8, share: float = 1.0) -> dict:
-    """FrozenAdam's default variance schedule (hvdcompress.adam_freeze), simulated: {v-step t:
+    """FrozenAdam's default variance schedule (hvdcompress.adam.variance), simulated: {v-step t:
     the interval since the previous one}; every step up to ``warmup``, then ``per_level``
     v-steps at each interval 2, 4, 8, ... up to the largest power of 2 <= share/(1-b2), which
     then lasts."""
@@ -139,7 +139,7 @@ def reference(steps: int, freeze: int | None, lr: float, b1: float, b2: float, w
               exchange=None, eps: float = 1e-8, clip: float | None = None,
               send: str = "gradient", warmup=dense_mean, live: int = 128, clip_each: bool = False,
               all_live: bool = False, lrs: list | None = None, units: bool = True) -> list:
-    """Weights after each step of the take-over on WORLD ranks (module doc of hvdcompress.adam):
+    """Weights after each step of the take-over on WORLD ranks (module doc of hvdcompress.adam.frozen):
     dense mean gradient for t <= freeze, then
     ``exchange`` (default: the exact mean) of every rank's b1*m + (1-b1)*g_r; with ``clip``: the
     exchanged mean clipped to it in the v-steps (Horovod's pattern), its coefficient kappa kept,

@@ -1,4 +1,4 @@
-"""An in-process simulator of P ranks for the exchange engine (hvdcompress.exchange): the
+"""An in-process simulator of P ranks for the exchange engine (hvdcompress.engines.exchange): the
 collectives adapter of the tests (several process sets: :func:`run_nodes`). Each rank runs in its own thread; every collective call
 contributes the rank's tensors, waits for the other ranks at a barrier, and returns what
 Horovod would (sum, rank-order concatenation, all-to-all of equal parts).
@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from hvdcompress.collectives import Collectives
+from hvdcompress.transport.collectives import Collectives
 
 
 class World:
@@ -84,7 +84,7 @@ def run_nodes(nodes: int, per_node: int, body: Callable[..., Any], timeout: floa
     """``body(world_comm, node_comm, cross_comm)`` on ``nodes`` x ``per_node`` simulated ranks
     (rank r on node r // per_node with local rank r % per_node, as horovodrun places them): one
     World for all ranks, one per node, one per local rank across the nodes (the process sets of
-    hvdcompress.two_level). Results in rank order."""
+    hvdcompress.engines.two_level). Results in rank order."""
     size = nodes * per_node
     everyone = World(size, timeout)
     node_worlds = [World(per_node, timeout) for _ in range(nodes)]

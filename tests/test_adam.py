@@ -1,4 +1,4 @@
-"""The Adam take-over (hvdcompress.adam.FrozenAdam), issue 20: numpy references of Adam with a
+"""The Adam take-over (hvdcompress.adam.frozen.FrozenAdam), issue 20: numpy references of Adam with a
 frozen v, of 1-bit Adam (each rank's momentum, sign-compressed with error feedback), under real
 Horovod processes at 2 ranks (tests/hvd/torch_adam.py), and the argument checks."""
 from __future__ import annotations
@@ -6,11 +6,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from adam_reference import (
+    LRS,
+    WORLD,
+    allgather_exchange,
+    by_case,
+    compressed_allreduce,
+    int4_alltoall,
+    int8_alltoall,
+    int8_mean,
+    reference,
+    v_steps,
+    v_weights,
+)
+from conftest import run_horovod
 
 import hvdcompress as hc
-from adam_reference import (LRS, WORLD, by_case, allgather_exchange, compressed_allreduce, int4_alltoall, int8_alltoall, int8_mean,
-                             reference, v_steps, v_weights)
-from conftest import run_horovod
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +188,7 @@ def test_a_tensor_under_min_numel_runs_live_adam_at_every_step(runs):
 # ---- the variance schedule (one process) ------------------------------------------------------
 
 def test_the_variance_schedule_matches_its_simulation():
-    from hvdcompress.adam_freeze import VarianceSchedule
+    from hvdcompress.adam.variance import VarianceSchedule
     schedule = VarianceSchedule()
     for b2, in_1000, cap in ((0.95, 199, 16), (0.99, 173, 64), (0.999, 173, 512), (0.9, 247, 8)):
         want = v_steps(5000, b2)
@@ -209,9 +220,10 @@ def test_the_variance_schedule_matches_its_simulation():
 def test_the_default_take_over_matches_numpy_over_the_first_300_steps(b2):
     """after_exchange step by step against the numpy reference at the defaults (one rank, the
     exchanged mean given): the v-steps' weights, the bias correction over them."""
-    from adam_reference import gradients, N
-    from hvdcompress.adam_settings import AdamSettings
-    from hvdcompress.torch.backend import TorchOps
+    from adam_reference import N, gradients
+
+    from hvdcompress.adam.settings import AdamSettings
+    from hvdcompress.ops.torch_ops import TorchOps
     ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()))
     settings = AdamSettings(lr=0.01, beta1=0.9, beta2=b2, eps=1e-8, weight_decay=0.1, decoupled=True)
     mean = lambda xs: (xs[0] + xs[1]) * np.float32(1 / WORLD)
@@ -232,6 +244,7 @@ def test_the_default_take_over_matches_numpy_over_the_first_300_steps(b2):
 @pytest.fixture(scope="module")
 def hvc():
     import horovod.torch as hvd
+
     import hvdcompress.torch as hvc
     hvd.init()
     return hvc
@@ -328,8 +341,8 @@ def test_the_warm_up_waits_longer_with_int4_where_v_forms_slowly(b2, live, mild,
     then a v-step every 16th (top-k: 2nd), where 1/(1-b2) > 512, else 256 int8 (top-k) or 128
     int8, then every 2nd; a checkpoint brings them back with b2. Onebit at 2 ranks, the other compressors,
     live_steps, freeze_steps and an explicit warmup keep theirs."""
-    from hvdcompress.adam_settings import AdamSettings
-    from hvdcompress.adam_freeze import long_warmup
+    from hvdcompress.adam.settings import AdamSettings
+    from hvdcompress.adam.variance import long_warmup
     live = live if live == 512 else short
     first = 16 if live == 512 and params["compressor"] != "topk" else 2
     settings = AdamSettings(lr=1e-3, beta1=0.9, beta2=b2, eps=1e-8)
@@ -376,8 +389,8 @@ def test_the_compressed_allreduce_re_sends_an_int4_v_step_in_chunks_of_64(runs):
 
 def test_an_int4_v_step_sends_half_a_byte_per_element():
     """The long warm-up's v-steps: 4-bit min-max codes, decoded within half of their 15 steps."""
-    from hvdcompress.compressor import TensorInfo
-    from hvdcompress.torch.backend import TorchOps
+    from hvdcompress.contract.compressor import TensorInfo
+    from hvdcompress.ops.torch_ops import TorchOps
     ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.TopK(0.1)), warmup="int4")
     info, state = TensorInfo(name="w", numel=1001), {}
     x = torch.from_numpy(np.random.default_rng(0).standard_normal(1001).astype(np.float32))
@@ -393,8 +406,8 @@ def test_a_coordinate_without_gradient_in_the_warm_up_is_not_moved_after_the_fre
     """v = 0 at the freeze (an always-zero input pixel): onebit sends ±scale for its zero
     gradient, and m / (sqrt(0) + eps) would move it by lr·scale/eps (NaN on digits); it stays,
     while the other coordinates take the frozen-Adam step."""
-    from hvdcompress.adam_settings import AdamSettings
-    from hvdcompress.torch.backend import TorchOps
+    from hvdcompress.adam.settings import AdamSettings
+    from hvdcompress.ops.torch_ops import TorchOps
     ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=1)  # v-steps: t = 1
     settings = AdamSettings(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8)
     param = torch.tensor([0.5, 0.5])
@@ -413,9 +426,10 @@ def test_a_coordinate_without_gradient_in_the_warm_up_is_not_moved_after_the_fre
 def test_a_v_step_sends_int8_and_leaves_the_residual():
     """In a v-step the wrapped compressor is not called: int8 sends the gradient (decoded within
     its rounding) and the error-feedback residual waits for the next compressed step."""
-    from hvdcompress.compressor import TensorInfo
-    from hvdcompress.torch.backend import TorchOps
     from adam_reference import int8_decoded
+
+    from hvdcompress.contract.compressor import TensorInfo
+    from hvdcompress.ops.torch_ops import TorchOps
     ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.TopK(0.1)), live_steps=1)
     info, state = TensorInfo(name="w", numel=100), {}
     x = torch.from_numpy(np.random.default_rng(0).standard_normal(100).astype(np.float32))
@@ -438,8 +452,8 @@ def test_the_unit_follows_the_lr_of_the_compressed_steps_and_is_checkpointed():
     """before_exchange sends u·x, u = lr / L (L the first compressed step's lr, kept in the
     compressor's state_dict), the last u at lr 0; after_exchange divides the mean by u; a new
     FrozenAdam loaded from the state_dict keeps L; an adam_lr_unit of 0 (none yet) sets it anew."""
-    from hvdcompress.adam_settings import AdamSettings
-    from hvdcompress.torch.backend import TorchOps
+    from hvdcompress.adam.settings import AdamSettings
+    from hvdcompress.ops.torch_ops import TorchOps
     ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=1)
     x, w, state = torch.full((4,), 2.0), torch.zeros(4), {}
     adam.before_exchange(ops, x, state, AdamSettings(lr=0.5, beta1=0.9, beta2=0.99, eps=1e-8), w)
@@ -469,10 +483,11 @@ def test_the_step_driver_gives_its_world_to_the_take_over_when_it_builds_its_eng
     builds (again after a rebuild at another size), so 4 ranks at b2 0.999 wait 512 int4 steps
     and 2 ranks 128 int8."""
     from types import SimpleNamespace
-    from hvdcompress.accounting import ByteCount
-    from hvdcompress.adam_settings import AdamSettings
-    from hvdcompress.driver import StepDriver
-    from hvdcompress.options import parse_options
+
+    from hvdcompress.adam.settings import AdamSettings
+    from hvdcompress.engines.accounting import ByteCount
+    from hvdcompress.step.driver import StepDriver
+    from hvdcompress.step.options import parse_options
     from hvdcompress.torch.tensors import OPS
 
     adam = hc.from_params({"compressor": "onebit", "ef": "vanilla", "adam": "frozen"})

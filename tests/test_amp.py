@@ -1,4 +1,4 @@
-"""Mixed precision with a loss scaler (hvdcompress.loss_scale; issue 24 item 1).
+"""Mixed precision with a loss scaler (hvdcompress.step.loss_scale; issue 24 item 1).
 
 In one process: :class:`OverflowGuard` puts a state back exactly (tensors in place, Python
 values, keys the step added), and the torch optimizer's ``scaler=`` argument and its misuse
@@ -16,14 +16,13 @@ from __future__ import annotations
 import horovod.torch as hvd
 import pytest
 import torch
+from conftest import run_horovod
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from hvdcompress.collectives import Collectives
-from hvdcompress.loss_scale import OverflowGuard
-from hvdcompress.torch.backend import TorchOps
-
-from conftest import run_horovod
+from hvdcompress.ops.torch_ops import TorchOps
+from hvdcompress.step.loss_scale import OverflowGuard
+from hvdcompress.transport.collectives import Collectives
 
 hvd.init()
 STATEFUL = ("onebit_ef", "topk_ef", "dgc", "powersgd", "momentum_topk_ef", "frozen_adam", "fused_onebit_ef")

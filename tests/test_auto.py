@@ -6,19 +6,20 @@ from dataclasses import replace
 
 import pytest
 import torch
+from simulator import run_ranks
 
 import hvdcompress
-from hvdcompress.auto import SAFE, Auto, choose, compressor as auto_compressor, from_arguments
+from hvdcompress.auto import SAFE, Auto, choose, from_arguments
+from hvdcompress.auto import compressor as auto_compressor
 from hvdcompress.auto.choice import CHOICES, flat_cluster, parse_allowed, parse_link
 from hvdcompress.auto.compressor import CODEC_BOUND, replan_inputs
 from hvdcompress.auto.probe import measure_link
-from hvdcompress.compressor import TensorInfo
-from hvdcompress.exchange import Exchange
-from hvdcompress.options import parse_options
+from hvdcompress.contract.compressor import TensorInfo
+from hvdcompress.engines.exchange import Exchange
+from hvdcompress.ops.torch_ops import TorchOps
 from hvdcompress.plan import Calibration, CodecTimes, Fit, Link
 from hvdcompress.plan.payloads import DEFAULT_COMPRESSORS, spec_key
-from hvdcompress.torch.backend import TorchOps
-from simulator import run_ranks
+from hvdcompress.step.options import parse_options
 
 SPECS = {label: CHOICES[label] for label in SAFE}
 BIG, TINY = (1024, 1024), (10,)

@@ -1,16 +1,16 @@
 """Explicit capabilities (issue 11): ``explicit_momentum``, the warm-up interface found through
-``unwrap()``, and the one module that derives random keys (:mod:`hvdcompress.keys`), pinned to
+``unwrap()``, and the one module that derives random keys (:mod:`hvdcompress.contract.keys`), pinned to
 the values the per-compressor derivations of 7bd925a gave."""
 import numpy as np
 import pytest
 
 import hvdcompress
-from hvdcompress import keys
 from hvdcompress.compressors.csc import CSC
 from hvdcompress.compressors.dgc import DGC
 from hvdcompress.compressors.topk import TopK
-from hvdcompress.memory import ErrorFeedback, Momentum
-from hvdcompress.schedule import ExponentialWarmup, SparsityScheduler
+from hvdcompress.contract import keys
+from hvdcompress.contract.memory import ErrorFeedback, Momentum
+from hvdcompress.contract.schedule import ExponentialWarmup, SparsityScheduler
 
 
 @pytest.mark.parametrize("compressor, expected", [

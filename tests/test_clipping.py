@@ -9,10 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import run_horovod
 
 import hvdcompress as hc
-
-from conftest import run_horovod
 
 pytestmark = pytest.mark.horovod
 C, WORLD, LR = 1.5, 2, 0.1
@@ -125,7 +124,7 @@ def test_recommended_paths_do_not_warn(cases, case):
 def test_local_clip_limit_is_the_papers_per_rank_rule():
     """The paper clips each rank's share G_k = g_k / N to c / sqrt(N): on the local mean
     gradient g_k (op=Average) that is c * sqrt(N); on G_k itself (op=Sum) c / sqrt(N)."""
-    from hvdcompress.clipping import local_clip_limit
+    from hvdcompress.step.clipping import local_clip_limit
     assert local_clip_limit(2.0, 4, average=True) == 4.0
     assert local_clip_limit(2.0, 4, average=False) == 1.0
 
@@ -136,8 +135,8 @@ def test_the_adam_take_over_clips_the_mean_in_v_steps_and_scales_each_rank_after
     (then the paper's c·sqrt(N)); the coefficient survives a checkpoint. Without the take-over
     the scale stays 1 and nothing is kept."""
     import hvdcompress as hc
-    from hvdcompress.driver import StepDriver
-    from hvdcompress.options import parse_options
+    from hvdcompress.step.driver import StepDriver
+    from hvdcompress.step.options import parse_options
     from hvdcompress.torch.tensors import OPS
 
     adam = hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit()), freeze_steps=2)
@@ -177,8 +176,10 @@ def test_the_trap_watch_sees_state_at_either_level(compression, intra_node, warn
     the compressor, or the two-level intra_node one, carries state; clipping is then applied
     before the exchange by clip_grad_norm (clips_before_exchange agrees)."""
     import warnings
+
     import torch
-    from hvdcompress.clipping import clips_before_exchange
+
+    from hvdcompress.step.clipping import clips_before_exchange
     from hvdcompress.torch.clipping import GradientWatch
     p = torch.nn.Parameter(torch.zeros(3))
     p.grad = torch.ones(3)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import hvdcompress as hc
-from hvdcompress.compressor import TensorInfo
-from hvdcompress.torch.backend import TorchOps
+from hvdcompress.contract.compressor import TensorInfo
+from hvdcompress.ops.torch_ops import TorchOps
 
 
 @pytest.fixture(params=["kernels", "fallback"])

@@ -7,11 +7,11 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from randomk_reference import np_shared_indices, strata
 
 import hvdcompress as hc
-from hvdcompress.compressor import TensorInfo
-from hvdcompress.torch.backend import TorchOps
-from randomk_reference import np_shared_indices, strata
+from hvdcompress.contract.compressor import TensorInfo
+from hvdcompress.ops.torch_ops import TorchOps
 
 OPS = TorchOps()
 
@@ -122,7 +122,7 @@ def test_randomk_draws_one_index_per_stratum_and_scales_by_its_size():
 def test_randomk_inclusion_is_uniform_within_each_stratum():
     """Statistics of the draw: over 4,000 keys every element of [0, 50) with k = 5 (strata of
     10) is picked about 400 times (binomial sd 19; bound at 6 sd)."""
-    from hvdcompress.backend import Ops
+    from hvdcompress.ops.facade import Ops
     counts = np.zeros(50)
     for key in range(4000):
         counts[Ops.shared_indices(TorchOps(kernels=False), 50, 5, key, torch.zeros(1)).numpy()] += 1

@@ -36,16 +36,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import hvdcompress as hc
-from hvdcompress.torch import ddp
 from hvdrun import RESULTS_ENV, read_results
 from simulator import run_nodes, run_ranks
 
+import hvdcompress as hc
+from hvdcompress.torch import ddp
+
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE / "ddp"))
-from cases import (CASES, RANKS_PER_NODE, REGISTRY, THREADS, build_model, decode, flat_params,  # noqa: E402
-                   reference)
+from cases import CASES, RANKS_PER_NODE, REGISTRY, THREADS, build_model, decode, flat_params, reference  # noqa: E402
 
 STEPS = 4
 TWO = ["none", "fp16", "int8", "onebit_ef", "topk_ef", "dgc", "powersgd", "csc", "momentum_nesterov",

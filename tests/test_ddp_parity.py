@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from test_ddp import HERE, torchrun
 
 WORKER = HERE / "ddp" / "parity_worker.py"

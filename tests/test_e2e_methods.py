@@ -75,8 +75,9 @@ def test_convergence_keeps_the_methods_that_finished_before_a_launch_failed(tmp_
     JSON, the exit names the method lost, nothing else is reported as run."""
     from pathlib import Path
     monkeypatch.syspath_prepend(str(Path(e2e.__file__).parent))   # convergence.py imports e2e as a script
-    from benchmarks import convergence
     from hvdrun import LaunchError
+
+    from benchmarks import convergence
     done = {"rank": 0, "method": "hvd-dense", "final_bpb": 3.0, "curve": [[0, 8.0]], "bytes": None}
 
     def timed_out(*args, **kwargs):

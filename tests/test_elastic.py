@@ -6,7 +6,7 @@ Horovod would skip the sync for, hvdcompress/elastic.py). Checked: it finishes w
 launch's time-out (no hang), the replicas are identical
 at every batch (the script's replica guard raises otherwise, and the digests are compared
 here), the large tensor's collective follows the world size, and after each reset every rank
-holds the share of the last commit's compressor state that hvdcompress.reshard defines
+holds the share of the last commit's compressor state that hvdcompress.state.reshard defines
 (numpy references of tests/test_reshard.py)."""
 from __future__ import annotations
 
@@ -15,12 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from horovod.common.exceptions import HostsUpdatedInterrupt
-
-from hvdcompress.elastic import SyncEveryReset
-
 from conftest import HVD_SCRIPTS, run_elastic
+from horovod.common.exceptions import HostsUpdatedInterrupt
 from test_reshard import delivered, rank_states, whole
+
+from hvdcompress.step.elastic import SyncEveryReset
 
 pytestmark = pytest.mark.horovod
 TIMEOUT_S = 400

@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import launch_elastic, run_horovod
 from hvdrun import write_hosts
 

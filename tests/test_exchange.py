@@ -1,4 +1,4 @@
-"""The exchange engine (hvdcompress.exchange) on the in-process simulator of P ranks
+"""The exchange engine (hvdcompress.engines.exchange) on the in-process simulator of P ranks
 (tests/simulator.py): the compressed allreduce (all-to-all of compressed segments, decode and
 sum, re-compress with a second error-feedback residual, all-gather) against a numpy reference,
 the collective choice and its cost model, and the argument checks."""
@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from simulator import run_ranks
 
 import hvdcompress as hc
-from hvdcompress.compressor import TensorInfo
-from hvdcompress.collectives import check_collective, choose_collective, wire_bytes
-from hvdcompress.exchange import Exchange
-from hvdcompress.torch.backend import TorchOps
-from simulator import run_ranks
+from hvdcompress.contract.compressor import TensorInfo
+from hvdcompress.engines.exchange import Exchange
+from hvdcompress.ops.torch_ops import TorchOps
+from hvdcompress.transport.collectives import check_collective, choose_collective, wire_bytes
 
 OPS = TorchOps()
 

@@ -22,13 +22,13 @@ from typing import Callable
 import numpy as np
 import pytest
 import torch
+from simulator import run_ranks
 
 import hvdcompress as hc
-from hvdcompress.compressor import TensorInfo
 from hvdcompress.compressors.residual import RESIDUAL
-from hvdcompress.exchange import Exchange
-from hvdcompress.torch.backend import TorchOps
-from simulator import run_ranks
+from hvdcompress.contract.compressor import TensorInfo
+from hvdcompress.engines.exchange import Exchange
+from hvdcompress.ops.torch_ops import TorchOps
 
 OPS = TorchOps()
 P = 4

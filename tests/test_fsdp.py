@@ -17,12 +17,12 @@ import math
 import numpy as np
 import pytest
 import torch
-
-import hvdcompress as hc
-from hvdcompress.reduce_scatter import laid_out, pooled_units
-from hvdcompress.torch import fsdp
 from test_ddp import HERE, torchrun
 from test_kernels import np_minmax, np_topk_abs
+
+import hvdcompress as hc
+from hvdcompress.engines.reduce_scatter import laid_out, pooled_units
+from hvdcompress.torch import fsdp
 
 WORKER = HERE / "fsdp" / "worker.py"
 BLOCK = 256

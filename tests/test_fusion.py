@@ -1,4 +1,4 @@
-"""Fused compression (hvdcompress.fusion) on the in-process simulator of P ranks: the buckets'
+"""Fused compression (hvdcompress.engines.fusion) on the in-process simulator of P ranks: the buckets'
 rule, each fused exchange against a numpy reference of the concatenated buffer, the collectives
 it saves, and the argument checks. The wrappers' fused paths run under real Horovod in
 tests/test_torch_optimizer.py (tests/hvd/torch_fusion.py) and tests/test_tf_horovod.py."""
@@ -7,18 +7,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hvd.fusion_data import SIZES, grads
+from simulator import run_nodes, run_ranks
+from test_exchange import onebit
 
 import hvdcompress as hc
 from hvdcompress.auto import Auto
-from hvdcompress.compressor import TensorInfo
-from hvdcompress.exchange import Exchange
-from hvdcompress.fusion import DEFAULT_BYTES, Bucket, FusedKey, buckets, check_fusion, compress_bucket, totals
-from hvdcompress.options import parse_options
-from hvdcompress.torch.backend import TorchOps
-from hvd.fusion_data import SIZES, grads
-from hvdcompress.two_level import TwoLevelExchange
-from simulator import run_nodes, run_ranks
-from test_exchange import onebit
+from hvdcompress.contract.compressor import TensorInfo
+from hvdcompress.engines.exchange import Exchange
+from hvdcompress.engines.fusion import (
+    DEFAULT_BYTES,
+    Bucket,
+    FusedKey,
+    buckets,
+    check_fusion,
+    compress_bucket,
+    totals,
+)
+from hvdcompress.engines.two_level import TwoLevelExchange
+from hvdcompress.ops.torch_ops import TorchOps
+from hvdcompress.step.options import parse_options
 
 OPS = TorchOps()
 

@@ -11,7 +11,6 @@ import math
 
 import numpy as np
 import pytest
-
 from conftest import run_horovod, run_scripts
 
 pytestmark = pytest.mark.horovod

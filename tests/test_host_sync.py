@@ -21,10 +21,10 @@ import json
 
 import numpy as np
 import pytest
-
-import hvdcompress
 from conftest import run_horovod
 from randomk_reference import np_shared_indices
+
+import hvdcompress
 
 torch = pytest.importorskip("torch")
 
@@ -61,8 +61,8 @@ def test_host_reads_within_budget():
 def test_shared_indices_same_on_device_and_host(n, k, key):
     """RandomK's indices: the device version (TorchOps, on the tensor's device) and the host
     numpy version (Ops' default, TensorFlow's) both equal the reference."""
-    from hvdcompress.backend import Ops
-    from hvdcompress.torch.backend import TorchOps
+    from hvdcompress.ops.facade import Ops
+    from hvdcompress.ops.torch_ops import TorchOps
     ops, like = TorchOps(kernels=False), torch.zeros(1)
     want = np_shared_indices(n, k, key)
     device = ops.shared_indices(n, k, key, like)

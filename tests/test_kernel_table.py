@@ -16,8 +16,8 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from hvdcompress.backend import WRITTEN, Ops
 from hvdcompress.ops import library, native, roles, table, torch_fallback
+from hvdcompress.ops.facade import WRITTEN, Ops
 from hvdcompress.ops.table import implementation, implements
 
 

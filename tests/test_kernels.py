@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hvdcompress.ops import native
-from hvdcompress.torch.backend import TorchOps
+from hvdcompress.ops.torch_ops import TorchOps
 
 PATHS = ["kernels", "fallback"]
 
@@ -523,7 +523,7 @@ def test_sparse_sum_rejects_an_index_out_of_range(ops):
 LOG_PATH = """
 import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
-from hvdcompress.torch.backend import TorchOps
+from hvdcompress.ops.torch_ops import TorchOps
 TorchOps(); TorchOps()
 print("uses_kernels", TorchOps().uses_kernels)
 """
@@ -791,8 +791,8 @@ def test_dgc_fused_selection_is_the_operation_at_a_time_result(monkeypatch, para
     """DGC with the fused kernel (the C++ path) and without: the same payloads and state, bit
     for bit, whether the pass's selection is kept or made again (adaptation, resampling)."""
     import hvdcompress as hc
-    from hvdcompress.compressor import TensorInfo
     from hvdcompress.compressors import dgc as dgc_module
+    from hvdcompress.contract.compressor import TensorInfo
 
     ops = TorchOps(kernels=True)
 
@@ -1018,7 +1018,7 @@ def test_fp16_decodes_to_the_bits_of_the_framework_cast(ops, grad_dtype):
     payload did, into a new tensor or a caller's buffer; decompress_gathered the sum of the
     payloads decoded one by one. The payloads: finite patterns (NaN bits from a cast vary)."""
     import hvdcompress as hc
-    from hvdcompress.compressor import Compressor, TensorInfo
+    from hvdcompress.contract.compressor import Compressor, TensorInfo
     n, world = 5000, 3
     comp, info = hc.FP16(), TensorInfo(name="w", numel=n, shape=(n,))
     finite = [p[(p.view(np.uint16) & 0x7C00) != 0x7C00][:n] for p in (fp16_patterns(4 * n, 90 + r) for r in range(world))]

@@ -15,10 +15,17 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import run_horovod, run_horovod_failing
-from hvdrun import (RESULTS_ENV, TERMINATE_GRACE_S, LaunchError, progress, read_results, result,
-                    run_script, write_result)
+from hvdrun import (
+    RESULTS_ENV,
+    TERMINATE_GRACE_S,
+    LaunchError,
+    progress,
+    read_results,
+    result,
+    run_script,
+    write_result,
+)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -1,6 +1,8 @@
-"""The package's layout, read from its sources (no import, no framework): no import circle among
-hvdcompress's modules, no Python file over 400 lines but the Triton kernels, and front ends that
-keep only framework hooks and tensor conversion (300 lines each)."""
+"""The package's layout, read from its sources (no import, no framework): packages by layer (at
+most 20 nodes at the top level, at most 10 layers, every import from a higher layer to a lower
+one), no import circle among hvdcompress's modules, a docstring at the top of every package
+saying what it owns and may import, no Python file over 400 lines but the Triton kernels, and
+front ends that keep only framework hooks and tensor conversion (300 lines each)."""
 from __future__ import annotations
 
 import ast
@@ -15,6 +17,21 @@ MAX_LINES = 400
 LONG_ALLOWED = {"ops/triton_kernels.py"}
 FRONT_ENDS = ("torch/optimizer.py", "torch/ddp.py", "tensorflow/exchange.py")
 FRONT_END_LINES = 300
+#: The layers, lowest first: a top-level node (a subpackage or a module of hvdcompress) imports
+#: only nodes of lower layers. ``__main__`` modules are programs, outside the graph.
+LAYERS = (
+    ("ops",),                      # the Ops facade, its framework implementations, the kernels
+    ("contract",),                 # Compressor, Packet, decorators, schedules, validation
+    ("compressors", "transport"),  # the algorithms; collectives, rounds, process sets, waiting
+    ("adam", "state"),             # the Adam take-over; the state store, resharding
+    ("registry", "engines"),       # building compressors from strings; the exchanges
+    ("step", "plan"),              # the step driver and its options; the cost model
+    ("auto",),                     # compression="auto", a planner over the cost model
+    ("torch", "tensorflow"),       # the front ends
+    ("",),                         # hvdcompress itself: the public names
+)
+MAX_TOP_LEVEL = 20
+MAX_LAYERS = 10
 
 
 def modules() -> Dict[str, Path]:
@@ -87,7 +104,7 @@ def test_the_graph_sees_every_kind_of_import():
     assert "hvdcompress.registry" in graph["hvdcompress"]                # from .registry import ...
     assert "hvdcompress.auto" in graph["hvdcompress"]                    # from . import auto
     assert "hvdcompress.plan.collectives" in graph["hvdcompress.plan.exchanges"]  # from . import collectives as coll
-    assert "hvdcompress.compressor" in graph["hvdcompress.auto.choice"]  # from ..compressor import ...
+    assert "hvdcompress.contract.compressor" in graph["hvdcompress.auto.choice"]  # from ..compressor import ...
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
@@ -108,3 +125,45 @@ def test_front_ends_keep_only_framework_hooks(front_end):
     """The step lives in the core; a front end is its framework's hooks and tensor conversion."""
     count = lines(PACKAGE / front_end)
     assert count <= FRONT_END_LINES, f"hvdcompress/{front_end}: {count} lines (at most {FRONT_END_LINES})"
+
+
+def top_level(module: str) -> str:
+    """The top-level node of ``module``: hvdcompress.engines.exchange -> engines; hvdcompress -> ''."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def top_level_graph() -> Dict[str, Set[str]]:
+    graph: Dict[str, Set[str]] = {}
+    for name, deps in import_graph().items():
+        if name.endswith(".__main__"):
+            continue
+        graph.setdefault(top_level(name), set()).update(
+            top_level(d) for d in deps if top_level(d) != top_level(name))
+    return graph
+
+
+def test_packages_by_layer():
+    graph = top_level_graph()
+    layer = {node: i for i, nodes in enumerate(LAYERS) for node in nodes}
+    assert len(graph) <= MAX_TOP_LEVEL, f"{len(graph)} top-level nodes: {sorted(graph)}"
+    assert len(LAYERS) <= MAX_LAYERS
+    assert set(graph) == set(layer), f"nodes without a layer: {sorted(set(graph) - set(layer))}; " \
+                                     f"layers without a node: {sorted(set(layer) - set(graph))}"
+    upward = sorted(f"{a or 'hvdcompress'} -> {b}" for a, deps in graph.items() for b in deps
+                    if layer[b] >= layer[a])
+    assert not upward, "imports that do not go down a layer: " + ", ".join(upward)
+    assert find_cycle(graph) is None
+
+
+def test_the_layer_check_can_fail():
+    """An import from the ops to the step (a lower layer to a higher one) is caught."""
+    layer = {node: i for i, nodes in enumerate(LAYERS) for node in nodes}
+    graph = {"ops": {"step"}, "step": {"ops"}}
+    assert [f"{a} -> {b}" for a, deps in graph.items() for b in deps if layer[b] >= layer[a]] == ["ops -> step"]
+
+
+def test_every_package_says_what_it_owns():
+    missing = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("__init__.py")
+               if not ast.get_docstring(ast.parse(p.read_text()))]
+    assert not missing, f"packages without a docstring: {missing}"

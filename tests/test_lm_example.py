@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import run_horovod
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "lm_train.py"
@@ -48,6 +47,7 @@ def test_lm_example_trains_with_adamw_and_the_adam_take_over():
 
 def test_transformer_is_causal_and_sized_for_every_compressor():
     import sys
+
     import torch
     sys.path.insert(0, str(EXAMPLE.parent))
     from lm_train import build_model

@@ -92,12 +92,12 @@ def test_refusals_name_the_parameter():
 
 def test_every_front_end_counts_bytes_under_one_name():
     """``total_bytes`` and ``last_step_bytes`` (a ByteCount each) on every front end's object."""
-    import torch
     import horovod.torch as hvd
+    import torch
 
     import hvdcompress as hc
     import hvdcompress.torch as hvt
-    from hvdcompress.accounting import ByteCount
+    from hvdcompress.engines.accounting import ByteCount
     from hvdcompress.torch import ddp
     hvd.init()
     model = torch.nn.Linear(3, 2)

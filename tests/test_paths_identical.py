@@ -21,7 +21,7 @@ import hvdcompress
 from hvdcompress import TensorInfo, from_params
 
 torch = pytest.importorskip("torch")
-from hvdcompress.torch.backend import TorchOps  # noqa: E402
+from hvdcompress.ops.torch_ops import TorchOps  # noqa: E402
 
 SPECS = [
     {"compressor": "none"},
@@ -64,7 +64,7 @@ RTOL = {"powersgd": {"torch-fallback": 1e-5, "tensorflow": 1e-5}, "csc": {"tenso
 
 
 def tensorflow_ops():
-    tf_backend = pytest.importorskip("hvdcompress.tensorflow.backend")
+    tf_backend = pytest.importorskip("hvdcompress.ops.tf_ops")
     try:
         tf_backend.kernels()
     except ImportError as exc:
@@ -101,6 +101,7 @@ def simulate(ops, spec: dict) -> dict:
     compressor = from_params(spec)
     if ops.name == "tensorflow":
         import tensorflow as tf
+
         from hvdcompress.tensorflow.state import VariableState
         states, like = [VariableState(f"rank{r}") for r in range(WORLD)], tf.zeros([1])
     else:

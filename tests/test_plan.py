@@ -10,14 +10,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvdcompress.collectives import wire_bytes
+from hvdcompress.plan import (
+    Cluster,
+    Fusion,
+    Job,
+    Link,
+    from_sizes,
+    measure,
+    parse_bandwidth,
+    parse_latency,
+    predict,
+    recommend,
+    simulate,
+)
 from hvdcompress.plan import calibration as cal
 from hvdcompress.plan import collectives as coll
-from hvdcompress.plan import (Cluster, Fusion, Job, Link, from_sizes, measure, parse_bandwidth,
-                              parse_latency, predict, recommend, simulate)
 from hvdcompress.plan import cpu_share as cal_share
 from hvdcompress.plan.exchanges import exchange
 from hvdcompress.plan.pipeline import fused_time
+from hvdcompress.transport.collectives import wire_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 LINK = Link(alpha_s=1e-5, beta_bytes_per_s=1e9)
@@ -333,7 +344,7 @@ def test_cli_on_a_sizes_file(tmp_path):
     assert bad.returncode == 2 and "--latency='10'" in bad.stderr
 
 
-# ---- fusion= in the model (hvdcompress.fusion) -----------------------------------------------------
+# ---- fusion= in the model (hvdcompress.engines.fusion) -----------------------------------------------------
 def test_a_fused_profile_exchanges_buckets_ready_with_their_last_member():
     from hvdcompress.plan.profile import fused
 

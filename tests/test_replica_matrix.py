@@ -20,9 +20,9 @@ import itertools
 import json
 
 import pytest
+from conftest import run_horovod
 
 import hvdcompress
-from conftest import run_horovod
 
 pytestmark = pytest.mark.horovod
 STEPS = 20

@@ -1,18 +1,18 @@
-"""The replica guard's pieces (hvdcompress.replicas) against numpy references, in one process:
+"""The replica guard's pieces (hvdcompress.step.replicas) against numpy references, in one process:
 the checksum on torch and TF tensors, argument and environment parsing, the counters checksum,
 and the comparison over simulated ranks (tests/simulator.py). The guard under real Horovod
 processes is tested in tests/test_replica_matrix.py."""
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
-
-import zlib
-
-from hvdcompress.replicas import ReplicaCheck, ReplicaMismatch, check_every, counters_checksum
-from hvdcompress.torch.backend import TorchOps, device_checksum
 from simulator import run_ranks
+
+from hvdcompress.ops.torch_ops import TorchOps, device_checksum
+from hvdcompress.step.replicas import ReplicaCheck, ReplicaMismatch, check_every, counters_checksum
 
 SIGNED = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 
@@ -54,7 +54,7 @@ def test_torch_checksums_equal_numpy_reference():
 
 def test_tf_checksums_equal_numpy_reference():
     tf = pytest.importorskip("tensorflow")
-    from hvdcompress.tensorflow.backend import TFOps
+    from hvdcompress.ops.tf_ops import TFOps
     xs = arrays()
     got = TFOps().checksums([tf.constant(a) for a in xs] + [tf.Variable(xs[0])]).numpy().tolist()
     assert got == [reference_checksum(a) for a in xs] + [reference_checksum(xs[0])]

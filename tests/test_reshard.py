@@ -1,13 +1,13 @@
-"""hvdcompress.reshard: compressor state redistributed from P to P' ranks: the function alone
+"""hvdcompress.state.reshard: compressor state redistributed from P to P' ranks: the function alone
 (numpy references), then checkpoints written at 2 ranks resumed at 3 and back at 2 under
 horovodrun (tests/hvd/torch_reshard.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import run_horovod
-from hvdcompress.reshard import pooled, redistribute, segments_of, share_of_rank
+
+from hvdcompress.state.reshard import pooled, redistribute, segments_of, share_of_rank
 
 N = 11  # not a multiple of 2, 3 or 4: the segments are padded
 

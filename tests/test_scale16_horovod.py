@@ -16,7 +16,6 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import run_horovod
 from test_ddp import check_replicas_and_reference
 from test_two_level_horovod import integer_average

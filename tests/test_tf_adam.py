@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from adam_reference import LRS, WORLD, allgather_exchange, by_case, int8_mean, reference
+from conftest import run_horovod
 
 import hvdcompress as hc
 import hvdcompress.tensorflow as hvc
 import hvdcompress.tensorflow.keras as hvck
-from adam_reference import LRS, WORLD, by_case, allgather_exchange, int8_mean, reference
-from conftest import run_horovod
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_keras_adamw_take_over_matches_numpy_eager_and_in_a_tf_function(runs):
 
 @pytest.mark.horovod
 def test_keras_clips_the_mean_in_v_steps_and_each_rank_by_its_coefficient_after(runs):
-    """The clip of every front end (hvdcompress.driver), inside a tf.function: under FrozenAdam
+    """The clip of every front end (hvdcompress.step.driver), inside a tf.function: under FrozenAdam
     the v-steps clip the exchanged mean and keep its coefficient, the compressed steps scale each
     rank's gradient by it; each rank clipped to c in every step (the rule before) differs."""
     want = np.array(reference(6, 3, lr=0.01, b1=0.9, b2=0.99, wd=0.1, decoupled=True, clip=5.0))

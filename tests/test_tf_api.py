@@ -136,6 +136,7 @@ def test_gradient_accumulator_restarts_from_zeros_after_a_step():
     """backward_passes_per_step: an inf of one aggregation cycle does not reach the next
     (Horovod's test_grad_aggregation_with_inf_grad)."""
     import numpy as np
+
     from hvdcompress.tensorflow.keras.optimizer import GradientAccumulator
     acc = GradientAccumulator(2, average=True)
     assert not bool(acc.add([tf.constant([np.inf, 1.0])]))

@@ -9,7 +9,6 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import run_horovod
 
 pytestmark = pytest.mark.horovod
@@ -380,7 +379,7 @@ def test_fused_tape_and_keras_match_numpy_and_keep_bucket_state(two_ranks):
     gradients into one bucket of error-fed onebit: one scale and one residual for the bucket,
     as tests/test_fusion.py's numpy reference, over two steps; Keras fits with a fused top-k
     and error feedback, replicas compared at every step."""
-    from adam_reference import onebit_ef   # numpy only: this test runs without torch (Keras 3)
+    from adam_reference import onebit_ef  # numpy only: this test runs without torch (Keras 3)
     from hvd.fusion_data import SIZES, grads
 
     cases = cases_of(two_ranks["tf_fusion"])

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import run_horovod
 
 import hvdcompress.tensorflow as hvc
 import hvdcompress.tensorflow.keras as hvck
-from conftest import run_horovod
 
 KERAS2 = not getattr(tf.keras, "__version__", "2").startswith("3")  # TF 2.15's tf.keras: no __version__
 KINDS = ["new", "legacy"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_horovod
 from test_replica_matrix import CLIP, STEPS, by_case, first_drift
 

@@ -9,7 +9,7 @@
 2. Resume at another world size (tests/tf_state/resume.py): the compressor state gathered at 2
    ranks (Keras optimizer: onebit + EF, the compressed allreduce at 3; tape: DGC's momentum and
    velocity) is loaded at 3 ranks; the delivered mass Σ_r e_r / P is kept (numpy reference
-   below, not hvdcompress.reshard's code), every new rank holds the same share, the large
+   below, not hvdcompress.state.reshard's code), every new rank holds the same share, the large
    kernel's collective is planned again for 3 ranks, and one rank's state is refused.
 3. Elastic (tests/tf_state/elastic.py): one elastic horovodrun on this host, 2 ranks grown to 3
    and shrunk to 2 through tests/hvd/elastic_discovery.sh, with
@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import run_elastic, run_horovod
 
 import hvdcompress as hc

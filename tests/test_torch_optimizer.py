@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import run_horovod, run_scripts
 
 pytestmark = pytest.mark.horovod

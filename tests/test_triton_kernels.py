@@ -37,15 +37,30 @@ try:
     triton = pytest.importorskip("triton", reason="triton is not installed (pip install "
                                                   "hvdcompress[gpu]); the Triton kernels cannot be tested")
     from triton.runtime.interpreter import InterpretedFunction
+
     from hvdcompress.ops import triton_kernels
 finally:
     _restore_env()
 
-from hvdcompress.torch.backend import TorchOps  # noqa: E402
-from test_kernels import (LEVEL_CASES, data, decoders, np_levels, np_magnitude_keys,  # noqa: E402
-                          np_minmax, np_minmax_sum, np_natural_pack, np_pack, np_sign_runs, np_sign_runs_sum, np_twobit,
-                          np_uniform24, t)
+from test_kernels import (  # noqa: E402
+    LEVEL_CASES,
+    data,
+    decoders,
+    np_levels,
+    np_magnitude_keys,
+    np_minmax,
+    np_minmax_sum,
+    np_natural_pack,
+    np_pack,
+    np_sign_runs,
+    np_sign_runs_sum,
+    np_twobit,
+    np_uniform24,
+    t,
+)
 from test_paths_identical import RTOL, SPECS, simulate  # noqa: E402
+
+from hvdcompress.ops.torch_ops import TorchOps  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy under the interpreter: NaN casts
 

@@ -1,4 +1,4 @@
-"""Two-level compression (hvdcompress.two_level) on the in-process simulator of nodes x ranks
+"""Two-level compression (hvdcompress.engines.two_level) on the in-process simulator of nodes x ranks
 (tests/simulator.py's run_nodes: a World per process set): NoCompression on both levels against
 the flat exchange, FP16 inside the node + ErrorFeedback(OneBit) between nodes against a numpy
 reference, DGC's momentum and weight decay on the node-summed shard against the flat DGC,
@@ -8,17 +8,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-import hvdcompress as hc
-from hvdcompress.compressor import TensorInfo
-from hvdcompress.exchange import Exchange
-from hvdcompress.torch.backend import TorchOps
-from hvdcompress.options import check_intra_node, parse_options
-from hvdcompress import process_sets as psets
-from hvdcompress.process_sets import node_layout
-from hvdcompress.two_level import TwoLevelExchange
 from simulator import run_nodes
 from test_exchange import onebit
+
+import hvdcompress as hc
+from hvdcompress.contract.compressor import TensorInfo
+from hvdcompress.engines.exchange import Exchange
+from hvdcompress.engines.two_level import TwoLevelExchange
+from hvdcompress.ops.torch_ops import TorchOps
+from hvdcompress.step.options import check_intra_node, parse_options
+from hvdcompress.transport import process_sets as psets
+from hvdcompress.transport.process_sets import node_layout
 
 OPS = TorchOps()
 LAYOUTS = [(2, 2), (4, 4)]   # nodes x ranks per node: P = 4 and P = 16
@@ -280,7 +280,7 @@ def test_bad_ranks_per_node_is_a_value_error(size, per_node):
 
 
 class FakeHorovod:
-    """The few calls of Horovod's API that hvdcompress.two_level makes, for one rank."""
+    """The few calls of Horovod's API that hvdcompress.engines.two_level makes, for one rank."""
 
     global_process_set = object()
 

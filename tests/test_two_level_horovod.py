@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import run_horovod, run_horovod_failing
 from test_two_level import gradient, reference_fp16_onebit
 
@@ -54,7 +53,7 @@ def test_torch_two_level_at_2_nodes_of_2_matches_numpy_and_the_flat_allreduce(tw
 
 def test_a_slow_node_finishes_its_last_step_after_the_other_node_exits(two_by_two):
     """Node 1 exits while node 0 (delayed) has its last node-local all-gather to run: the exit
-    barrier (hvdcompress.exit_guard) lets it finish; every rank has the flat result."""
+    barrier (hvdcompress.transport.exit_guard) lets it finish; every rank has the flat result."""
     results = two_by_two["late"]
     assert [r["rank"] for r in results] == [0, 1, 2, 3]
     for r in results:

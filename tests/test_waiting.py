@@ -1,10 +1,10 @@
-"""hvdcompress.waiting: the engine's wait polls with pauses that follow the time waited, within
+"""hvdcompress.transport.waiting: the engine's wait polls with pauses that follow the time waited, within
 bounds, instead of spinning; HVDCOMPRESS_WAIT_PAUSE_US sets the cap (0: the framework's wait)."""
 from __future__ import annotations
 
 import pytest
 
-from hvdcompress import waiting
+from hvdcompress.transport import waiting
 
 
 class FakeTime:
@@ -79,7 +79,7 @@ def test_a_bad_cap_is_named(monkeypatch, text):
                                             ("nan", None)])
 def test_the_exit_barriers_bound_shares_the_check(monkeypatch, text, expected):
     """HVDCOMPRESS_EXIT_WAIT_SECONDS goes through the same check (validation.env_number)."""
-    from hvdcompress import exit_guard
+    from hvdcompress.transport import exit_guard
     monkeypatch.setenv(exit_guard.WAIT_VARIABLE, text)
     if expected is None:
         with pytest.raises(ValueError, match=rf"HVDCOMPRESS_EXIT_WAIT_SECONDS={text!r}: allowed: a number"):

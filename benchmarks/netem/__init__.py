@@ -10,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # hvdrun: the rank results
 
 from .launch import LaunchResult, launch, run_ranks
-from .links import Network, NetemError, NetemPermissionError, check_rights, leftovers, parse_rate
+from .links import NetemError, NetemPermissionError, Network, check_rights, leftovers, parse_rate
 
 __all__ = ["LaunchResult", "launch", "run_ranks", "Network", "NetemError", "NetemPermissionError",
            "check_rights", "leftovers", "parse_rate"]

@@ -36,7 +36,6 @@ from typing import Iterator, Optional, Sequence
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
 from horovod.runner.http.http_server import RendezvousServer
-
 from hvdrun import RESULTS_ENV, read_results
 
 from .links import CLEANUP_SIGNALS, RANK_IFACE, Network

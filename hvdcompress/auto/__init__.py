@@ -15,30 +15,13 @@ docs/auto.md.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
-
-from ..compressor import Compressor
 from ..registry import AUTO, register
 from .choice import CHOICES, SAFE, Choice, choose, parse_allowed, parse_link, predict_exchange
 from .compressor import Auto
 from .dispatch import Dispatch
 
 register(Auto, planner=True)   # compressor="auto" in from_params and the front ends
-
-
-def from_arguments(compression: Any, auto_allowed: Any = None, link: Any = None) -> Optional[Compressor]:
-    """The front ends' ``compression="auto"`` with ``auto_allowed=`` and ``link=`` as an
-    :class:`Auto`; None for any other ``compression``, which then takes neither argument."""
-    if isinstance(compression, str) and compression == AUTO:
-        parse_allowed(auto_allowed, "auto_allowed")   # errors named as the front end spells them
-        return Auto(allowed=auto_allowed, link=parse_link(link, "link"))
-    for key, value in (("auto_allowed", auto_allowed), ("link", link)):
-        if value is not None:
-            raise ValueError(f"{key}={value!r} without compression='auto'; allowed: None, or "
-                             f"compression='auto' (with compression={compression!r}, give "
-                             "allowed= and link= to hvdcompress.auto.Auto or from_params)")
-    return None
-
+from_arguments = Auto.from_arguments
 
 __all__ = ["AUTO", "Auto", "CHOICES", "Choice", "Dispatch", "SAFE", "choose", "from_arguments",
            "parse_allowed", "parse_link", "predict_exchange"]

@@ -10,7 +10,7 @@ codec time), what it adds to a step::
 
     t(c, k) = sum over the rounds of the transfer (bytes / beta)  +  codec time (hook + sync)
               + the front end's cost per tensor of c (where the calibration holds one:
-                ``python -m hvdcompress.plan --calibrate-job``, :mod:`hvdcompress.plan.job_costs`)
+                ``python -m hvdcompress.plan --calibrate-job``, :mod:`hvdcompress.torch.job_costs`)
 
 e.g. ``none``: 2(P-1)/P · 4n/beta; ``fp16``: 2(P-1)/P · 2n/beta + compress(n) + decode(n);
 ``int8`` by the compressed allreduce: 2(P-1)/P · B/beta (B its P segments' payloads) + P
@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, NamedTuple, Optional
 
-from ..compressor import Compressor
+from ..contract.compressor import Compressor
 from ..plan.calibration import Calibration
 from ..plan.device import Device
 from ..plan.exchanges import COLLECTIVES, Exchange, exchange

@@ -2,20 +2,20 @@
 the cost model picks for it (:mod:`hvdcompress.auto.choice`), planned at the first exchange.
 
 **When.** At the first exchange, when the engine asks for the first tensor's collective
-(:class:`hvdcompress.collectives.Planner`): the link is measured then (or taken from ``link=``) and
+(:class:`hvdcompress.transport.collectives.Planner`): the link is measured then (or taken from ``link=``) and
 the calibration loaded, rank 0's both handed to every rank; each tensor is then picked the
 first time it is exchanged, from its shape alone. The first exchange is where every front end
 knows its tensors and has its collectives (the TF tape and Keras optimizer do not know their
 variables before), and the choice needs no list of all tensors, so it cannot depend on the
 order in which ranks' gradients become ready. At the end of the first step every rank checks
-that all ranks picked the same (:func:`hvdcompress.agreement.check_ranks_agree`) and rank 0
+that all ranks picked the same (:func:`hvdcompress.step.agreement.check_ranks_agree`) and rank 0
 logs the plan and the predicted exchange time.
 
 **Check, then re-plan once.** The model does not know the step's compute; it predicts the
 exchange's time P (network N plus codec K, :func:`~hvdcompress.auto.choice.predict_exchange`). Over
 :data:`CHECK_STEPS` steps after :data:`WARMUP_STEPS`, each rank measures its step time S
 (between the ends of two steps) and E, the time it spent in the engine (compressing, launching,
-waiting, decoding: :attr:`hvdcompress.exchange.Exchange.busy_s`); the means over ranks (one
+waiting, decoding: :attr:`hvdcompress.engines.exchange.Exchange.busy_s`); the means over ranks (one
 allreduce, identical on every rank) give the predicted step C + P with C = S - E, the measured
 compute. If S is off by more than :data:`TOLERANCE` of C + P, i.e. ``|E - P| > 25% (C + P)``,
 every tensor is picked again at its next exchange, with what the engine saw:
@@ -57,15 +57,15 @@ from typing import Any, Mapping, NamedTuple, Optional, Union
 
 import numpy as np
 
-from ..agreement import check_ranks_agree
-from ..backend import Tensor
-from ..compressor import TensorInfo
-from ..collectives import Planner
-from ..exchange import Exchange
+from ..contract.compressor import TensorInfo
+from ..engines.exchange import Exchange
+from ..ops.facade import Tensor
 from ..plan.calibration import Calibration
 from ..plan.links import Link
 from ..plan.pipeline import Fusion
 from ..registry import from_params
+from ..step.agreement import check_ranks_agree
+from ..transport.collectives import Planner
 from .choice import SAFE, choose, flat_cluster, parse_allowed, parse_link, predict_exchange
 from .dispatch import Dispatch
 from .probe import engine_device, from_rank0, machine_calibration, measure_link, on_gpu
@@ -122,6 +122,20 @@ class Auto(Dispatch, Planner):
     After the first step: :attr:`plan` (tensor name -> (label, collective)), :attr:`network`
     (the link planned with), :attr:`predicted_exchange_s`, :attr:`checks` (the re-plan check).
     """
+
+    @classmethod
+    def from_arguments(cls, compression: Any, auto_allowed: Any = None, link: Any = None) -> Optional["Auto"]:
+        """The front ends' ``compression="auto"`` with ``auto_allowed=`` and ``link=`` as an
+        :class:`Auto`; None for any other ``compression``, which then takes neither argument."""
+        if isinstance(compression, str) and compression == cls.name:
+            parse_allowed(auto_allowed, "auto_allowed")   # errors named as the front end spells them
+            return cls(allowed=auto_allowed, link=parse_link(link, "link"))
+        for key, value in (("auto_allowed", auto_allowed), ("link", link)):
+            if value is not None:
+                raise ValueError(f"{key}={value!r} without compression='auto'; allowed: None, or "
+                                 f"compression='auto' (with compression={compression!r}, give "
+                                 "allowed= and link= to hvdcompress.auto.Auto or from_params)")
+        return None
 
     def __init__(self, allowed: Union[str, list, tuple] = SAFE, link: Union[str, Mapping, Link, None] = None,
                  calibration: Union[str, Calibration, None] = "machine", replan: bool = True):

@@ -7,9 +7,9 @@ import time
 from collections.abc import MutableMapping
 from typing import Any, Mapping, Optional
 
-from ..backend import Ops, Tensor
-from ..compressor import Compressor, Packet, TensorInfo
-from ..prefixed_state import PrefixedState
+from ..contract.compressor import Compressor, Packet, TensorInfo
+from ..ops.facade import Ops, Tensor
+from ..state.prefixed import PrefixedState
 
 
 class Dispatch(Compressor):

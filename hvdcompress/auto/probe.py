@@ -2,7 +2,7 @@
 process set, and the codec calibration; then rank 0's, handed to every rank.
 
 **The link** is fitted from timed ring allreduces through the engine's own
-:class:`~hvdcompress.collectives.Collectives` (the best of :data:`REPEATS` after one untimed call,
+:class:`~hvdcompress.transport.collectives.Collectives` (the best of :data:`REPEATS` after one untimed call,
 which pays Horovod's negotiation and buffer set-up): a tiny buffer gives the latency, a large
 one the bandwidth::
 
@@ -30,12 +30,12 @@ from typing import Any, Iterable, Mapping, Optional
 
 import numpy as np
 
-from ..agreement import allgather_object
-from ..backend import Ops, Tensor
-from ..collectives import Collectives, wire_bytes
+from ..ops.facade import Ops, Tensor
 from ..plan import calibration as cal
 from ..plan.device import Device, torch_device
 from ..plan.links import Link
+from ..transport.collectives import Collectives, wire_bytes
+from ..transport.objects import allgather_object
 
 SMALL, LARGE = 1, 1 << 18   # float32 elements of the probes: 4 bytes and 1 MiB
 REPEATS = 3

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..compressor import Compressor, Packet, TensorInfo, check_float_tensor, decode_into
-from ..backend import Ops, Tensor
+from ..contract.compressor import Compressor, Packet, TensorInfo, check_float_tensor, decode_into
+from ..ops.facade import Ops, Tensor
 from .payload import check_payload
 
 

@@ -42,12 +42,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..backend import Ops, Tensor
-from ..compressor import Packet, TensorInfo
-from ..schedule import Schedule
-from ..validation import check_int, check_range
-from .dgc import MomentumCorrection
+from ..contract.compressor import Packet, TensorInfo
+from ..contract.schedule import Schedule
+from ..contract.validation import check_int, check_range
+from ..ops.facade import Ops, Tensor
 from .density import resolve_k
+from .dgc import MomentumCorrection
 from .payload import check_payload
 
 

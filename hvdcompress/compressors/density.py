@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Union
 
-from ..validation import check_int, check_range
+from ..contract.validation import check_int, check_range
 
 
 def resolve_k(k: Union[int, float], numel: int) -> int:

@@ -32,8 +32,8 @@ The trade-off: one pass over the sample instead of a full sort, at the price of 
 Tensors with fewer than ``min_numel`` elements (biases, norms), and every tensor while the
 current sparsity is 0, are sent dense (``u`` plus any velocity) through allreduce.
 
-Sparsity warm-up: ``warmup`` is an :class:`~hvdcompress.schedule.ExponentialWarmup` or
-:class:`~hvdcompress.schedule.ListWarmup`, counted in epochs (:meth:`set_epoch`) or optimizer
+Sparsity warm-up: ``warmup`` is an :class:`~hvdcompress.contract.schedule.ExponentialWarmup` or
+:class:`~hvdcompress.contract.schedule.ListWarmup`, counted in epochs (:meth:`set_epoch`) or optimizer
 steps (:meth:`on_step`).
 
 Everything but the selection lives in :class:`MomentumCorrection`, which CSC
@@ -47,14 +47,13 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Union
 
-from ..compressor import Packet, TensorInfo, check_float_tensor
-from ..backend import Ops, Scalar, Tensor
-from ..schedule import Schedule, SparsityWarmup
-from ..validation import check_int, check_range
-from .sparse import SparseCompressor
-from ..keys import step_key
+from ..contract.compressor import Packet, TensorInfo, check_float_tensor
+from ..contract.keys import step_key
+from ..contract.schedule import Schedule, SparsityWarmup
+from ..contract.validation import check_int, check_range
+from ..ops.facade import Ops, Scalar, Tensor
 from .density import resolve_k
-
+from .sparse import SparseCompressor
 
 #: Whether DGC takes the fused momentum correction and selection of the C++ kernels
 #: (``Ops.dgc_select``) where it applies; False: the same results, one operation at a time.

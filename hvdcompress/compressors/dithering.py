@@ -21,10 +21,10 @@ from typing import Tuple
 
 import numpy as np
 
-from ..backend import Ops, Tensor
-from ..compressor import TensorInfo
-from ..validation import check_choice, check_int
-from ..keys import next_rank_key
+from ..contract.compressor import TensorInfo
+from ..contract.keys import next_rank_key
+from ..contract.validation import check_choice, check_int
+from ..ops.facade import Ops, Tensor
 from .quant import TableQuantizer
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from ..backend import Ops, Tensor
-from ..compressor import TensorInfo
+from ..contract.compressor import TensorInfo
+from ..ops.facade import Ops, Tensor
 from .onebit import OneBit
 from .residual import RESIDUAL, OwnResidual
 

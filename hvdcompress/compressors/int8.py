@@ -11,16 +11,16 @@ allreduce).
 ``(max − min)/30``): 8x fewer bytes. Zero is no code of its own, so a small element is sent as
 the nearest of 16 levels, off by up to half a step, the same on every step it stays small: the
 error does not average out over steps as a stochastic quantiser's does. It sends FrozenAdam's
-long warm-up around top-k at b2 near 1 (:mod:`hvdcompress.adam_freeze`), where v averages over
+long warm-up around top-k at b2 near 1 (:mod:`hvdcompress.adam.variance`), where v averages over
 ~1/(1-b2) steps; not registered as a compressor of its own.
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..backend import Ops, Tensor
-from ..compressor import Compressor, Packet, TensorInfo, decode_into
-from ..validation import check_int
+from ..contract.compressor import Compressor, Packet, TensorInfo, decode_into
+from ..contract.validation import check_int
+from ..ops.facade import Ops, Tensor
 from ..ops.layout import check_minmax, packed_bytes
 from .payload import as_float32, check_payload
 

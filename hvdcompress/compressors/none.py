@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..compressor import Compressor, Packet, TensorInfo
-from ..backend import Ops, Tensor
+from ..contract.compressor import Compressor, Packet, TensorInfo
+from ..ops.facade import Ops, Tensor
 
 
 class NoCompression(Compressor):

@@ -24,7 +24,7 @@ Over whole runs with the compressed allreduce (benchmarks/README.md section 8): 
 at 8 ranks, +0.021 -> -0.009 at 2. The cost: the scales (1.03 bits per element at rows of 1,024,
 1.5 at 64) and a decoder ~4x slower than one scale's (:func:`sign_runs_sum`, one table look-up
 per byte instead of per 8 codes). ``chunk="auto"`` (default) is one scale per tensor, except that
-:class:`~hvdcompress.adam.FrozenAdam` makes it ``"rows"``.
+:class:`~hvdcompress.adam.frozen.FrozenAdam` makes it ``"rows"``.
 """
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
-from ..backend import Ops, Tensor
-from ..compressor import TensorInfo, decode_into
-from ..validation import check_int
+from ..contract.compressor import TensorInfo, decode_into
+from ..contract.validation import check_int
+from ..ops.facade import Ops, Tensor
 from .payload import constant
 from .quant import TableQuantizer
 

@@ -6,8 +6,8 @@ from typing import Tuple
 
 import numpy as np
 
-from ..backend import Ops, Tensor
-from ..compressor import TensorInfo, check_float_tensor
+from ..contract.compressor import TensorInfo, check_float_tensor
+from ..ops.facade import Ops, Tensor
 
 
 def as_float32(ops: Ops, x: Tensor, info: TensorInfo) -> Tuple[Tensor, str]:

@@ -24,10 +24,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..backend import Ops, Tensor
-from ..compressor import Compressor, Packet, TensorInfo
-from ..validation import check_int
-from ..keys import advance_step, generator, tensor_id
+from ..contract.compressor import Compressor, Packet, TensorInfo
+from ..contract.keys import advance_step, generator, tensor_id
+from ..contract.validation import check_int
+from ..ops.facade import Ops, Tensor
 from .payload import as_float32, check_payload
 from .residual import RESIDUAL, OwnResidual
 

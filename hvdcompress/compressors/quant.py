@@ -2,7 +2,7 @@
 
 A :class:`TableQuantizer` sends ``[codes (uint8, packed bits-wide), scale (float32, 1)]`` and is
 allgathered; the value of code c from a rank with scale s is ``s * unit_table()[c]``, so all
-ranks' payloads decode and sum in one :meth:`~hvdcompress.backend.Ops.unpack_sum`. Gradients of
+ranks' payloads decode and sum in one :meth:`~hvdcompress.ops.facade.Ops.unpack_sum`. Gradients of
 other float dtypes are quantised as float32 and returned in their own dtype.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from ..backend import Ops, Tensor
-from ..compressor import Compressor, Packet, TensorInfo, decode_into
+from ..contract.compressor import Compressor, Packet, TensorInfo, decode_into
+from ..ops.facade import Ops, Tensor
 from ..ops.layout import packed_bytes
 from .payload import as_float32, check_payload
 

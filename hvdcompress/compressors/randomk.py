@@ -4,7 +4,7 @@ Every rank draws the same k indices (distinct, ascending) from the key
 ``step_key(seed, step, name)``, stratified: [0, n) is cut into k strata
 [floor(j·n/k), floor((j+1)·n/k)) and stratum j contributes the element at offset
 ``(uniform24(j, key) · size_j) >> 24``, kernels.h's counter-based hash
-(:meth:`hvdcompress.backend.Ops.shared_indices`), O(k) work, computed on the tensor's device
+(:meth:`hvdcompress.ops.facade.Ops.shared_indices`), O(k) work, computed on the tensor's device
 (torch) or with numpy (TensorFlow), bit-identical, with no host read. So only the k values travel
 and they can be summed by allreduce: 4k bytes per rank, with no index bytes and no allgather
 growth with the number of ranks. Unbiased only with ``scale=True``: each value is multiplied by
@@ -21,10 +21,10 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from ..compressor import Packet, TensorInfo, check_float_tensor
-from ..backend import Ops, Tensor
-from ..validation import check_int
-from ..keys import advance_step, step_key
+from ..contract.compressor import Packet, TensorInfo, check_float_tensor
+from ..contract.keys import advance_step, step_key
+from ..contract.validation import check_int
+from ..ops.facade import Ops, Tensor
 from .density import check_k, resolve_k
 from .sparse import SparseCompressor
 

@@ -2,8 +2,8 @@
 kernel (EF-signSGD, TwoBit, PowerSGD) instead of through the ErrorFeedback decorator."""
 from __future__ import annotations
 
-from ..backend import Ops, Tensor
-from ..compressor import TensorInfo
+from ..contract.compressor import TensorInfo
+from ..ops.facade import Ops, Tensor
 
 RESIDUAL = "quant_residual"
 

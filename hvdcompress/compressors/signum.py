@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..backend import Ops, Tensor
-from ..compressor import TensorInfo, decode_into
+from ..contract.compressor import TensorInfo, decode_into
+from ..ops.facade import Ops, Tensor
 from .onebit import OneBit
 
 

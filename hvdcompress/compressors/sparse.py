@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..compressor import Compressor, Packet, TensorInfo, decode_into
-from ..backend import Ops, Tensor
+from ..contract.compressor import Compressor, Packet, TensorInfo, decode_into
+from ..ops.facade import Ops, Tensor
 
 INT32_LIMIT = 2 ** 31
 

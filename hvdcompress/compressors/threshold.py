@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from ..backend import Ops, Tensor
-from ..compressor import Packet, TensorInfo, decode_into
-from ..validation import check_range
+from ..contract.compressor import Packet, TensorInfo, decode_into
+from ..contract.validation import check_range
+from ..ops.facade import Ops, Tensor
 from .payload import as_float32, check_payload
 from .sparse import SparseCompressor
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Union
 
-from ..compressor import Packet, TensorInfo, check_float_tensor
-from ..backend import Ops, Tensor
+from ..contract.compressor import Packet, TensorInfo, check_float_tensor
+from ..ops.facade import Ops, Tensor
 from .density import check_k, resolve_k
 from .sparse import SparseCompressor
 

@@ -16,9 +16,9 @@ from typing import Tuple
 
 import numpy as np
 
-from ..backend import Ops, Tensor
-from ..compressor import TensorInfo
-from ..validation import check_range
+from ..contract.compressor import TensorInfo
+from ..contract.validation import check_range
+from ..ops.facade import Ops, Tensor
 from .payload import constant
 from .quant import TableQuantizer
 from .residual import RESIDUAL, OwnResidual

@@ -13,7 +13,7 @@ checked by its role, outputs allocated, the C call) for every kernel declared wi
 the others are written by hand below. Their signatures are the table's, shared with the
 plain-torch and Triton implementations: an ``out`` / ``*_out`` argument is an output buffer that
 may be the input it replaces (in place, as torch does) or None (a new array, as TensorFlow
-needs). The checks, the same as :class:`hvdcompress.backend.Ops` makes on tensors, also keep a
+needs). The checks, the same as :class:`hvdcompress.ops.facade.Ops` makes on tensors, also keep a
 wrong buffer from reaching C++ (dtype, contiguity, sizes, writable outputs).
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ from . import roles, table
 from .buffers import Array, empty, out_buffer, pointer, writable
 from .library import call, library_path, load  # library_path: the backends log it (native.library_path)
 from .table import implements
+
 
 # ---- the kernels written by hand: what their declaration cannot say -------------------------------
 # select_ge, dgc_select: outputs of a size known only after the call; sparse_sum: a C function per

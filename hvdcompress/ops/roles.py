@@ -4,7 +4,7 @@ A kernel's parameter in :mod:`hvdcompress.ops.table` is annotated with its role.
 ``check`` raises the user-facing error for a wrong argument (TypeError for a dtype, ValueError for
 a shape, a size or a range) and returns the argument as the kernel takes it. It works on any
 array type through ``arrays``, an object with ``dtype`` (a numpy-style name), ``ndim``,
-``numel``, ``is_contiguous`` and ``contiguous``: :class:`hvdcompress.backend.Ops` on tensors,
+``numel``, ``is_contiguous`` and ``contiguous``: :class:`hvdcompress.ops.facade.Ops` on tensors,
 native's adapter on numpy arrays. It records the sizes it defines (``n``, ``ranks``) in ``env``,
 which holds the arguments checked before it: a role runs after the parameters it ``needs``.
 Sizes are Python expressions of the arguments, ``n``, ``ranks``, :func:`packed_bytes` and

@@ -14,7 +14,7 @@ is declared by
   :func:`packed_bytes` and :func:`cdiv`.
 
 From this, :mod:`~hvdcompress.ops.native` generates the numpy function of every kernel with a
-``c`` (checks, output allocation, the C call) and :class:`hvdcompress.backend.Ops` the checked
+``c`` (checks, output allocation, the C call) and :class:`hvdcompress.ops.facade.Ops` the checked
 user-facing method of every kernel with roles; kernels that need more are written by hand there
 (each module lists its own). An implementation on torch tensors
 (:mod:`~hvdcompress.ops.torch_fallback`, :mod:`~hvdcompress.ops.triton_kernels`) marks each of

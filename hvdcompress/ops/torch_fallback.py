@@ -5,7 +5,7 @@ Used on devices the C++ kernels do not cover, and when the kernel library is not
 HVDCOMPRESS_DISABLE_KERNELS=1). It follows kernels.h bit for bit, random numbers included: the
 stochastic kernels draw the same counter-based uniforms (:func:`uniform24`), so every path gives
 the same codes for the same key. Argument checking is done by the caller
-(:class:`hvdcompress.backend.Ops`).
+(:class:`hvdcompress.ops.facade.Ops`).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Triton kernels for the hot operations of ``kernels.h``, with :mod:`hvdcompress.ops.native`'s signatures.
 
-:class:`hvdcompress.torch.backend.TorchOps` uses this module for CUDA tensors when ``triton`` is
+:class:`hvdcompress.ops.torch_ops.TorchOps` uses this module for CUDA tensors when ``triton`` is
 importable (``pip install hvdcompress[gpu]``), and for every device with
 ``TorchOps(kernels="triton")``. Triton compiles the kernels to CUDA; with ``TRITON_INTERPRET=1``
 set before triton is imported and while they run, its interpreter runs them on CPU tensors

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Optional
 
 from ..registry import from_params, parse_params
-from . import calibration as cal, job_costs
-from .exchanges import COLLECTIVES, LEVELS
-from .links import Cluster, Link, cpu_share, parse_bandwidth, parse_latency
+from ..torch import job_costs
+from . import calibration as cal
 from .device import torch_device
+from .exchanges import COLLECTIVES, LEVELS
 from .front_ends import FRONT_ENDS
+from .links import Cluster, Link, cpu_share, parse_bandwidth, parse_latency
 from .model import predict, recommend
 from .payloads import DEFAULT_COMPRESSORS, FP16, spec_key
 from .pipeline import Fusion
@@ -75,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="measure this machine's codec times, cache them and exit")
     codec.add_argument("--calibrate-job", action="store_true",
                        help="under horovodrun: measure the front end's cost per tensor in this job "
-                            "(hvdcompress.plan.job_costs), add it to the cached calibration (run "
+                            "(hvdcompress.torch.job_costs), add it to the cached calibration (run "
                             "--calibrate first) and exit")
     codec.add_argument("--job-tensors", type=int, default=job_costs.TENSORS,
                        help="--calibrate-job: tensors per measurement")

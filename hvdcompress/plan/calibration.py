@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Union
 
 import numpy as np
 
-from ..compressor import TensorInfo
+from ..contract.compressor import TensorInfo
 from ..registry import from_params
 from .device import Device, torch_device
 from .payloads import spec_key
@@ -112,7 +112,7 @@ class Calibration:
     calibrated at once (see the module doc); ``copy_s_per_byte``: a memory copy's seconds per
     byte (:mod:`hvdcompress.plan.front_ends`; 0: not measured); ``per_tensor`` and
     ``per_member``: the front end's seconds per tensor and per further member of a fused bucket
-    in a job, by spec key (:mod:`hvdcompress.plan.job_costs`; empty: not measured)."""
+    in a job, by spec key (:mod:`hvdcompress.torch.job_costs`; empty: not measured)."""
 
     host: str
     device: str

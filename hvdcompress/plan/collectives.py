@@ -1,7 +1,7 @@
 """Time of Horovod's collectives in the alpha-beta model, for a payload of B bytes on P ranks.
 
 Every collective is a number of latency-bound steps plus the bytes one rank sends; the bytes
-are :func:`hvdcompress.collectives.wire_bytes` (the engine's own cost model), so the plan and the
+are :func:`hvdcompress.transport.collectives.wire_bytes` (the engine's own cost model), so the plan and the
 engine's byte accounting cannot drift apart::
 
     ring allreduce     2(P-1) alpha + 2(P-1)/P · B / beta
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..collectives import wire_bytes
+from ..transport.collectives import wire_bytes
 from .links import Link
 
 

@@ -22,7 +22,7 @@ def torch_device(name: str = "") -> Device:
     """The torch device ``name`` ('' picks CUDA when available, else CPU)."""
     import torch
 
-    from ..torch.backend import TorchOps
+    from ..ops.torch_ops import TorchOps
 
     name = name or ("cuda" if torch.cuda.is_available() else "cpu")
     generator = torch.Generator(device=name).manual_seed(0)

@@ -15,7 +15,7 @@ the gradient): that cost scales with the bytes on the wire and sits in the link'
 seconds per byte. No copy is added for them.
 
 Per tensor, a front end's Python costs the calibration's ``per_tensor`` (and ``per_member`` in
-a fused bucket; :mod:`hvdcompress.plan.job_costs`): hvdcompress's hooks on either front end,
+a fused bucket; :mod:`hvdcompress.torch.job_costs`): hvdcompress's hooks on either front end,
 Horovod's own hook for its dense and fp16 exchange. DDP's own dense and fp16 (``native_per_tensor``
 False) run in its C++ reducer, per bucket: nothing per tensor.
 """

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from ..validation import check_int
+from ..contract.validation import check_int
 
 #: bandwidth units -> bytes per second for one unit (decimal prefixes, as networks are sold).
 BANDWIDTH_UNITS = {

@@ -19,7 +19,7 @@ import functools
 import json
 from typing import Mapping, NamedTuple, Optional
 
-from ..compressor import TensorInfo, payload_bytes
+from ..contract.compressor import TensorInfo, payload_bytes
 from ..registry import from_params
 from .device import Device, torch_device
 
@@ -58,7 +58,7 @@ def spec_key(spec: Mapping[str, str]) -> str:
 
 def shard_shape(shape: tuple, numel: int, parts: int) -> tuple:
     """The shape of the shard a rank owns in the two-level exchange's cross-node level
-    (:mod:`hvdcompress.two_level`): a matrix whose rows ``parts`` divides keeps its shape for
+    (:mod:`hvdcompress.engines.two_level`): a matrix whose rows ``parts`` divides keeps its shape for
     its shard of rows (so PowerSGD still compresses it), anything else is a flat segment of
     ⌈numel/parts⌉ (as every segment of the compressed allreduce is)."""
     rows = shape[0] if len(shape) >= 2 else 0

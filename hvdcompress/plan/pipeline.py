@@ -8,7 +8,7 @@ runs those collectives one after the other; the next cycle starts one cycle time
 one started, or when its collectives end if later. A fused collective pays its latency once
 and the transfer of each of its tensors (:class:`hvdcompress.plan.collectives.Cost`).
 
-The exchange engine (:mod:`hvdcompress.exchange`) launches a tensor's first round from its
+The exchange engine (:mod:`hvdcompress.engines.exchange`) launches a tensor's first round from its
 gradient hook and runs the later rounds (PowerSGD's Q, CSC's chunks, the compressed allreduce's
 allgather, the two-level exchange's cross-node and node rounds) and the decoding in
 ``synchronize``, after the backward. So::

@@ -86,9 +86,9 @@ def from_sizes(sizes: Sequence[Size], compute_s: float = 0.0, optimizer_s: float
 
 def fused(profile: ModelProfile, threshold_bytes: int, itemsize: int = 4) -> ModelProfile:
     """``profile`` as the wrappers exchange it with ``fusion=threshold_bytes``
-    (:mod:`hvdcompress.fusion`): each bucket of consecutive names one flat tensor, ready when its
+    (:mod:`hvdcompress.engines.fusion`): each bucket of consecutive names one flat tensor, ready when its
     last member is; the others as they are. Collectives and codec calls then count buckets."""
-    from ..fusion import buckets
+    from ..engines.fusion import buckets
 
     cut = buckets([(t.name, t.numel, t.numel * itemsize, None) for t in profile.tensors], threshold_bytes)
     member = {m: b for b in cut for m in b.members}

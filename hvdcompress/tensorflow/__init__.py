@@ -11,7 +11,7 @@ a ``tf.function``.
 """
 from typing import Any
 
-from .backend import TFOps
+from ..ops.tf_ops import TFOps
 from .broadcast import broadcast_variables
 from .collectives import node_process_sets
 from .keras.optimizer import DistributedOptimizer as _KerasDistributedOptimizer

@@ -1,5 +1,5 @@
 """Horovod's TensorFlow collectives over one process set, for the exchange engine
-(:class:`hvdcompress.collectives.Collectives`). They run eagerly inside the exchange's
+(:class:`hvdcompress.transport.collectives.Collectives`). They run eagerly inside the exchange's
 ``tf.py_function``, so each call completes at once and is its own handle."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any, Optional
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from .. import process_sets
-from ..collectives import Collectives
+from ..transport import process_sets
+from ..transport.collectives import Collectives
 
 
 class HorovodCollectives(Collectives):
@@ -71,5 +71,5 @@ class HorovodCollectives(Collectives):
 def node_process_sets(ranks_per_node: Optional[int] = None) -> list:
     """The process sets of two-level compression (``intra_node=``), to register on every rank:
     ``hvd.init(process_sets=hvdcompress.tensorflow.node_process_sets())`` (see
-    :func:`hvdcompress.torch.node_process_sets` and :mod:`hvdcompress.process_sets`)."""
+    :func:`hvdcompress.torch.node_process_sets` and :mod:`hvdcompress.transport.process_sets`)."""
     return process_sets.node_process_sets(hvd, ranks_per_node)

@@ -30,8 +30,8 @@ What happens, besides Horovod's own handling of the model's and the optimizer's 
   exchange built on it rebuilds for the new world at its next step (each tensor's collective
   planned again, the replica guard, the rank agreement, which a joining rank makes at its first
   step too), and the last commit is loaded: laid out there for the new world by
-  :mod:`hvdcompress.reshard` (Σ_r e_r / P kept with op=Average). Local.
-* ``sync()`` (after every reset, removals included: :mod:`hvdcompress.elastic`): rank 0's last
+  :mod:`hvdcompress.state.reshard` (Σ_r e_r / P kept with op=Average). Local.
+* ``sync()`` (after every reset, removals included: :mod:`hvdcompress.step.elastic`): rank 0's last
   commit is broadcast and loaded by every rank, so a joining rank gets the same share as the
   others.
 * ``restore()`` (a failure): the last commit.
@@ -47,8 +47,8 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 from horovod.common.elastic import ObjectState
 
-from ..compressor import Compressor
-from ..elastic import SyncEveryReset
+from ..contract.compressor import Compressor
+from ..step.elastic import SyncEveryReset
 from .broadcast import broadcast_variables, optimizer_variables
 from .resume import _resolve, gather_compression_state, load_compression_state
 

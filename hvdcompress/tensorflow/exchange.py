@@ -1,7 +1,7 @@
-"""The TensorFlow front end of the step driver (:mod:`hvdcompress.driver`): the exchange behind
+"""The TensorFlow front end of the step driver (:mod:`hvdcompress.step.driver`): the exchange behind
 :func:`~hvdcompress.tensorflow.DistributedGradientTape` and the Keras ``DistributedOptimizer``.
 
-The algorithm of one step is the core's (the driver around :class:`hvdcompress.exchange.Exchange`),
+The algorithm of one step is the core's (the driver around :class:`hvdcompress.engines.exchange.Exchange`),
 the same as for torch; this module keeps what is TensorFlow's: variables as state
 (:mod:`.state`), IndexedSlices, ``None`` gradients, graph mode, and Horovod's TF collectives.
 Only Horovod's collective ops are used, so this works with Keras 2 and Keras 3 alike.
@@ -16,7 +16,7 @@ round trip per step and no XLA (``jit_compile=True``) for the training step.
 IndexedSlices are densified with ``sparse_as_dense=True`` or a take-over, else allgathered
 uncompressed, as Horovod does. ``None`` gradients stay ``None``.
 
-Loss scaling (:mod:`hvdcompress.loss_scale`): ``scaler=`` (a Keras 2 ``LossScaleOptimizer``)
+Loss scaling (:mod:`hvdcompress.step.loss_scale`): ``scaler=`` (a Keras 2 ``LossScaleOptimizer``)
 unscales every gradient first; with it, or a Keras optimizer around one, the ranks' overflow
 flags are summed before the exchange, and after an overflow on any rank nothing is compressed
 (the state stays) and every gradient comes back NaN, so the scaler skips the step everywhere.
@@ -29,14 +29,15 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..adam_settings import AdamSettings
-from ..clipping import local_clip_limit
-from ..compressor import TensorInfo
-from ..driver import StepDriver
-from ..fusion import bucket_info, totals as fused_totals
-from ..loss_scale import any_overflow
-from ..two_level import build_exchange
-from .backend import TFOps
+from ..adam.settings import AdamSettings
+from ..contract.compressor import TensorInfo
+from ..engines.fusion import bucket_info
+from ..engines.fusion import totals as fused_totals
+from ..engines.two_level import build_exchange
+from ..ops.tf_ops import TFOps
+from ..step.clipping import local_clip_limit
+from ..step.driver import StepDriver
+from ..step.loss_scale import any_overflow
 from .collectives import HorovodCollectives
 from .gradients import clipped, gathered_slices, in_order, overflow_flag, scaled_local, source_names
 from .options import ExchangeOptions, exchange_options, is_loss_scale_optimizer  # noqa: F401 (the API)
@@ -73,7 +74,7 @@ class GradientExchange:
     (handed to it in :class:`TensorInfo`). ``adam_settings``: the Keras Adam's settings, read
     each step, for FrozenAdam. ``overflow_check``: ask every rank whether any gradient
     overflowed before compressing (module doc). ``total_bytes`` / ``last_step_bytes``: the
-    driver's (:class:`~hvdcompress.accounting.ByteCount`).
+    driver's (:class:`~hvdcompress.engines.accounting.ByteCount`).
     """
 
     def __init__(self, options: ExchangeOptions, momentum: float = 0.0, nesterov: bool = False,
@@ -96,7 +97,7 @@ class GradientExchange:
         self.driver = _driver(options, self.state, compressor if adam_settings is not None else None)
         self.built_for = self.state.generation
         self.local: dict = {}   # id -> variable whose gradient stays this rank's own
-        self.scaler = core.scaler   # the Keras LossScaleOptimizer of scaler= (hvdcompress.loss_scale)
+        self.scaler = core.scaler   # the Keras LossScaleOptimizer of scaler= (hvdcompress.step.loss_scale)
         self.checks_overflow = overflow_check or self.scaler is not None
 
     engine = property(lambda self: self.driver.engine)
@@ -105,7 +106,7 @@ class GradientExchange:
 
     def rebuild(self) -> None:
         """Rebuild for Horovod's current world after ``hvd.shutdown(); hvd.init()`` at another
-        size (:meth:`hvdcompress.driver.StepDriver.rebuild`; :mod:`hvdcompress.tensorflow.elastic`);
+        size (:meth:`hvdcompress.step.driver.StepDriver.rebuild`; :mod:`hvdcompress.tensorflow.elastic`);
         the state is laid out by :func:`hvdcompress.tensorflow.load_compression_state`. Runs by
         itself at the first exchange after the state's ``generation`` changed."""
         global_flat = self.options.process_set is hvd.global_process_set and self.core.intra_node is None
@@ -199,8 +200,8 @@ class GradientExchange:
 
     def _bundles(self, infos: list, params: list, dtypes: list) -> list:
         """``(bucket, positions)`` of the exchanged gradients, one per grouped collective, in
-        name order (:meth:`hvdcompress.options.Options.group_ids`); ``bucket``: the
-        :class:`hvdcompress.fusion.Bucket` compressed as one with ``fusion=``, else None."""
+        name order (:meth:`hvdcompress.step.options.Options.group_ids`); ``bucket``: the
+        :class:`hvdcompress.engines.fusion.Bucket` compressed as one with ``fusion=``, else None."""
         fused = self.core.buckets([(info.name, info.numel, info.numel * tf.as_dtype(dtype).size,
                                     tf.as_dtype(dtype).name) for info, dtype in zip(infos, dtypes)])
         if fused:

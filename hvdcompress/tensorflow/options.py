@@ -1,5 +1,5 @@
 """The TensorFlow front ends' arguments: Horovod's TF keyword arguments and hvdcompress's shared
-ones (:mod:`hvdcompress.options`, documented in :mod:`hvdcompress.arguments`), checked once."""
+ones (:mod:`hvdcompress.step.options`, documented in :mod:`hvdcompress.step.arguments`), checked once."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,12 +8,12 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ..options import Options, parse_options
+from ..step.options import Options, parse_options
 
 
 @dataclass(frozen=True)
 class ExchangeOptions:
-    """The TF front end's arguments: the shared ones (:class:`hvdcompress.options.Options`,
+    """The TF front end's arguments: the shared ones (:class:`hvdcompress.step.options.Options`,
     ``core``) and TensorFlow's own."""
 
     core: Options
@@ -39,7 +39,7 @@ def exchange_options(compression: Any = None, device_dense: str = "", device_spa
                      scaler: Any = None, scale_local_gradients: bool = True,
                      **kwargs: Any) -> ExchangeOptions:
     """:class:`ExchangeOptions` from Horovod's keyword arguments and hvdcompress's, each checked
-    once (:func:`hvdcompress.options.parse_options`; the deprecated ``num_groups`` folded into
+    once (:func:`hvdcompress.step.options.parse_options`; the deprecated ``num_groups`` folded into
     ``groups``, as Horovod does, with a DeprecationWarning)."""
     if is_loss_scale_optimizer(scaler) and not hasattr(scaler, "get_unscaled_gradients"):
         raise ValueError(f"scaler={scaler!r}: allowed: None or a Keras 2 "

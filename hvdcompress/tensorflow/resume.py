@@ -1,7 +1,7 @@
 """Compressor state at another world size on TensorFlow / Keras: gather it, load it at P' ranks.
 
 The TF twin of the torch optimizer's ``state_dict(gather=True)`` / ``load_state_dict``; the rule is
-:mod:`hvdcompress.reshard`'s (numpy), the same for both front ends::
+:mod:`hvdcompress.state.reshard`'s (numpy), the same for both front ends::
 
     T = Σ_r e_r  (+ the compressed allreduce's server residuals)     (float64)
     e'_r' = T / P   for every new rank r'    (op=Average:  Σ_r' e'_r' / P' = T / P = Σ_r e_r / P)
@@ -32,10 +32,10 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..agreement import allgather_object
-from ..compressor import Compressor
-from ..reshard import share_of_rank
-from .backend import TFOps
+from ..contract.compressor import Compressor
+from ..ops.tf_ops import TFOps
+from ..state.reshard import share_of_rank
+from ..transport.objects import allgather_object
 from .collectives import HorovodCollectives
 from .gradients import source_names
 from .state import CompressionState, Loaded, compression_state
@@ -82,7 +82,7 @@ def load_compression_state(target: Any, saved: dict, variables: Optional[Sequenc
     """Load a :func:`gather_compression_state` of a run at any world size. Local: no collective.
 
     The compressor's counters are loaded now; each tensor's state is replaced by this rank's
-    share (:func:`hvdcompress.reshard.redistribute`) at the next exchange that sees the tensor,
+    share (:func:`hvdcompress.state.reshard.redistribute`) at the next exchange that sees the tensor,
     laid out for that exchange's world and collective, or at once for ``variables`` (with an
     optimizer or tape as ``target``). A state gathered with op=Average loaded into an exchange
     with op=Sum (or the reverse) raises a ``ValueError`` there."""
@@ -119,7 +119,7 @@ def lay_out(exchange: Any, sources: Sequence[Any]) -> None:
 
 def apply_loaded(exchange: Any, dtypes: list, infos: list) -> None:
     """This rank's share of a loaded gathered state for each tensor of ``infos`` that it holds
-    (:func:`hvdcompress.reshard.share_of_rank`), once, at the first exchange after the load."""
+    (:func:`hvdcompress.state.reshard.share_of_rank`), once, at the first exchange after the load."""
     state = exchange.state
     loaded = state.loaded
     if loaded is None:

@@ -24,7 +24,7 @@ from typing import Any, Iterator, Mapping, Optional
 import numpy as np
 import tensorflow as tf
 
-from ..compressor import Compressor
+from ..contract.compressor import Compressor
 
 _PYTHON_DTYPES = {bool: tf.bool, int: tf.int64, float: tf.float64}
 

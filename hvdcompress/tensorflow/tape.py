@@ -25,9 +25,9 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ..arguments import documented
-from .subclass import subclass_with
+from ..step.arguments import documented
 from .exchange import GradientExchange, exchange_options
+from .subclass import subclass_with
 
 
 class _GraphSource:

@@ -12,8 +12,8 @@ Horovod is imported only by what needs it (PEP 562 lazy attributes): the DDP com
 import importlib
 from typing import Any
 
-from ..schedule import SparsityScheduler
-from .backend import TorchOps
+from ..contract.schedule import SparsityScheduler
+from ..ops.torch_ops import TorchOps
 
 _HOROVOD_ATTRIBUTES = {"DistributedOptimizer": "optimizer", "broadcast_optimizer_state": "checkpoints",
                        "node_process_sets": "collectives"}

@@ -1,6 +1,6 @@
 """Checkpoints, resets and step control of hvdcompress.torch.DistributedOptimizer: its ``state_dict`` (one
 rank's or gathered), ``load_state_dict`` (at the same world size, or redistributed to another
-one: :mod:`hvdcompress.state_store`), ``rebuild`` after a world change, ``zero_grad``,
+one: :mod:`hvdcompress.state.store`), ``rebuild`` after a world change, ``zero_grad``,
 ``skip_synchronize``, ``set_backward_passes_per_step``, and :func:`broadcast_optimizer_state`.
 
 :class:`CheckpointMethods` holds these methods; the optimizer's class is built per wrapped
@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import horovod.torch as hvd
 import torch
 
-from .. import state_store
+from ..state import store as state_store
 from .tensors import CONVERSIONS, state_layout
 
 
@@ -26,14 +26,14 @@ class CheckpointMethods:
         world size and op, and every tensor's buffers keyed by parameter name: this rank's
         (``'tensors'``), or with ``gather=True`` every rank's (``'ranks'``, CPU tensors, in rank
         order; a collective). A gathered checkpoint resumes at any world size with the unsent
-        error-feedback mass and the mean momentum kept (:mod:`hvdcompress.reshard`); one rank's
+        error-feedback mass and the mean momentum kept (:mod:`hvdcompress.state.reshard`); one rank's
         resumes at the same world size only."""
         sd = super(self.__class__, self).state_dict()
         sd["hvdcompress"] = state_store.save(self._driver, CONVERSIONS, gather and self._included(), torch.zeros(1))
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Load a :meth:`state_dict`, gathered or one rank's (:func:`hvdcompress.state_store.load`).
+        """Load a :meth:`state_dict`, gathered or one rank's (:func:`hvdcompress.state.store.load`).
         Local: no collective."""
         state_dict = dict(state_dict)
         own = state_dict.pop("hvdcompress", None)
@@ -85,7 +85,7 @@ class CheckpointMethods:
     def rebuild(self) -> None:
         """Rebuild for Horovod's current world after ``hvd.shutdown(); hvd.init()`` at another
         size (an elastic reset, :mod:`hvdcompress.torch.elastic`): a new engine
-        (:meth:`hvdcompress.driver.StepDriver.rebuild`), then the rank agreement, a collective
+        (:meth:`hvdcompress.step.driver.StepDriver.rebuild`), then the rank agreement, a collective
         that a joining rank makes in its constructor at the same point. The compressor state is
         not touched: load a gathered :meth:`state_dict` to lay it out for the new world."""
         self._driver.rebuild(None if self.process_set is hvd.global_process_set

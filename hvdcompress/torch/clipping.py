@@ -1,4 +1,4 @@
-"""Local gradient clipping for the torch optimizer (see :mod:`hvdcompress.clipping`)."""
+"""Local gradient clipping for the torch optimizer (see :mod:`hvdcompress.step.clipping`)."""
 from __future__ import annotations
 
 import warnings
@@ -6,7 +6,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from ..clipping import local_clip_limit, state_carrier, what_it_keeps
+from ..step.clipping import local_clip_limit, state_carrier, what_it_keeps
 
 
 def clip_gradients(grads: Sequence[torch.Tensor], limit: float, scale: float = 1.0) -> Optional[torch.Tensor]:
@@ -30,7 +30,7 @@ def clip_gradients(grads: Sequence[torch.Tensor], limit: float, scale: float = 1
 
 def clip_local_gradients(grads: Sequence[torch.Tensor], clip_grad_norm: float, world: int,
                          average: bool = True, scale: float = 1.0) -> None:
-    """:func:`clip_gradients` to :func:`~hvdcompress.clipping.local_clip_limit` (c·sqrt(N) for
+    """:func:`clip_gradients` to :func:`~hvdcompress.step.clipping.local_clip_limit` (c·sqrt(N) for
     op=Average, c/sqrt(N) for Sum), after ``scale`` (the driver's ``clip_scale()``): a rank's own
     gradients, before compression."""
     clip_gradients(grads, local_clip_limit(clip_grad_norm, world, average), scale)
@@ -39,7 +39,7 @@ def clip_local_gradients(grads: Sequence[torch.Tensor], clip_grad_norm: float, w
 class GradientWatch:
     """Warns once when gradients are changed between ``synchronize()`` and ``step()`` (Horovod's
     clipping pattern) while the compressor, or the two-level ``intra_node`` one, owns the
-    momentum or keeps a residual (:func:`~hvdcompress.clipping.state_carrier`): ``p.grad`` is
+    momentum or keeps a residual (:func:`~hvdcompress.step.clipping.state_carrier`): ``p.grad`` is
     then the exchanged update, not the gradient, so the change is a different algorithm from
     the one the user meant. It sees the change through the gradient's version counter."""
 

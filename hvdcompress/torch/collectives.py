@@ -1,5 +1,5 @@
 """Horovod's torch collectives over one process set, for the exchange engine
-(:class:`hvdcompress.collectives.Collectives`): asynchronous grouped calls, waited on in
+(:class:`hvdcompress.transport.collectives.Collectives`): asynchronous grouped calls, waited on in
 ``synchronize()``, so communication overlaps the backward pass."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any, Optional
 
 import horovod.torch as hvd
 
-from .. import process_sets
-from ..collectives import Collectives
-from ..waiting import wait_politely
+from ..transport import process_sets
+from ..transport.collectives import Collectives
+from ..transport.waiting import wait_politely
 
 
 class HorovodCollectives(Collectives):
@@ -52,7 +52,7 @@ class HorovodCollectives(Collectives):
 
     def wait(self, handle: Any) -> list:
         """The outputs, once Horovod reports the handle done (polled with pauses,
-        :mod:`hvdcompress.waiting`: ``hvd.synchronize`` alone keeps a core busy meanwhile)."""
+        :mod:`hvdcompress.transport.waiting`: ``hvd.synchronize`` alone keeps a core busy meanwhile)."""
         if isinstance(handle, list):  # alltoall: (output, received splits) per tensor
             return [self._wait(h)[0] for h in handle]
         return list(self._wait(handle))
@@ -67,5 +67,5 @@ def node_process_sets(ranks_per_node: Optional[int] = None) -> list:
     """The process sets of two-level compression (``intra_node=``), to register on every rank:
     ``hvd.init(process_sets=hvdcompress.torch.node_process_sets())``. Computed from horovodrun's
     HOROVOD_SIZE / HOROVOD_LOCAL_SIZE before ``hvd.init`` (``ranks_per_node`` overrides the local
-    size, e.g. to emulate nodes on one machine); see :mod:`hvdcompress.process_sets`."""
+    size, e.g. to emulate nodes on one machine); see :mod:`hvdcompress.transport.process_sets`."""
     return process_sets.node_process_sets(hvd, ranks_per_node)

@@ -8,7 +8,7 @@ Modelled on DDP's PowerSGD hook::
                                  named_parameters=model.named_parameters())
     model.register_comm_hook(state, ddp.compression_hook)
 
-The DDP front end of the step driver (:mod:`hvdcompress.driver`): each tensor is compressed,
+The DDP front end of the step driver (:mod:`hvdcompress.step.driver`): each tensor is compressed,
 sent and decoded exactly as :class:`hvdcompress.torch.DistributedOptimizer` does it, over
 torch.distributed (:class:`~hvdcompress.torch.dist_collectives.DistCollectives`): for the same
 gradients, compressor and seed the averaged gradients are the same bits wherever the sum is.
@@ -27,24 +27,24 @@ with the taken settings at 0), or FrozenAdam's update in place of an Adam/AdamW'
 Mixed precision: ``scaler=`` (with ``optimizer=``) unscales each gradient in the hook before
 compression; the user's loop stays ``scaler.scale(loss).backward(); scaler.step(opt);
 scaler.update()``; an overflow on any rank puts the compressor state back and the scaler skips
-the step on every rank (:mod:`hvdcompress.loss_scale`).
+the step on every rank (:mod:`hvdcompress.step.loss_scale`).
 """
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 import torch
 import torch.distributed as dist
 
-from .. import state_store
-from ..adam_settings import adam_settings
-from ..arguments import documented
-from ..collectives import check_collective
-from ..compressor import Compressor, TensorInfo
-from ..driver import Completion, StepDriver
-from ..exchange import Exchange
-from ..fusion import FusedKey, totals
-from ..names import check_names
-from ..options import parse_options
-from ..two_level import TwoLevelExchange
+from ..adam.settings import adam_settings
+from ..contract.compressor import Compressor, TensorInfo
+from ..engines.exchange import Exchange
+from ..engines.fusion import FusedKey, totals
+from ..engines.two_level import TwoLevelExchange
+from ..state import store as state_store
+from ..step.arguments import documented
+from ..step.driver import Completion, StepDriver
+from ..step.names import check_names
+from ..step.options import parse_options
+from ..transport.collectives import check_collective
 from .clipping import clip_gradients, clip_local_gradients
 from .dist_collectives import DistCollectives, node_groups
 from .fusion import bucket_tensors
@@ -263,7 +263,7 @@ class CompressionState:
     def state_dict(self, gather: bool = False) -> dict:
         """The compressor's own state (schedules), the world size and op, and every tensor's
         buffers keyed by parameter name: this rank's (``'tensors'``) or, with ``gather=True``,
-        every rank's (``'ranks'``, a collective): :mod:`hvdcompress.state_store`."""
+        every rank's (``'ranks'``, a collective): :mod:`hvdcompress.state.store`."""
         return state_store.save(self.driver, CONVERSIONS, gather, torch.zeros(1, device=self._device()))
 
     def load_state_dict(self, state_dict: Mapping) -> None:

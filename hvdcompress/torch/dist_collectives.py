@@ -1,5 +1,5 @@
 """torch.distributed's collectives over one process group, for the exchange engine
-(:class:`hvdcompress.collectives.Collectives`): the adapter of the DDP communication hook
+(:class:`hvdcompress.transport.collectives.Collectives`): the adapter of the DDP communication hook
 (:mod:`hvdcompress.torch.ddp`), written for Gloo (CPU) and NCCL (GPU).
 
 Every call launches asynchronous work (``async_op=True``) and returns a handle; :meth:`wait`
@@ -30,8 +30,8 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
-from ..collectives import Collectives
-from ..process_sets import node_layout
+from ..transport.collectives import Collectives
+from ..transport.process_sets import node_layout
 
 #: all_gather_into_tensor's new name (torch 2.13 deprecates the old one)
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -127,7 +127,7 @@ class DistCollectives(Collectives):
 def node_groups(ranks_per_node: Optional[int] = None) -> tuple:
     """(this rank's node group, its cross-node group) for two-level compression, made with
     ``dist.new_group`` on every rank (all ranks must call this, in the same order): N node
-    groups of L consecutive ranks, then L cross-node groups (:func:`hvdcompress.process_sets.node_layout`).
+    groups of L consecutive ranks, then L cross-node groups (:func:`hvdcompress.transport.process_sets.node_layout`).
     ``ranks_per_node`` defaults to torchrun's ``LOCAL_WORLD_SIZE``; ranks must be placed node by
     node (torchrun does)."""
     world, rank = dist.get_world_size(), dist.get_rank()

@@ -26,10 +26,10 @@ What the compressed optimizer's state does at each event of ``hvd.elastic.run``:
 * reset (ranks added or removed; after a failure): every rank still there rebuilds the exchange
   for the new world size (:meth:`rebuild`: the collectives planned again, e.g. the compressed
   allreduce's P segments, the replica guard, the rank agreement) and loads the last commit's
-  gathered state, laid out for the new world by :mod:`hvdcompress.reshard`: every rank then
+  gathered state, laid out for the new world by :mod:`hvdcompress.state.reshard`: every rank then
   holds Σ_r e_r / P of each residual and momentum, so the mass the exchanged mean carries is
   kept (op=Average; Σ_r e_r / P' with op=Sum). Local: no collective besides the agreement.
-* ``sync()`` (after every reset; Horovod skips it after a removal, :mod:`hvdcompress.elastic`
+* ``sync()`` (after every reset; Horovod skips it after a removal, :mod:`hvdcompress.step.elastic`
   says why this state does not): the wrapped optimizer's state and the compressor's counters
   from rank 0 (:func:`hvdcompress.torch.broadcast_optimizer_state`), then rank 0's last gathered
   commit, loaded by every rank: a joining rank gets the same share as the others.
@@ -45,7 +45,7 @@ import copy
 import horovod.torch as hvd
 from horovod.torch.elastic.state import StateHandler
 
-from ..elastic import SyncEveryReset
+from ..step.elastic import SyncEveryReset
 from .checkpoints import broadcast_optimizer_state
 
 

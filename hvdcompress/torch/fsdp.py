@@ -11,12 +11,12 @@ FSDP2 (``fully_shard``)::
     fully_shard(layer) for each layer; fully_shard(model)
     state = fsdp.compress(model, compression=ErrorFeedback(OneBit()))
 
-The fourth front end of the step driver (:mod:`hvdcompress.driver`): each FSDP unit's flat
-gradient goes through :class:`hvdcompress.reduce_scatter.ReduceScatterExchange` (each rank
+The fourth front end of the step driver (:mod:`hvdcompress.step.driver`): each FSDP unit's flat
+gradient goes through :class:`hvdcompress.engines.reduce_scatter.ReduceScatterExchange` (each rank
 compresses the P chunks block by block, with error feedback per unit, chunk, block and rank; one
 all-to-all; this rank's chunk decoded and summed in float32 into the shard), then divided as FSDP
 would (FSDP1: the hook owns the average; FSDP2: ``op`` AVG or SUM, FSDP's pre/post factors
-around it). Which compressors fit: :func:`hvdcompress.reduce_scatter.check_sharded`.
+around it). Which compressors fit: :func:`hvdcompress.engines.reduce_scatter.check_sharded`.
 
 Units are named by FSDP2's module paths (``compress``), or for FSDP1, whose hook is not told
 which unit it reduces, ``unit<k>`` in the order of the backward pass (the same on every rank and
@@ -29,7 +29,7 @@ strategies refuse communication hooks in FSDP itself.
 what is compared across ranks is the compressor's step counters, every N-th step. Checkpoints:
 :meth:`CompressionState.state_dict` (``gather=True``: every rank's), resumed at the same world
 size bit for bit, or at another one with each unit's unsent error-feedback mass pooled and
-shared (:mod:`hvdcompress.reshard`'s rule; laid out at the unit's first reduce-scatter).
+shared (:mod:`hvdcompress.state.reshard`'s rule; laid out at the unit's first reduce-scatter).
 """
 from typing import Any, Mapping, Optional, Union
 
@@ -37,11 +37,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import state_store
-from ..compressor import Compressor, TensorInfo
-from ..driver import StepDriver
-from ..options import parse_options
-from ..reduce_scatter import ReduceScatterExchange, TwoLevelReduceScatter, check_sharded, laid_out, pooled_units
+from ..contract.compressor import Compressor, TensorInfo
+from ..engines.reduce_scatter import (
+    ReduceScatterExchange,
+    TwoLevelReduceScatter,
+    check_sharded,
+    laid_out,
+    pooled_units,
+)
+from ..state import store as state_store
+from ..step.driver import StepDriver
+from ..step.options import parse_options
 from .dist_collectives import DistCollectives, node_groups
 from .tensors import CONVERSIONS, OPS
 
@@ -54,14 +60,14 @@ class CompressionState:
     ``init_process_group`` (nothing collective runs until the first reduce-scatter).
 
     ``compression``: a compressor or a dict for :func:`hvdcompress.from_params` that fits the
-    sharded form (:func:`~hvdcompress.reduce_scatter.check_sharded`); ``process_group``: the
+    sharded form (:func:`~hvdcompress.engines.reduce_scatter.check_sharded`); ``process_group``: the
     group FSDP shards over (None: the default group); ``block``: elements per compressed block
-    (:mod:`hvdcompress.reduce_scatter`: one scale or selection per block); ``check_replicas``:
+    (:mod:`hvdcompress.engines.reduce_scatter`: one scale or selection per block); ``check_replicas``:
     compare the compressor's counters every N steps. ``intra_node`` / ``ranks_per_node``: the
-    two-level reduce-scatter (:class:`~hvdcompress.reduce_scatter.TwoLevelReduceScatter`: ``intra_node``
+    two-level reduce-scatter (:class:`~hvdcompress.engines.reduce_scatter.TwoLevelReduceScatter`: ``intra_node``
     a mild compressor inside the node, ``compression`` between nodes; default group only; the node
     groups of :func:`hvdcompress.torch.ddp.node_groups`). ``total_bytes`` / ``last_step_bytes``:
-    this rank's dense versus sent gradient bytes (:class:`~hvdcompress.accounting.ByteCount`).
+    this rank's dense versus sent gradient bytes (:class:`~hvdcompress.engines.accounting.ByteCount`).
     """
 
     def __init__(self, process_group: Optional[Any] = None,

@@ -1,5 +1,5 @@
 """The torch optimizer's ``scaler=``: a ``torch.amp.GradScaler`` driven from inside the exchange,
-the torch side of :mod:`hvdcompress.loss_scale` (unscale each gradient before compression, sum
+the torch side of :mod:`hvdcompress.step.loss_scale` (unscale each gradient before compression, sum
 the ranks' overflow flags, put the compressor state back on an overflow)."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any, Optional
 import torch
 from torch.amp.grad_scaler import OptState
 
-from ..clipping import what_it_keeps
-from ..loss_scale import OverflowGuard
-from .backend import TorchOps
-from ..collectives import Collectives
+from ..ops.torch_ops import TorchOps
+from ..step.clipping import what_it_keeps
+from ..step.loss_scale import OverflowGuard
+from ..transport.collectives import Collectives
 
 _OPS = TorchOps()
 
@@ -27,7 +27,7 @@ def copy_into(value: torch.Tensor, buffer: Optional[torch.Tensor]) -> torch.Tens
 
 
 class GradScalerLink:
-    """``scaler=``: the torch side of :mod:`hvdcompress.loss_scale` for one optimizer.
+    """``scaler=``: the torch side of :mod:`hvdcompress.step.loss_scale` for one optimizer.
 
     At the step's first gradient it reads the GradScaler's scale tensor (``_scale``: no host
     sync) as 1/s in float32, computed in float64 as ``GradScaler.unscale_`` does, and records in
@@ -122,7 +122,7 @@ def enabled_scaler(scaler: Any) -> Any:
 
 def warn_unscaled_amp(opt: Any) -> None:
     """Once per optimizer: ``step()`` runs inside ``GradScaler.step`` without ``scaler=`` while
-    the compressor carries state, which then holds scaled gradients (hvdcompress.loss_scale)."""
+    the compressor carries state, which then holds scaled gradients (hvdcompress.step.loss_scale)."""
     carrier = opt._watch.carrier
     if opt._scaler is not None or opt._amp_warned or carrier is None or not inside_grad_scaler():
         return

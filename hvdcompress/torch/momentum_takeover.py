@@ -5,7 +5,7 @@ and weight decay before compressing: the exchanged update is already ``u ← μu
 its Nesterov form), so the optimizer must then take a plain SGD step ``w ← w − η·update``.
 For a ``torch.optim.SGD`` the wrapper reads each group's ``momentum``, ``nesterov`` and
 ``weight_decay`` at every step (:func:`momentum_fields`, handed to the compressor in its
-:class:`~hvdcompress.compressor.TensorInfo`) and runs the wrapped ``step()`` with them set to 0,
+:class:`~hvdcompress.contract.compressor.TensorInfo`) and runs the wrapped ``step()`` with them set to 0,
 restored right after (:func:`suspended`), so ``param_groups``, LR/momentum schedulers and
 checkpoints keep the user's values. A compressor with an explicit momentum next to an SGD with
 momentum is an error (momentum would apply twice, :func:`check_momentum`). Other optimizers
@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from ..adam_settings import adam_settings
-from ..compressor import Compressor
+from ..adam.settings import adam_settings
+from ..contract.compressor import Compressor
 
 TAKEN_OVER = ("momentum", "nesterov", "weight_decay")
 
@@ -46,7 +46,7 @@ def check_momentum(compressor: Compressor, optimizer: torch.optim.Optimizer) -> 
 
 
 def check_adam(compressor: Compressor, optimizer: torch.optim.Optimizer):
-    """The :class:`~hvdcompress.adam.FrozenAdam` that takes ``optimizer``'s step over (None
+    """The :class:`~hvdcompress.adam.frozen.FrozenAdam` that takes ``optimizer``'s step over (None
     without one), after checking that the optimizer is an Adam or AdamW it can run; a warning
     when a compressor with SGD's momentum correction (DGC, CSC, ``Momentum``) wraps an
     optimizer that is not SGD."""

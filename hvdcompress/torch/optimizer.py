@@ -1,8 +1,8 @@
 """hvdcompress.torch.DistributedOptimizer: Horovod's DistributedOptimizer with compression.
 
 Same signature and behaviour as ``horovod.torch.DistributedOptimizer``, plus ``compression=``
-and the shared arguments of :mod:`hvdcompress.arguments`. This module is the torch/Horovod front
-end of the step driver (:mod:`hvdcompress.driver`), which decides everything around the
+and the shared arguments of :mod:`hvdcompress.step.arguments`. This module is the torch/Horovod front
+end of the step driver (:mod:`hvdcompress.step.driver`), which decides everything around the
 engine: it owns the gradient hooks, ``p.grad`` and Horovod's collectives, nothing else.
 
 Per parameter, once its gradient has been accumulated ``backward_passes_per_step`` times, a
@@ -21,14 +21,14 @@ from typing import Iterable, Mapping, Optional, Union
 import horovod.torch as hvd
 import torch
 
-from ..adam_settings import adam_settings
-from ..arguments import documented
-from ..compressor import Compressor, TensorInfo
-from ..driver import Completion, StepDriver
-from ..fusion import totals
-from ..names import check_names
-from ..options import parse_options
-from ..two_level import build_exchange
+from ..adam.settings import adam_settings
+from ..contract.compressor import Compressor, TensorInfo
+from ..engines.fusion import totals
+from ..engines.two_level import build_exchange
+from ..step.arguments import documented
+from ..step.driver import Completion, StepDriver
+from ..step.names import check_names
+from ..step.options import parse_options
 from .checkpoints import CheckpointMethods
 from .clipping import GradientWatch, clip_gradients, clip_local_gradients
 from .collectives import HorovodCollectives
@@ -270,7 +270,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     Arguments are those of ``horovod.torch.DistributedOptimizer`` plus the shared ones below.
     The returned object is an instance of the optimizer's own class with ``synchronize()``,
     ``skip_synchronize()``, ``last_step_bytes`` / ``total_bytes`` and a ``state_dict(gather=False)``
-    that includes the compressor's state (:mod:`hvdcompress.state_store`). ``op`` is
+    that includes the compressor's state (:mod:`hvdcompress.state.store`). ``op`` is
     ``hvd.Average`` or ``hvd.Sum`` (Adasum does not combine with compression).
     ``_parameter_names`` maps each parameter to its name, as on Horovod's optimizer. Two-level
     compression needs the node process sets registered on every rank:

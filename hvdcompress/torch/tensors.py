@@ -1,6 +1,6 @@
 """What the torch front ends (Horovod optimizer, DDP hook) share besides the driver: the
 :class:`TensorInfo` of a parameter, FrozenAdam's update of the optimizer's parameters, and the
-conversions of torch tensors for checkpoints (:mod:`hvdcompress.state_store`)."""
+conversions of torch tensors for checkpoints (:mod:`hvdcompress.state.store`)."""
 from __future__ import annotations
 
 import weakref
@@ -9,11 +9,11 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from ..adam_settings import adam_settings
-from ..compressor import TensorInfo
-from ..fusion import bucket_info
-from ..state_store import Conversions
-from .backend import TorchOps
+from ..adam.settings import adam_settings
+from ..contract.compressor import TensorInfo
+from ..engines.fusion import bucket_info
+from ..ops.torch_ops import TorchOps
+from ..state.store import Conversions
 from .momentum_takeover import momentum_fields
 
 OPS = TorchOps()
@@ -31,7 +31,7 @@ def tensor_info(p: torch.Tensor, name: str, world: int, rank: int, group: Option
 
 def adam_update(adam: Any, param_groups: list, state_of: Callable[[torch.Tensor], dict],
                 name_of: Callable[[torch.Tensor], str], closure: Optional[Callable] = None) -> Any:
-    """The optimizer's step under FrozenAdam: :meth:`hvdcompress.adam.FrozenAdam.after_exchange`
+    """The optimizer's step under FrozenAdam: :meth:`hvdcompress.adam.frozen.FrozenAdam.after_exchange`
     for every parameter with a gradient (the exchanged mean), its param group's settings read
     now (schedulers keep working). ``state_of(p)``: its compressor state."""
     loss = None
@@ -67,7 +67,7 @@ def ranks_of(process_set: Any, global_set: Any) -> Optional[list]:
 
 
 def state_layout(driver: Any, params: list, bucket: Any, info_of: Callable) -> tuple:
-    """For :func:`hvdcompress.state_store.load`: (numel, a tensor on its device, whether the
+    """For :func:`hvdcompress.state.store.load`: (numel, a tensor on its device, whether the
     engine runs it as a compressed allreduce) of the state kept for ``params`` (one parameter,
     or ``bucket``'s members; ``info_of(p)``: a parameter's TensorInfo)."""
     p = params[0]

@@ -27,13 +27,13 @@ import torch
 import torch.nn.functional as F
 
 import hvdcompress as hc
-from hvdcompress.adam_settings import adam_settings
-from hvdcompress.compressor import TensorInfo
-from hvdcompress.exchange import Exchange
-from hvdcompress.fusion import FusedKey, buckets, compress_bucket, totals
+from hvdcompress.adam.settings import adam_settings
+from hvdcompress.contract.compressor import TensorInfo
+from hvdcompress.engines.exchange import Exchange
+from hvdcompress.engines.fusion import FusedKey, buckets, compress_bucket, totals
+from hvdcompress.engines.two_level import TwoLevelExchange
+from hvdcompress.ops.torch_ops import TorchOps
 from hvdcompress.registry import as_compressor
-from hvdcompress.torch.backend import TorchOps
-from hvdcompress.two_level import TwoLevelExchange
 from hvdcompress.torch.clipping import clip_gradients, clip_local_gradients
 from hvdcompress.torch.momentum_takeover import check_adam, momentum_fields, suspended, takes_over
 
@@ -81,7 +81,7 @@ class Case(NamedTuple):
     ``halves``: the ranks split into two process groups, each training its own DDP model (a
     rank's batches are those of its rank in its group); ``check_replicas`` the hook's, and
     ``perturb_at``: the step before which rank 1 changes one of its parameters; ``fusion`` the
-    bytes per fused bucket (:mod:`hvdcompress.fusion`)."""
+    bytes per fused bucket (:mod:`hvdcompress.engines.fusion`)."""
 
     compression: Callable[[], Optional[hc.Compressor]]
     optimizer: Callable = sgd

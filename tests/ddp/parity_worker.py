@@ -16,9 +16,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from cases import THREADS, batch, build_model, flat_params, sgd  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
-from cases import THREADS, batch, build_model, flat_params, sgd  # noqa: E402
 import hvdcompress as hc  # noqa: E402
 from hvdcompress.torch import ddp  # noqa: E402
 

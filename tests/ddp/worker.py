@@ -26,10 +26,19 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from cases import (  # noqa: E402
+    BUCKET_CAP_MB,
+    CASES,
+    RANKS_PER_NODE,
+    THREADS,
+    Case,
+    build_model,
+    encode,
+    flat_params,
+    train_step,
+)
 from hvdrun import write_result  # noqa: E402
 
-from cases import (BUCKET_CAP_MB, CASES, RANKS_PER_NODE, THREADS, Case, build_model, encode,  # noqa: E402
-                   flat_params, train_step)
 from hvdcompress import ReplicaMismatch  # noqa: E402
 from hvdcompress.torch import ddp  # noqa: E402
 from hvdcompress.torch.dist_collectives import DistCollectives  # noqa: E402

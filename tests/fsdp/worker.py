@@ -53,7 +53,8 @@ def sharded(version: str, compression, bf16: bool = False, block: int = BLOCK):
     net = mlp()
     dtype = torch.bfloat16 if bf16 else None
     if version == "fsdp1":
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         model = FSDP(net, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}), device_id=torch.device("cpu"),
                      sharding_strategy=ShardingStrategy.FULL_SHARD,

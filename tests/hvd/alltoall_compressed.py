@@ -5,9 +5,9 @@ SGD lr 1 from w = 0 (torch), and the tape's averaged gradient (TF). Gradients ar
 import sys
 
 import numpy as np
+from common import result
 
 import hvdcompress as hc
-from common import result
 
 N, STEPS = 999, 2
 

@@ -8,7 +8,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # hvdrun
 from hvdrun import write_hosts, write_result  # noqa: E402
 
-
 #: epoch seconds at which a launch's test prints every rank's stacks (tests/conftest.run_elastic)
 STACKS_AT_ENV = "HVDCOMPRESS_TEST_STACKS_AT"
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import horovod.torch as hvd
 import numpy as np
 import torch
+from common import result
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from common import result
 
 N, STEPS, WIDTH = 1000, 3, 64
 

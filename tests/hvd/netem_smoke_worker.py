@@ -9,7 +9,6 @@ from pathlib import Path
 
 import horovod.torch as hvd
 import torch
-
 from common import result
 
 

@@ -9,7 +9,7 @@ recomputes every step in numpy, tests/adam_reference.py). Cases, each reporting 
 "clip":     "none" with clip_grad_norm=5 inside a tf.function (the v-steps clip the mean, kept for the others:
             the same order as the torch front ends, tests/hvd/torch_adam.py)
 "schedule": FrozenAdam(ErrorFeedback(OneBit), live_steps=4): the default variance schedule
-            (hvdcompress.adam_freeze, int8 v-steps) after 4 live steps, 24 steps in a tf.function,
+            (hvdcompress.adam.variance, int8 v-steps) after 4 live steps, 24 steps in a tf.function,
             clip_grad_norm=20
 "small":    "schedule" with min_numel=N+1 and no clip, 12 steps: the tensor runs live Adam (int8) at every step
 "lr_units": "function" eager, the learning rate assigned before each step (adam_reference.LRS: it
@@ -21,10 +21,10 @@ from pathlib import Path
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from common import result
 
 import hvdcompress as hc
 import hvdcompress.tensorflow.keras as hvck
-from common import result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adam_reference import LRS  # noqa: E402 (tests/: the schedule the numpy reference runs)

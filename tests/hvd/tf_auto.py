@@ -14,11 +14,11 @@ import hashlib
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from common import result
 
 import hvdcompress as hc
 import hvdcompress.tensorflow as hvt
 import hvdcompress.tensorflow.keras as hvk
-from common import result
 
 STEPS = 10
 hvd.init()

@@ -5,10 +5,10 @@ loss = sum(a * ca) + sum(b * cb). tests/test_tf_horovod.py recomputes the result
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from common import result
 
 import hvdcompress as hc
 import hvdcompress.tensorflow as hvc
-from common import result
 
 only0 = hvd.ProcessSet([0])
 hvd.init(process_sets=[only0])

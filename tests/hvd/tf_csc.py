@@ -11,10 +11,10 @@ import sys
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from common import result
 
 import hvdcompress as hc
 import hvdcompress.tensorflow as hvc
-from common import result
 
 
 def rank_vector(rank: int, n: int, seed: int) -> np.ndarray:

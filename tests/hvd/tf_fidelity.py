@@ -16,10 +16,10 @@
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from common import result
 
 import hvdcompress.tensorflow as hvt
 import hvdcompress.tensorflow.keras as hvk
-from common import result
 
 hvd.init()
 rank = hvd.rank()

@@ -7,12 +7,12 @@ error feedback. Each reports what it saw; tests/test_tf_horovod.py checks it aga
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from common import result
+from fusion_data import SIZES, grads
 
 import hvdcompress as hc
 import hvdcompress.tensorflow as hvt
 import hvdcompress.tensorflow.keras as hvk
-from common import result
-from fusion_data import SIZES, grads
 
 hvd.init()
 rank = hvd.rank()

@@ -11,12 +11,12 @@ import sys
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from common import result
 
 import hvdcompress.tensorflow as hvc
 import hvdcompress.tensorflow.keras as hvck
-from common import result
 from hvdcompress.registry import as_compressor
-from hvdcompress.replicas import ReplicaMismatch
+from hvdcompress.step.replicas import ReplicaMismatch
 
 hvd.init()
 rank = hvd.rank()

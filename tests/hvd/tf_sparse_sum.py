@@ -7,9 +7,9 @@ slices:                 an embedding lookup's IndexedSlices gradient, passed thr
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from common import result
 
 import hvdcompress.tensorflow as hvc
-from common import result
 from hvdcompress import TopK
 
 NUMEL, K = 1000, 50

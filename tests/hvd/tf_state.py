@@ -13,10 +13,10 @@ import os
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from common import result
 
 import hvdcompress.tensorflow as hvc
 import hvdcompress.tensorflow.keras as hvck
-from common import result
 from hvdcompress import DGC, ExponentialWarmup
 
 

@@ -12,10 +12,10 @@ import json
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from common import result
 
 import hvdcompress.tensorflow as hvc
 import hvdcompress.tensorflow.keras as hvck
-from common import result
 from hvdcompress import from_params
 
 IN, OUT, BATCH = 64, 16, 32

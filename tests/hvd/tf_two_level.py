@@ -11,15 +11,14 @@ from pathlib import Path
 # tests/: the numpy reference's gradients. First: it imports horovod.torch, and Horovod's
 # ProcessSet objects answer through the framework module imported last, which must be TF's.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_two_level import gradient  # noqa: E402
-
 import horovod.tensorflow as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from common import result  # noqa: E402
+from test_two_level import gradient  # noqa: E402
 
 import hvdcompress as hc  # noqa: E402
 import hvdcompress.tensorflow as hvc  # noqa: E402
 import hvdcompress.tensorflow.keras as hvck  # noqa: E402
-from common import result  # noqa: E402
 
 hvd.init(process_sets=hvc.node_process_sets(ranks_per_node=2))
 rank = hvd.rank()

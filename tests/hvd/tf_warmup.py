@@ -8,9 +8,9 @@ On Keras 2, Horovod's own BroadcastGlobalVariablesCallback and MetricAverageCall
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from common import result
 
 import hvdcompress.tensorflow.keras as hvck
-from common import result
 from hvdcompress import DGC, ExponentialWarmup, ListWarmup
 
 KERAS2 = int(tf.keras.__version__.split(".")[0]) < 3 if hasattr(tf.keras, "__version__") else True

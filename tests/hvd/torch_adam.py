@@ -14,7 +14,7 @@ step in numpy). Cases, each reporting every step's weights:
 "clip":   "none" with clip_grad_norm=5 (the v-steps clip the mean, its coefficient scales the others)
 "dense_warmup": "gradient" with warmup="none" (the warm-up allreduced dense)
 "schedule": FrozenAdam(ErrorFeedback(OneBit), live_steps=4): the default variance schedule of
-          hvdcompress.adam_freeze (v-steps int8) after 4 live steps instead of 128, Adam, 24 steps,
+          hvdcompress.adam.variance (v-steps int8) after 4 live steps instead of 128, Adam, 24 steps,
           clip_grad_norm=20 (the mean's clip in the v-steps, kept for the others)
 "schedule_a2a": "schedule" without the clip through the compressed allreduce
 "int4_a2a": "schedule_a2a" with warmup="int4": 4-bit v-steps, the reduced sum re-sent in chunks of 64
@@ -28,11 +28,11 @@ from pathlib import Path
 
 import horovod.torch as hvd
 import torch
+from common import result
+from torch_common import Linear, rank_vector
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from common import result
-from torch_common import Linear, rank_vector
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adam_reference import LRS  # noqa: E402 (tests/: the schedule the numpy reference runs)

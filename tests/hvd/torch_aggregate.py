@@ -2,11 +2,11 @@
 synchronize() for several compressors and reduction settings."""
 import horovod.torch as hvd
 import torch
+from common import result
+from torch_common import Linear, rank_vector
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from common import result
-from torch_common import Linear, rank_vector
 
 hvd.init()
 N = 1000

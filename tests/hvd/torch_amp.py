@@ -1,4 +1,4 @@
-"""Mixed precision with a loss scaler under 2 ranks (tests/test_amp.py; hvdcompress.loss_scale).
+"""Mixed precision with a loss scaler under 2 ranks (tests/test_amp.py; hvdcompress.step.loss_scale).
 
 A 64-300-10 MLP in float32, its forward under ``torch.autocast("cpu", bf16 / fp16)``, 30 steps
 on each rank's own batches. Every run of one compressor starts from the same weights; the
@@ -25,10 +25,10 @@ import warnings
 
 import horovod.torch as hvd
 import torch
+from common import result
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from common import result
 
 hvd.init()
 rank = hvd.rank()

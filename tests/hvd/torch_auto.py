@@ -13,9 +13,9 @@ import hashlib
 
 import horovod.torch as hvd
 import torch
+from common import result
 
 import hvdcompress.torch as hvc
-from common import result
 
 CASES = {"given": {"compression": {"compressor": "auto", "link": "100mbit,50us", "calibration": "none"}},
          "measured": {"compression": "auto"}}

@@ -10,11 +10,11 @@ import warnings
 
 import horovod.torch as hvd
 import torch
+from common import result
+from torch_common import rank_vector
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from common import result
-from torch_common import rank_vector
 
 hvd.init()
 rank = hvd.rank()

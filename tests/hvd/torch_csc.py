@@ -12,11 +12,11 @@ import sys
 
 import horovod.torch as hvd
 import torch
+from common import result
+from torch_common import rank_vector
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from common import result
-from torch_common import rank_vector
 
 
 class Toy(torch.nn.Module):

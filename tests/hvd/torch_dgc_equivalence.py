@@ -1,11 +1,11 @@
 """DGC at sparsity 0 with masking off against Horovod's own dense momentum SGD."""
 import horovod.torch as hvd
 import torch
+from common import result
+from torch_common import batches, flat, mlp
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from common import result
-from torch_common import batches, flat, mlp
 
 hvd.init()
 torch.set_num_threads(1)

@@ -1,11 +1,11 @@
 """Unusual gradients and optimizer features under 2 ranks; each case reports what it saw."""
 import horovod.torch as hvd
 import torch
+from common import result
+from torch_common import Linear, rank_vector
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from common import result
-from torch_common import Linear, rank_vector
 
 hvd.init()
 rank = hvd.rank()

@@ -2,11 +2,11 @@
 residual equals the sum of every rank's gradients."""
 import horovod.torch as hvd
 import torch
+from common import result
+from torch_common import batches, mlp
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from common import result
-from torch_common import batches, mlp
 
 hvd.init()
 torch.set_num_threads(1)

@@ -19,10 +19,10 @@ import time
 import horovod.torch as hvd
 import numpy as np
 import torch
+from common import dump_stacks_before_kill, result, wait_for_world
 
 import hvdcompress
 import hvdcompress.torch as hvc
-from common import dump_stacks_before_kill, result, wait_for_world
 from hvdcompress.torch.elastic import TorchState
 
 BATCHES = 16

@@ -2,12 +2,12 @@
 numpy references check the numbers in tests/test_torch_optimizer.py)."""
 import horovod.torch as hvd
 import torch
+from common import result
+from fusion_data import SIZES, grads
+from torch_common import batches, mlp
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from common import result
-from fusion_data import SIZES, grads
-from torch_common import mlp, batches
 
 hvd.init()
 rank = hvd.rank()

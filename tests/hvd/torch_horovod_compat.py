@@ -7,9 +7,9 @@ import warnings
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
+from common import result
 
 import hvdcompress.torch as hvc
-from common import result
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()

@@ -20,11 +20,11 @@ os.environ["HVDCOMPRESS_DISABLE_KERNELS"] = "1"
 
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
+from common import result  # noqa: E402
+from torch_common import batches, mlp  # noqa: E402
 
 import hvdcompress  # noqa: E402
 import hvdcompress.torch as hvc  # noqa: E402
-from common import result  # noqa: E402
-from torch_common import batches, mlp  # noqa: E402
 
 READS = ("item", "__float__", "__int__", "__bool__", "tolist", "cpu", "numpy")
 PACKAGE = os.path.dirname(os.path.abspath(hvdcompress.__file__)) + os.sep

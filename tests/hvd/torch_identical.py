@@ -5,11 +5,11 @@ import sys
 
 import horovod.torch as hvd
 import torch
+from common import result
+from torch_common import flat, mlp, train
 
 import hvdcompress
 import hvdcompress.torch as hvc
-from common import result
-from torch_common import flat, mlp, train
 
 hvd.init()
 torch.set_num_threads(1)

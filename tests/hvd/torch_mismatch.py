@@ -2,10 +2,10 @@
 in one launch (each construction is one agreement check; an error is raised on every rank)."""
 import horovod.torch as hvd
 import torch
+from common import result
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from common import result
 
 hvd.init()
 for case in ("extra_param", "renamed", "compressor", "same"):

@@ -11,10 +11,10 @@ import sys
 
 import horovod.torch as hvd
 import torch
-
-import hvdcompress.torch as hvc
 from common import result
 from torch_common import Linear, rank_vector
+
+import hvdcompress.torch as hvc
 
 size = int(__import__("os").environ["HOROVOD_SIZE"])
 even_set = hvd.ProcessSet([r for r in range(size) if r % 2 == 0])

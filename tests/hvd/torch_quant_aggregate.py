@@ -2,11 +2,11 @@
 quantisers: report p.grad after synchronize() (the test recomputes it in numpy)."""
 import horovod.torch as hvd
 import torch
+from common import result
+from torch_common import Linear, rank_vector
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from common import result
-from torch_common import Linear, rank_vector
 
 hvd.init()
 torch.set_num_threads(1)

@@ -23,11 +23,11 @@ import sys
 
 import horovod.torch as hvd
 import torch
+from common import result
+from torch_common import batches, mlp
 
 import hvdcompress.torch as hvc
-from common import result
-from hvdcompress.replicas import ReplicaMismatch
-from torch_common import batches, mlp
+from hvdcompress.step.replicas import ReplicaMismatch
 
 cfg = json.loads(sys.argv[1])
 if cfg.get("ranks_per_node"):

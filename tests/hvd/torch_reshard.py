@@ -15,10 +15,10 @@ import argparse
 import horovod.torch as hvd
 import numpy as np
 import torch
+from common import result
 
 import hvdcompress
 import hvdcompress.torch as hvc
-from common import result
 
 CASES = {  # compressor, optimizer, keyword arguments of the wrapper
     "topk_ef_nesterov": (lambda: hvdcompress.from_params(

@@ -10,11 +10,11 @@ import sys
 
 import horovod.torch as hvd
 import torch
+from common import result
+from torch_common import batches, flat, mlp
 
 import hvdcompress
 import hvdcompress.torch as hvc
-from common import result
-from torch_common import batches, flat, mlp
 
 CASES = {
     "dgc_sampled_warmup": lambda: hvdcompress.DGC(

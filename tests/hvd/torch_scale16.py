@@ -20,11 +20,11 @@ from pathlib import Path
 
 import horovod.torch as hvd
 import torch
+from common import result
+from torch_common import flat, train_linear
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from common import result
-from torch_common import flat, train_linear
 
 STEPS, PER_NODE = 3, 4
 COMPRESSIONS = {

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import common
-from hvdcompress.torch import backend
+
+from hvdcompress.ops import torch_ops as backend
 
 HERE = Path(__file__).resolve().parent
 

@@ -10,18 +10,18 @@ NoCompression optimizer on integer-valued gradients (bit-exact), and DGC with th
 and weight decay (the shard's state in the checkpoint).
 "late" (last): the ranks of node 0 are slow (2 s before each node-local all-gather), so node 1
 finishes its last step and exits while node 0's last all-gather is still to run; they report
-before exiting, node 0 after its step (hvdcompress.exit_guard keeps node 1's exit from shutting
+before exiting, node 0 after its step (hvdcompress.transport.exit_guard keeps node 1's exit from shutting
 Horovod down under node 0)."""
 import sys
 import time
 
 import horovod.torch as hvd
 import numpy as np
+from common import result
+from torch_common import train_linear
 
 import hvdcompress as hc
 import hvdcompress.torch as hvc
-from common import result
-from torch_common import train_linear
 
 PER_NODE, PARTS = 2, sys.argv[1].split(",")
 hvd.init(process_sets=hvc.node_process_sets(ranks_per_node=PER_NODE))

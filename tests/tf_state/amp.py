@@ -22,11 +22,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from hvdrun import write_result  # noqa: E402
 
 import hvdcompress as hc  # noqa: E402
 import hvdcompress.tensorflow as hvc  # noqa: E402
 import hvdcompress.tensorflow.keras as hvck  # noqa: E402
-from hvdrun import write_result  # noqa: E402
 
 hvd.init()
 rank = hvd.rank()

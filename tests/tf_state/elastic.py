@@ -26,13 +26,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from common import dump_stacks_before_kill, wait_for_world  # noqa: E402
+from hvdrun import write_result  # noqa: E402
 
 import hvdcompress as hc  # noqa: E402
 import hvdcompress.tensorflow.keras as hvck  # noqa: E402
 from hvdcompress.tensorflow.elastic import TensorFlowKerasState  # noqa: E402
 from hvdcompress.tensorflow.resume import lay_out  # noqa: E402
-from common import dump_stacks_before_kill, wait_for_world  # noqa: E402
-from hvdrun import write_result  # noqa: E402
 
 BATCHES = 8
 WAIT_S = 120.0

@@ -15,10 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # hvd
 import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from hvdrun import write_result  # noqa: E402
 
 import hvdcompress as hc  # noqa: E402
 import hvdcompress.tensorflow.keras as hvck  # noqa: E402
-from hvdrun import write_result  # noqa: E402
 
 hvd.init()
 rank = hvd.rank()

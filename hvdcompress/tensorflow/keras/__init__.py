@@ -10,8 +10,8 @@
 
 Works with Keras 2 (TF <= 2.15) and Keras 3 (TF >= 2.16).
 """
-from . import callbacks
 from ..broadcast import broadcast_variables
+from . import callbacks
 from .optimizer import DistributedOptimizer
 from .partial import PartialDistributedOptimizer
 

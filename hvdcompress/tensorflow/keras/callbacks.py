@@ -1,7 +1,7 @@
 """Keras callbacks: sparsity warm-up, and the initial-state broadcast for Keras 3.
 
 :class:`SparsityWarmupCallback` drives the warm-up of a sparsifying compressor (DGC) with a
-schedule from :mod:`hvdcompress.schedule`: :class:`~hvdcompress.ExponentialWarmup` (density
+schedule from :mod:`hvdcompress.contract.schedule`: :class:`~hvdcompress.ExponentialWarmup` (density
 shrinks geometrically to the target) or :class:`~hvdcompress.ListWarmup` (an explicit list with
 a begin and a ramp length), counted in epochs or optimizer steps (the schedule's ``unit``). It
 writes the sparsity in force into the epoch logs (``logs["sparsity"]``), so History, CSVLogger
@@ -18,8 +18,8 @@ from typing import Any, Optional
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ...compressor import Compressor
-from ...schedule import Schedule
+from ...contract.compressor import Compressor
+from ...contract.schedule import Schedule
 from ..broadcast import broadcast_variables, optimizer_variables
 
 

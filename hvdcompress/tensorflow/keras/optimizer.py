@@ -33,7 +33,7 @@ momentum), so it stays in the optimizer. A compressor with an explicit momentum 
 with momentum is an error (momentum would apply twice). Other optimizers are left alone.
 
 Adam taken over: with :class:`hvdcompress.FrozenAdam` around the compressor and a Keras ``Adam``
-or ``AdamW``, the exchange updates the variables itself (:mod:`hvdcompress.adam`: a
+or ``AdamW``, the exchange updates the variables itself (:mod:`hvdcompress.adam.frozen`: a
 full-precision warm-up, then each rank's gradient compressed, v frozen), reading the learning
 rate (or schedule), betas, epsilon and the decoupled weight decay of the wrapped optimizer; the
 wrapped optimizer's own step is not run (its ``iterations`` still count the steps), and m and v
@@ -64,12 +64,12 @@ from typing import Any, Callable, Optional
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ...adam_settings import AdamSettings
-from ...arguments import documented
-from ...clipping import state_carrier, what_it_keeps
-from ...compressor import Compressor
-from ..subclass import subclass_with
+from ...adam.settings import AdamSettings
+from ...contract.compressor import Compressor
+from ...step.arguments import documented
+from ...step.clipping import state_carrier, what_it_keeps
 from ..exchange import GradientExchange, exchange_options, is_loss_scale_optimizer
+from ..subclass import subclass_with
 from .compute import tape_gradients
 
 
@@ -150,7 +150,7 @@ class GradientAccumulator(tf.Module):
 
 
 def _adam_settings(optimizer: Any, compressor: Compressor, config: dict):
-    """For :class:`~hvdcompress.adam.FrozenAdam`: check that ``optimizer`` is a Keras Adam or
+    """For :class:`~hvdcompress.adam.frozen.FrozenAdam`: check that ``optimizer`` is a Keras Adam or
     AdamW it can run, and return the callable that reads its settings at each step (the
     learning rate may be a schedule). Keras's weight decay is decoupled (AdamW's)."""
     if not getattr(compressor, "takes_over_adam", False):

@@ -1,0 +1,190 @@
+"""When FrozenAdam updates Adam's second moment v: the variance schedule (0/1 Adam's policy).
+
+A *v-step* runs live Adam on the exchanged mean gradient (sent with the mild warm-up compressor,
+int8 by default): m and v are both updated. Every other step is a *compressed step*: the wrapped
+compressor sends (with its error feedback), m is updated and v is kept. The schedule depends on
+the step count and b2 only (the param groups', the same on every rank), so it is the same on
+every rank without any exchange, needs no read of a device value, and survives a checkpoint with
+the step count (``adam_steps``).
+
+Default (0/1 Adam, Lu et al. 2022, "variance update at growing intervals"), step t = 1, 2, ...::
+
+    t <= W                                  every step is a v-step (W = 128; top-k: 256; long: 512)
+    then levels L = 0, 1, 2, ...            R = 8 v-steps each, I_L = min(F·2^L, cap) apart (F = 2;
+                                            16 after the long warm-up, but top-k's)
+    cap = 2^floor(log2(1 / (1 - b2)))       (>= 2): 16 at b2 = 0.95, 64 at 0.99, 512 at 0.999
+
+the last level (I_L = cap) lasting to the end of the run: every 2nd step up to W + 16, every
+4th up to W + 48, ... The number of v-steps up to T >> W grows as R·log2((T - W)/R) until the
+cap, then as (T - W)/cap: at b2 = 0.999, 173 of 1,000 steps, 187 of 3,000; at b2 = 0.95,
+199 of 1,000 (every 16th step after step 240), 324 of 3,000. The cap is beta2's time constant
+as a bound: v forgets as fast as Adam's (below), but from one sample per interval, so an
+interval longer than 1/(1-b2) would leave whole stretches of the run out of v. Half of it (the
+cap until issue 36's last round: 8 steps at b2 = 0.95, the same intervals below 3,000 steps at
+0.999) sent more int8 v-steps and lost more: LSTM, 8 ranks, b2 0.95, bits/byte above dense
+with 0.5/(1-b2) -> 1/(1-b2): onebit +0.027 -> +0.007 (9.5x -> 10.7x fewer bytes), PowerSGD
++0.033 -> +0.006 (9.3x -> 10.2x), int8 +0.009 -> -0.020, top-k +0.073 -> +0.063; on the
+transformer (2 ranks) top-k +0.059 -> +0.029 (benchmarks/README.md section 8).
+
+Around top-k, W = 256 (:data:`TOPK_WARMUP`, FrozenAdam's default there; ``live_steps``
+overrides). Top-k 1% sends a coordinate about once in 1/k = 100 steps, its error feedback
+delivering the rest late, and a late step costs most while the model still moves fast, early
+in the run. 128 more live (int8) steps (299 v-steps of 1,000 at b2 0.999, 319 at 0.95) buy it
+back for bytes: bits/byte above dense with W = 128 -> 256, LSTM, 2 ranks, b2 0.999: +0.052 ->
++0.037 (16.7x -> 11.2x fewer bytes than dense); 8 ranks, 0.999: +0.075 -> +0.043; 8 ranks,
+0.95: +0.063 -> +0.044 (15.1x -> 10.7x); transformer, 0.999: +0.150 -> +0.106; 0.95: +0.029
+-> +0.025; LSTM, 2 ranks, 0.95: +0.006 -> +0.013 (the one loss). W = 384 would send 1/8.5 of
+dense's bytes, short of issue 36's 10x (the int8 v-steps, 1/4 each, are most of them).
+
+Where v's time constant 1/(1-b2) is over 512 steps (b2 > 0.998, :func:`long_warmup`), top-k
+and PowerSGD wait longer, W = 512, and their v-steps send 4-bit min-max codes
+(:class:`~hvdcompress.compressors.int8.Int4`, 1/8 of dense's bytes; FrozenAdam's
+``warmup="auto"``): at b2 0.999, 256 steps leave v formed to 1 - b2^256 = 23%, 512 to 40%, and
+the transition costs less the later and the smaller the learning rate it meets (551 v-steps of
+1,000). Transformer, 2 ranks, b2 0.999, bits/byte above dense, top-k: W 256 int8 +0.106 (11.2x
+fewer bytes), 512 int4 +0.038 (12.7x); 384 int4 +0.075; 512 int8 +0.029 but 6.8x, over issue
+36's 1/10; int4 stochastically rounded +0.063, symmetric (zero a code) +0.051. PowerSGD rank 4
+(with the lr-unit exchange of :mod:`hvdcompress.adam.frozen`): W 128 int8 +0.055 (11.9x), 512 int4
++0.018 (10.9x). Not at b2 0.95: v follows ~20 steps there and the 4-bit codes' fixed error with
+it (LSTM, 2 ranks, top-k W 512: int4 +0.065, int8 +0.015, against 256 int8 +0.013).
+
+Onebit takes the long warm-up from 4 ranks on (:data:`hvdcompress.adam.frozen.ONEBIT_LONG_RANKS`). Its
+128 int8 steps left the transformer at 8 ranks, b2 0.999, +0.090 above dense (+0.175 by step
+200: the first compressed steps met a v formed to 12%). Its v-steps cross the compressed
+allreduce, where the N ranks' int4 errors average (the reduced sum is re-sent in chunks of 64,
+:mod:`hvdcompress.adam.frozen`). At 8 ranks, b2 0.999, W 128 int8 -> 512 int4: transformer +0.090 ->
++0.030 (11.9x -> 10.3x fewer bytes than dense), LSTM +0.024 -> +0.012 (11.4x -> 10.1x). At 2
+ranks int4's fixed error averages over two ranks only: LSTM +0.001 -> +0.033 (top-k's curve,
+step for step, to step 512), transformer +0.023 -> +0.017; there onebit keeps 128 int8.
+
+After the long warm-up the levels start 16 steps apart (:data:`LONG_FIRST`), not 2: v has been
+live for 512 steps, and the first levels' 22 int4 v-steps cost bytes the ratio does not have
+(529 v-steps of 1,000 instead of 551). Onebit, 8 ranks, b2 0.999: LSTM 9.9x -> 10.1x (+0.012
+both), transformer 10.0x -> 10.3x (+0.028 -> +0.030); PowerSGD: transformer, 8 ranks, +0.011 ->
++0.013 (10.9x -> 11.1x), 2 ranks +0.018 -> +0.017; LSTM, 8 ranks, +0.003 both (10.4x -> 10.5x).
+Not around top-k (12.7x either way), whose error feedback holds mass back ~100 steps and needs
+the early refreshes: transformer +0.031 -> +0.039 (8 ranks), +0.034 -> +0.044 (2); LSTM, 8
+ranks, +0.010 -> +0.014.
+
+A v-step after an interval of I steps stands for those I steps: v decays as Adam's would over
+them, and the new gradient takes the weight that Adam gives the I gradients it skipped::
+
+    alpha = 1 - b2^I;   v <- (1 - alpha)·v + alpha·g²
+
+(I = 1, the warm-up: Adam's own b2·v + (1-b2)·g²), and the bias correction divides by
+1 - prod(1 - alpha) over the v-steps so far (Adam's 1 - b2^t when every step is a v-step).
+v then forgets as fast as Adam's (its time constant 1/(1-b2) steps), from one sample per
+interval instead of I. The cap keeps a single sample's weight at most 1 - b2^cap, about
+1 - 1/e = 0.63 (0.56 at b2 = 0.95), so one near-zero g² keeps at least ~0.37 of v. Until
+issue 36's last rounds alpha was also bounded by max(1 - b2, 1/16), so that v averaged >= 16
+squares: at b2 = 0.95 (alpha 1/16 instead of 0.34 at I = 8) v then spanned ~128 steps, and
+lagged behind the gradients' falling
+scale: bits/byte above dense at step 600 (LSTM, 8 ranks) int8 +0.023, onebit +0.053, PowerSGD
++0.053 with the bound; +0.005, +0.041, +0.034 without (1/4: +0.011, +0.045, +0.041;
+benchmarks/README.md section 8). At b2 = 0.999 the bound never acted below I = 128.
+
+With ``freeze_steps=T0`` (the explicit override): the v-steps are t <= T0 and v is frozen after
+them for good (1-bit Adam), bias correction 1 - b2^min(t, T0).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+WARMUP = 128       # W: steps of live Adam at the start of the run
+TOPK_WARMUP = 256  # W around top-k (FrozenAdam's default; module doc)
+LONG_WARMUP = 512  # W, the long warm-up, where v's time constant 1/(1-b2) is over it (FrozenAdam._follow)
+FIRST = 2          # F: the interval of the first level after the warm-up
+LONG_FIRST = 16    # F after the long warm-up (module doc)
+
+
+def long_warmup(beta2: float, short: int) -> int:
+    """W around top-k (``short`` 256) or PowerSGD (128) for this b2 (module doc): 512 where
+    1/(1 - b2) > 512 (b2 > 0.998), else ``short``."""
+    return LONG_WARMUP if beta2 >= 1.0 or 1.0 / (1.0 - beta2) > LONG_WARMUP else short
+
+
+PER_LEVEL = 8       # R: v-steps at each interval before it doubles
+SHARE = 1.0         # the interval stays <= SHARE / (1 - b2), rounded down to a power of 2 (>= 2)
+
+
+class VarianceSchedule:
+    """Which steps update v and with which weight (module doc). ``freeze_steps``: None for the
+    growing intervals, else the fixed freeze T0; ``first``: the interval of the first level after
+    the warm-up (:data:`FIRST`; :data:`LONG_FIRST` after the long one)."""
+
+    def __init__(self, freeze_steps: Optional[int] = None, warmup: int = WARMUP,
+                 per_level: int = PER_LEVEL, share: float = SHARE, first: int = FIRST):
+        self.freeze_steps = freeze_steps
+        self.warmup, self.per_level, self.share, self.first = warmup, per_level, share, first
+
+    def cap(self, beta2: float) -> int:
+        """The longest interval for this b2: a power of 2, >= 2, <= share/(1 - b2)."""
+        if beta2 >= 1.0:
+            return 2 ** 30
+        return 2 ** max(1, min(30, math.floor(math.log2(self.share / (1.0 - beta2)))))
+
+    def _levels(self, beta2: float):
+        """(start, interval, last) of each level: its v-steps are at u = start + k·interval,
+        k = 1..R (k >= 1 without end for the last, capped, level), u = t - W."""
+        cap, start = self.cap(beta2), 0
+        interval = min(self.first, cap)
+        while interval < cap:
+            yield start, interval, False
+            start, interval = start + self.per_level * interval, interval * 2
+        yield start, cap, True
+
+    def _find(self, u: int, beta2: float) -> tuple:
+        for start, interval, last in self._levels(beta2):
+            if last or u <= start + self.per_level * interval:
+                return start, interval
+        raise AssertionError("unreachable")
+
+    def updates(self, t: int, beta2: float) -> bool:
+        """Whether step t (1-based) is a v-step."""
+        if self.freeze_steps is not None:
+            return t <= self.freeze_steps
+        if t <= self.warmup:
+            return True
+        start, interval = self._find(t - self.warmup, beta2)
+        return (t - self.warmup - start) % interval == 0
+
+    def interval(self, t: int, beta2: float) -> int:
+        """Steps since the v-step before the v-step t (1 in the warm-up and with freeze_steps)."""
+        if self.freeze_steps is not None or t <= self.warmup:
+            return 1
+        return self._find(t - self.warmup, beta2)[1]
+
+    def weights(self, t: int, beta2: float, phase_beta2: Optional[float] = None) -> tuple:
+        """(keep, alpha) of the v-step t: v <- keep·v + alpha·g²; (b2, 1 - b2) for I = 1.
+        ``phase_beta2``: the b2 that sets the intervals (default: ``beta2``)."""
+        return self._weights(self.interval(t, beta2 if phase_beta2 is None else phase_beta2), beta2)
+
+    def _weights(self, interval: int, beta2: float) -> tuple:
+        keep = beta2 ** interval
+        return keep, 1.0 - keep
+
+    def _counts(self, t: int, beta2: float):
+        """(interval, number of v-steps among 1..t) of each level reached (after the warm-up)."""
+        u = t - self.warmup
+        for start, interval, last in self._levels(beta2):
+            if u <= start:
+                return
+            n = (u - start) // interval
+            yield interval, n if last else min(self.per_level, n)
+
+    def count(self, t: int, beta2: float) -> int:
+        """The number of v-steps among steps 1..t."""
+        if self.freeze_steps is not None:
+            return min(t, self.freeze_steps)
+        return min(max(t, 0), self.warmup) + sum(n for _, n in self._counts(t, beta2))
+
+    def decay(self, t: int, beta2: float, phase_beta2: Optional[float] = None) -> float:
+        """prod(keep) over the v-steps among 1..t: v's bias correction is 1 - decay. At least one
+        step's (b2) so that a v never updated (freeze_steps=0, v = 0) divides by 1 - b2, not 0."""
+        if self.freeze_steps is not None:
+            return beta2 ** min(t, max(self.freeze_steps, 1))
+        out = beta2 ** min(max(t, 1), self.warmup)
+        for interval, n in self._counts(t, beta2 if phase_beta2 is None else phase_beta2):
+            out *= self._weights(interval, beta2)[0] ** n
+        return out

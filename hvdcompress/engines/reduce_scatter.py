@@ -1,0 +1,263 @@
+"""The compressed reduce-scatter: the first half of the compressed allreduce, for sharded training.
+
+A sharded data-parallel unit (an FSDP unit: many parameters flattened into one buffer) needs on
+rank r only the sum over ranks of chunk r of the flat gradient. Each rank cuts its flat gradient
+``x`` (P·L elements) into the P chunks of length L and each chunk into blocks of at most ``block``
+elements, compresses every block with its own state (error feedback per chunk, block and rank),
+and one all-to-all sends chunk j's payloads to rank j; rank r decodes the P ranks' payloads of
+each of its blocks and sums them in float32::
+
+    shard_r = scale · Σ_q D(C(x_q[chunk r]))        (one all-to-all; scale 1/P for an average)
+
+Bytes each rank sends: (P-1)/P of its compressed payload, the reduce-scatter's share, flat in P;
+the payloads must have a size fixed by the block's length (quantisers, int8, fp16/bf16, onebit,
+EF-signSGD, top-k and random-k, all with any error feedback): a sparsifier whose count varies
+(DGC, threshold), several rounds (PowerSGD, CSC), a vote (signum) and the momentum or Adam
+take-overs (the optimizer state is sharded) are refused by :func:`check_sharded`.
+
+Blocks: a flat unit gradient concatenates many parameters, so a statistic per block (onebit's
+scale, top-k's selection) spans fewer layers than one per chunk: the smaller ``block``, the closer
+to the per-tensor compressor, at the price of one codec call and a scale per block. Sparse
+payloads address a block of at most 2**15 elements, so their indices travel as int16 (a top-k
+element costs 4 + 2 bytes: 13x fewer bytes than dense at 5% density instead of exactly 10x).
+Gradients in float16/bfloat16 (mixed precision's reduce dtype) are compressed, and their
+residuals kept, in float32; the decoded sum is written in the output's dtype.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, MutableMapping, Optional, Sequence
+
+import numpy as np
+
+from ..compressors.sparse import SparseCompressor
+from ..contract.compressor import Compressor, TensorInfo, payload_bytes
+from ..ops.facade import Ops, Tensor
+from ..state.prefixed import PrefixedState
+from ..state.reshard import PER_RANK
+from ..transport.collectives import Collectives, Planner
+from ..transport.rounds import launch_alltoall, wait
+from .accounting import ByteCount
+
+#: the largest block whose sparse indices fit in int16
+INT16_BLOCK = 2 ** 15
+
+
+def check_sharded(compressor: Compressor) -> Compressor:
+    """``compressor`` if the compressed reduce-scatter can run it, else a ValueError naming it."""
+    if isinstance(compressor, Planner):
+        raise ValueError(f"compression={compressor!r}: 'auto' plans each tensor's compressor and collective "
+                         "on the flat exchange; the sharded reduce-scatter takes a fixed compressor "
+                         "(e.g. Int8(), ErrorFeedback(OneBit()), ErrorFeedback(TopK(0.05)))")
+    if compressor.takes_over_momentum or getattr(compressor, "takes_over_adam", False):
+        raise ValueError(f"compression={compressor!r} takes the optimizer's momentum or Adam over, "
+                         "which needs every coordinate's optimizer state on every rank; under FSDP the "
+                         "optimizer state is sharded: use a compressor without a take-over (e.g. "
+                         "ErrorFeedback(OneBit()), ErrorFeedback(TopK(0.05)), Int8()) and the optimizer's own momentum")
+    algorithm = compressor.unwrap()
+    fixed = algorithm.supports_alltoall or type(algorithm).__name__ in ("TopK", "RandomK", "NoCompression", "FP16")
+    if not fixed:
+        raise ValueError(f"compression={compressor!r}: the compressed reduce-scatter sends each chunk's "
+                         "payload to its rank in one all-to-all, so it needs one round of payloads whose "
+                         "size is fixed by the chunk's (int8, fp16, bf16, onebit, efsignsgd, the quantisers, "
+                         "topk, randomk); DGC and threshold select a varying count, PowerSGD and CSC need "
+                         "several rounds over the whole tensor, signum votes")
+    return compressor
+
+
+@dataclass
+class ShardEntry:
+    """One unit's compressed chunks: per (chunk, block), the packet and its TensorInfo."""
+
+    key: Any
+    info: TensorInfo
+    dtype: str
+    blocks: list = field(default_factory=list)   # [(chunk j, block b, packet, info)]
+    total: Optional[Tensor] = None
+
+
+class ReduceScatterExchange:
+    """The engine of a sharded front end (:mod:`hvdcompress.torch.fsdp`): the driver's
+    ``engine`` (bytes, plan, ``collective`` for the rank agreement), with :meth:`compress`,
+    :meth:`start`, :meth:`finish` as :class:`hvdcompress.engines.exchange.Exchange`'s."""
+
+    collective = "alltoall"
+
+    def __init__(self, compressor: Compressor, ops: Ops, comm: Collectives, block: int = 4096):
+        self.compressor = check_sharded(compressor)
+        self.ops = ops
+        self.comm = comm
+        self.block = block
+        self.compact = isinstance(compressor.unwrap(), SparseCompressor) and block <= INT16_BLOCK
+        self.step_bytes = ByteCount(steps=1)
+        self.last_step_bytes = ByteCount()
+        self.total_bytes = ByteCount()
+        self.plan: dict = {}
+
+    def _cuts(self, length: int) -> list:
+        return [min(self.block, length - start) for start in range(0, length, self.block)]
+
+    def compress(self, key: Any, x: Tensor, state: MutableMapping, info: TensorInfo) -> ShardEntry:
+        """Compress the P chunks of ``x`` (``info.numel`` = P·L elements), block by block."""
+        ops, world = self.ops, self.comm.world
+        if info.numel % world:
+            raise ValueError(f"'{info.name}': a flat gradient of {info.numel} elements does not cut "
+                             f"into {world} equal chunks (the sharded front end pads it)")
+        entry = ShardEntry(key, info, ops.dtype(x))
+        flat = x if entry.dtype == "float32" else ops.cast(x, "float32")
+        length = info.numel // world
+        sent = 0
+        for j, chunk in enumerate(ops.split(flat, [length] * world)):
+            cuts = self._cuts(length)
+            for b, piece in enumerate(ops.split(chunk, cuts) if len(cuts) > 1 else [chunk]):
+                binfo = TensorInfo(name=f"{info.name}#c{j}b{b}", numel=cuts[b], world=world, rank=self.comm.rank,
+                                   shape=(cuts[b],))
+                sub = PrefixedState(state, f"c{j}.b{b}.")
+                if not len(sub):
+                    self.compressor.init_state(ops, piece, sub, binfo)
+                packet = self.compressor.compress(ops, piece, sub, binfo)
+                if packet.resume is not None:
+                    raise RuntimeError(f"{self.compressor!r} produced a multi-round packet")
+                tensors = [ops.cast(t, "int16") if self.compact and ops.dtype(t) == "int32" else t
+                           for t in packet.tensors]
+                entry.blocks.append((j, b, packet, binfo, tensors))
+                sent += payload_bytes(ops, tensors)
+        self.step_bytes.add(info.numel * ops.element_size(x), sent)
+        self.plan[info.name] = (info.numel, self.collective, sent, sent * (world - 1) // world)
+        return entry
+
+    def start(self, entries: list) -> list:
+        """One all-to-all per entry: chunk j's payload tensors, side by side, to rank j."""
+        flights = []
+        for entry in entries:
+            count = len(entry.blocks[0][4])   # payload tensors per block: tensor k of every block of
+            tensors = [self.ops.concat([ts[k] for j in range(self.comm.world)   # chunk 0, then chunk 1...
+                                        for q, _, _, _, ts in entry.blocks if q == j]) for k in range(count)]
+            flights.append((entry, launch_alltoall(self.ops, self.comm, tensors, f"hvdc.rs.{entry.info.name}")))
+        return flights
+
+    def finish(self, flights: list, out_of: Any = lambda e: None) -> list:
+        """Decode and sum this rank's chunk of every entry (float32), into ``out_of(entry)``."""
+        ops, world, me = self.ops, self.comm.world, self.comm.rank
+        done = []
+        for entry, handle in flights:
+            received = wait(ops, self.comm, handle)
+            mine = [(packet, binfo, ts) for j, _, packet, binfo, ts in entry.blocks if j == me]
+            # received[k]: every rank's part, in rank order, each part this chunk's blocks' tensor k side by
+            # side (every rank's are as long as this rank's): cut once into [rank][block]
+            parts = []
+            for k in range(len(mine[0][2])):
+                widths = [ops.numel(ts[k]) for _, _, ts in mine]
+                parts.append([ops.split(piece, widths) for piece in ops.split(received[k], [sum(widths)] * world)])
+            decoded = []
+            for position, (packet, binfo, _) in enumerate(mine):
+                gathered = [ops.concat([by_rank[position] for by_rank in per_rank]) for per_rank in parts]
+                gathered = [ops.cast(g, "int32") if self.compact and ops.dtype(g) == "int16" else g for g in gathered]
+                decoded.append(self.compressor.decompress_gathered(ops, gathered, packet.ctx, binfo, world))
+            flat = ops.concat(decoded) if len(decoded) > 1 else decoded[0]
+            out = out_of(entry)
+            entry.total = ops.into(out, flat if out is None or ops.dtype(out) == "float32"
+                                   else ops.cast(flat, ops.dtype(out)))
+            done.append(entry)
+        return done
+
+    def end_step(self) -> None:
+        self.last_step_bytes = self.step_bytes
+        self.total_bytes.merge(self.step_bytes)
+        self.step_bytes = ByteCount(steps=1)
+
+
+_BLOCK_KEY = re.compile(r"^c(\d+)\.b(\d+)\.(.+)$")
+
+
+def pooled_units(ranks: Sequence[Mapping[str, Mapping[str, Any]]], average: bool = True) -> dict:
+    """Every unit's state for a run at another world size, from every old rank's (numpy arrays
+    under ``c<chunk>.b<block>.<entry>`` keys): per-rank additive entries (:data:`PER_RANK`) over
+    the whole flat tensor, summed over the old ranks in float64 and divided by the old number of
+    ranks (each new rank's share: :mod:`hvdcompress.state.reshard`'s rule for op=Average); any other
+    entry as rank 0 holds it in its first block. For :func:`laid_out`."""
+    if not average:
+        raise ValueError("a sharded state pools its residuals for op=Average only")
+    out: dict = {}
+    for unit in sorted({u for r in ranks for u in r}):
+        wholes, shared = {}, {}
+        for state in (r.get(unit, {}) for r in ranks):
+            blocks: dict = {}
+            for key, value in state.items():
+                j, b, base = _BLOCK_KEY.match(key).groups()
+                if base in PER_RANK:
+                    blocks.setdefault(base, []).append(((int(j), int(b)), value))
+                elif (j, b) == ("0", "0"):
+                    shared.setdefault(base, value)
+            for base, pieces in blocks.items():
+                flat = np.concatenate([np.asarray(v).reshape(-1) for _, v in sorted(pieces, key=lambda p: p[0])])
+                total, dtype = wholes.get(base, (0.0, flat.dtype))
+                wholes[base] = (total + flat.astype(np.float64), dtype)
+        out[unit] = {"whole": {b: (t / len(ranks)).astype(d) for b, (t, d) in wholes.items()}, "shared": shared}
+    return out
+
+
+def laid_out(pooled: Mapping[str, Any], numel: int, world: int, block: int) -> dict:
+    """One unit's :func:`pooled_units` entry cut for this run: chunks of ``numel / world``
+    elements, blocks of at most ``block`` (zero-padded or cut to ``numel``)."""
+    length = numel // world
+    cuts = [min(block, length - s) for s in range(0, length, block)]
+    out: dict = {}
+    for base, whole in pooled["whole"].items():
+        flat = np.zeros(numel, whole.dtype)
+        flat[:min(numel, whole.size)] = whole[:numel]
+        for j in range(world):
+            start = j * length
+            for b, width in enumerate(cuts):
+                out[f"c{j}.b{b}.{base}"] = flat[start:start + width].copy()
+                start += width
+    for base, value in pooled["shared"].items():
+        out.update({f"c{j}.b{b}.{base}": value for j in range(world) for b in range(len(cuts))})
+    return out
+
+
+class TwoLevelReduceScatter:
+    """Two-level compressed reduce-scatter (ZeRO++'s qgZ pattern) over N nodes of L ranks, rank
+    n·L + l on node n: first inside the node, over the fast link, with the mild ``node`` engine
+    (local rank l receives, summed over the node, the chunks of every rank with local index l:
+    chunks n'·L + l for every node n'); then across nodes, among the ranks of local index l, with
+    the aggressive ``cross`` engine (node n receives chunk n·L + l summed over the nodes). Bytes
+    between nodes shrink by L besides the compression; ``total_bytes`` counts those (dense: the
+    whole gradient). States under ``node.`` and ``cross.``."""
+
+    collective = "alltoall"
+
+    def __init__(self, node: ReduceScatterExchange, cross: ReduceScatterExchange):
+        self.node, self.cross = node, cross
+        self.comm = node.comm   # the agreement's ranks_per_node
+        self.compressor = cross.compressor
+        self.last_step_bytes, self.total_bytes, self.plan = ByteCount(), ByteCount(), cross.plan
+
+    def compress(self, key: Any, x: Tensor, state: MutableMapping, info: TensorInfo) -> Any:
+        ops, per_node, nodes = self.node.ops, self.node.comm.world, self.cross.comm.world
+        chunks = ops.split(x, [info.numel // (per_node * nodes)] * (per_node * nodes))
+        ordered = ops.concat([chunks[n * per_node + l] for l in range(per_node) for n in range(nodes)])
+        node_info = TensorInfo(name=info.name, numel=info.numel, world=per_node, rank=self.node.comm.rank,
+                               shape=(info.numel,))
+        return self.node.compress(key, ordered, PrefixedState(state, "node."), node_info), state, info
+
+    def start(self, entries: list) -> list:
+        return [(self.node.start([entry]), state, info) for entry, state, info in entries]
+
+    def finish(self, flights: list, out_of: Any = lambda e: None) -> list:
+        done = []
+        for flight, state, info in flights:
+            entry = self.node.finish(flight)[0]   # this local rank's chunks summed over the node
+            numel = self.node.ops.numel(entry.total)
+            cross_info = TensorInfo(name=info.name, numel=numel, world=self.cross.comm.world,
+                                    rank=self.cross.comm.rank, shape=(numel,))
+            sub = self.cross.compress(entry.key, entry.total, PrefixedState(state, "cross."), cross_info)
+            done += self.cross.finish(self.cross.start([sub]), out_of)
+        return done
+
+    def end_step(self) -> None:
+        self.node.end_step()
+        self.cross.end_step()
+        self.last_step_bytes = ByteCount(self.node.last_step_bytes.dense, self.cross.last_step_bytes.sent, 1)
+        self.total_bytes.merge(self.last_step_bytes)

@@ -26,7 +26,7 @@ from compression_cli import (  # examples/
     compression_from_args,
     intra_node_from_args,
 )
-from hvdrun import write_result
+from hvdrun import compression_figures, figures_text, write_result
 from pytorch_train import build_model, load_data, train_epochs
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -69,8 +69,9 @@ def main() -> None:
 
     def report(epoch: int, loss: torch.Tensor) -> None:
         if rank == 0:
-            print(f"epoch {epoch + 1}/{args.epochs}: loss {loss.item():.3f}, "
-                  f"sparsity {warmup.get_sparsity() or 0:.4f}", flush=True)
+            print(f"epoch {epoch + 1}/{args.epochs}: loss {loss.item():.3f}"
+                  f"{figures_text(compression_figures(state.total_bytes, warmup.get_sparsity()))}",
+                  flush=True)
         warmup.step()
     times = train_epochs(model, opt, x_tr, y_tr, args.epochs, args.batch_size,
                          torch.Generator().manual_seed(args.seed + rank), report)

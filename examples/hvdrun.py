@@ -22,7 +22,8 @@ directory (the launcher passes it in :data:`RESULTS_ENV`), and horovodrun's
 shows the tail of each rank's stderr. A launch either returns every rank's records or raises
 :class:`LaunchError`; it never waits longer than its ``timeout``.
 
-:func:`progress`: a tqdm bar that stays readable under horovodrun (one line per refresh).
+:func:`progress`: a tqdm bar that stays readable under horovodrun (one line per interval);
+:func:`compression_figures`: what its postfix shows of the compression (bytes ratio, sparsity).
 
 No torch or TensorFlow import here: the launcher side runs in drivers that do not load a
 framework. With ``HVDRUN_FORK=1`` horovodrun starts from a fork server that imported one Horovod
@@ -126,15 +127,45 @@ class _Lines:
         self.stream.flush()
 
 
+class _LineBar(tqdm):
+    """tqdm without a terminal: ``set_postfix`` only records the figures, and the next line
+    (at most one per ``mininterval``, and the last at close) shows them. tqdm's own
+    ``set_postfix`` redraws at every call, one line per step under horovodrun."""
+
+    def set_postfix(self, ordered_dict=None, refresh: bool = False, **kwargs: Any) -> None:
+        super().set_postfix(ordered_dict, refresh=False, **kwargs)
+
+
 def progress(total: int, stream: Optional[IO[str]] = None, interval_s: float = 10.0,
              **kwargs: Any) -> tqdm:
     """A tqdm progress bar on ``stream`` (default stderr): redrawn in place on a terminal; under
-    horovodrun or into a file (not a terminal), one line at most every ``interval_s`` seconds.
-    ``kwargs`` go to tqdm (``desc``, ``disable``, ``ncols``...)."""
+    horovodrun or into a file (not a terminal), one line at most every ``interval_s`` seconds
+    (``set_postfix`` does not add lines there). ``kwargs`` go to tqdm (``desc``, ``disable``,
+    ``ncols``...)."""
     stream = sys.stderr if stream is None else stream
     if stream.isatty():
         return tqdm(total=total, file=stream, **kwargs)
-    return tqdm(total=total, file=_Lines(stream), mininterval=interval_s, **kwargs)
+    return _LineBar(total=total, file=_Lines(stream), mininterval=interval_s, **kwargs)
+
+
+def compression_figures(total_bytes: Any, sparsity: Optional[float] = None) -> dict:
+    """The figures of a compressed run for a progress line: the bytes ratio so far (dense / sent
+    gradient bytes of this rank, from a front end's ``total_bytes``, a
+    :class:`hvdcompress.ByteCount`-like object with ``dense`` and ``sent``), and the sparsity
+    only for a compressor that has one (``SparsityScheduler.get_sparsity()`` is None for the
+    others: a quantiser's "sparsity 0" says nothing)."""
+    figures = {}
+    dense, sent = getattr(total_bytes, "dense", 0), getattr(total_bytes, "sent", 0)
+    if sent:
+        figures["bytes"] = f"{dense / sent:.1f}x fewer"
+    if sparsity is not None:
+        figures["sparsity"] = f"{sparsity:.4f}"
+    return figures
+
+
+def figures_text(figures: Mapping[str, str]) -> str:
+    """``compression_figures`` as ``", bytes 32.0x fewer, sparsity 0.9990"`` (empty if none)."""
+    return "".join(f", {key} {value}" for key, value in figures.items())
 
 
 # ---- launcher side --------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from compression_cli import add_compression_arguments, compression_from_args  # examples/
-from hvdrun import write_result
+from hvdrun import compression_figures, figures_text, write_result
 
 import hvdcompress.torch as hvc
 
@@ -211,7 +211,8 @@ def main() -> None:
             curve.append((step, validation_bits_per_byte(model, val, args.seq_len, args.val_bytes)))
             if hvd.rank() == 0:
                 print(f"{args.compression}: step {step}/{args.steps} validation "
-                      f"{curve[-1][1]:.3f} bits/byte, sparsity {warmup.get_sparsity() or 0:.4f}",
+                      f"{curve[-1][1]:.3f} bits/byte"
+                      f"{figures_text(compression_figures(opt.total_bytes, warmup.get_sparsity()))}",
                       flush=True)
         if step % args.epoch_steps == 0:
             warmup.step()

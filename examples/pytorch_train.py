@@ -31,7 +31,7 @@ from compression_cli import (  # examples/
     init_horovod,
     intra_node_from_args,
 )
-from hvdrun import progress, write_result
+from hvdrun import compression_figures, progress, write_result
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
@@ -113,7 +113,8 @@ def main() -> None:
             idx = order[i * args.batch_size:(i + 1) * args.batch_size]
             loss, seconds = train_step(model, opt, x_tr[idx], y_tr[idx])
             step_times.append(seconds)
-            bar.set_postfix(loss=f"{loss.item():.3f}", sparsity=f"{warmup.get_sparsity() or 0:.4f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}",
+                            **compression_figures(opt.total_bytes, warmup.get_sparsity()))
             bar.update()
         warmup.step()
     bar.close()

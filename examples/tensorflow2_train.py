@@ -20,6 +20,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 from compression_cli import add_intra_node_arguments, init_horovod, intra_node_from_args  # examples/
+from hvdrun import compression_figures, figures_text  # examples/
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
@@ -103,9 +104,10 @@ def train(args: argparse.Namespace, use_dgc: bool) -> dict:
             loss = step(tf.constant(x_tr[idx]), tf.constant(y_tr[idx]))
             times.append(time.perf_counter() - start)
         if hvd.rank() == 0 and (epoch + 1) % 5 == 0:
-            sparsity = compression.current_sparsity if use_dgc else 0.0
-            print(f"[{'dgc' if use_dgc else 'dense'}] epoch {epoch + 1}: loss {float(loss):.4f} "
-                  f"sparsity {sparsity:.4f}", flush=True)
+            sparsity = compression.current_sparsity if use_dgc else None
+            figures = compression_figures(tapes[-1].total_bytes, sparsity) if tapes else {}
+            print(f"[{'dgc' if use_dgc else 'dense'}] epoch {epoch + 1}: loss {float(loss):.4f}"
+                  f"{figures_text(figures)}", flush=True)
     last = tapes[-1].last_step_bytes
     return {"compression": "dgc" if use_dgc else "dense", "rank": hvd.rank(),
             "accuracy": accuracy(model, x_te, y_te),

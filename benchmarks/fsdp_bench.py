@@ -12,6 +12,12 @@ under FSDP2 (``fully_shard`` on each child module and on the model) with SGD (lr
   FSDP2's form of the ``bf16_compress_hook``);
 * ``int8``, ``onebit_ef``, ``topk_ef`` (5%): :func:`hvdcompress.torch.fsdp.compress`.
 
+``--hsdp`` (issue 54): HSDP instead, 2 replicas x P/2 shards (``fully_shard(..., mesh=(replicate,
+shard))``), AdamW (lr 0.002, betas 0.9, 0.95, no clip), methods ``dense`` (FSDP's own HSDP), ``int8``,
+``onebit_ef_adam`` and ``topk_ef_adam`` (1%; both with FrozenAdam): the replicate all-reduce compressed
+(:mod:`hvdcompress.torch.hsdp`); bytes are those across the replicate dimension
+(``state.cross_node_bytes``; dense HSDP's measured with ``set_all_reduce_hook``).
+
 Every rank reports its median step time (after 5 warm-up steps), the bytes its reduce-scatter
 sent (dense from the gradients' size for FSDP's own, ``state.total_bytes`` for ours), and the
 validation bits per byte at the end; the table gives each method's step time, bytes and
@@ -31,12 +37,36 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "examples")]
 METHODS = ("dense", "bf16", "int8", "onebit_ef", "topk_ef")
+HSDP_METHODS = ("dense", "int8", "onebit_ef_adam", "topk_ef_adam")
 
 
 def compression(method: str):
     import hvdcompress as hc
     return {"int8": hc.Int8(), "onebit_ef": hc.ErrorFeedback(hc.OneBit()),
-            "topk_ef": hc.ErrorFeedback(hc.TopK(0.05))}.get(method)
+            "topk_ef": hc.ErrorFeedback(hc.TopK(0.05)),
+            "onebit_ef_adam": {"compressor": "onebit", "ef": "vanilla", "adam": "frozen"},
+            "topk_ef_adam": {"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"}}.get(method)
+
+
+def hsdp_run(model, method: str, args):
+    """(optimizer, state or None, the bytes FSDP's own replicate all-reduce sends, appended per call)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from hvdcompress.torch import fsdp
+    world = int(os.environ["WORLD_SIZE"])
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    for child in model.children():
+        fully_shard(child, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.adam_lr, betas=(0.9, 0.95))
+    sizes: list = []
+    if compression(method) is None:
+        for m in [model, *model.children()]:
+            m.set_all_reduce_hook(lambda out: sizes.append(out.numel() * out.element_size()))
+        return opt, None, sizes
+    return opt, fsdp.compress(model, compression=compression(method), optimizer=opt), sizes
 
 
 def worker(args) -> None:
@@ -59,12 +89,15 @@ def worker(args) -> None:
     for method in args.methods.split(","):
         torch.manual_seed(args.seed)
         model = build_model("lstm", args.embed, args.hidden)
-        policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16 if method == "bf16" else None)
-        for child in model.children():
-            fully_shard(child, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
-        state = fsdp.compress(model, compression=compression(method), block=args.block) if compression(method) else None
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        if args.hsdp:
+            opt, state, hsdp_sizes = hsdp_run(model, method, args)
+        else:
+            policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16 if method == "bf16" else None)
+            for child in model.children():
+                fully_shard(child, mp_policy=policy)
+            fully_shard(model, mp_policy=policy)
+            state = fsdp.compress(model, compression=compression(method), block=args.block) if compression(method) else None
+            opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         gen = torch.Generator().manual_seed(args.seed + rank)
         dense_step = 4 * sum(p.numel() for p in model.parameters())   # the unsharded gradients (DTensor: global numel)
         times = []
@@ -74,13 +107,17 @@ def worker(args) -> None:
             opt.zero_grad()
             loss = lm_loss(model, x, y)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            if not args.hsdp:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             opt.step()
             times.append(time.perf_counter() - begin)
         with torch.no_grad():
             logits = model(windows[:, :-1]).reshape(-1, 256)
             bits = F.cross_entropy(logits, windows[:, 1:].reshape(-1)).item() / math.log(2.0)
         counted = state.total_bytes if state is not None else None
+        if args.hsdp:   # across the replicate dimension
+            counted = state.cross_node_bytes if state is not None else None
+            dense_step = sum(hsdp_sizes) // args.steps
         dense = counted.dense if counted else dense_step * args.steps
         sent = counted.sent if counted else dense // (2 if method == "bf16" else 1)
         write_result(rank, {"method": method, "step_s": statistics.median(times[5:]), "bits_per_byte": bits,
@@ -94,7 +131,8 @@ def sweep(args) -> dict:
     out = {}
     for np_ in args.nps:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--methods", args.methods,
-               "--steps", str(args.steps), "--seed", str(args.seed), "--block", str(args.block)]
+               "--steps", str(args.steps), "--seed", str(args.seed), "--block", str(args.block)] + \
+            (["--hsdp"] if args.hsdp else [])
         res = launch(cmd, np_, args.rate, timeout=args.timeout, echo=False, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if not res.ok:
             raise SystemExit(f"fsdp_bench: np {np_} failed:\n{res.outputs[res.failed_rank][-4000:]}")
@@ -114,7 +152,9 @@ def sweep(args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated, from " + ",".join(METHODS))
+    ap.add_argument("--methods", default=None, help="comma-separated, from " + ",".join(METHODS)
+                    + "; with --hsdp from " + ",".join(HSDP_METHODS))
+    ap.add_argument("--hsdp", action="store_true", help="HSDP, 2 replicas x P/2 shards, AdamW (module doc)")
     ap.add_argument("--block", type=int, default=4096, help="elements per compressed block (fsdp.compress's block=)")
     ap.add_argument("--nps", default="2,4", type=lambda s: [int(v) for v in s.split(",")])
     ap.add_argument("--rate", default="100mbit")
@@ -125,6 +165,8 @@ def main() -> None:
     args = ap.parse_args()
     # the LM benchmark's LSTM and SGD settings (benchmarks/convergence.py --task lm)
     args.batch, args.seq_len, args.embed, args.hidden, args.lr, args.clip, args.val_bytes = 16, 64, 64, 128, 1.0, 0.25, 16384
+    args.adam_lr = 0.002   # the LM benchmark's AdamW lr (benchmarks/README.md, section 8)
+    args.methods = args.methods or ",".join(HSDP_METHODS if args.hsdp else METHODS)
     if args.worker:
         worker(args)
         return

@@ -37,9 +37,10 @@ for _cls in (NoCompression, FP16, BF16, TopK, RandomK, DGC, OneBit, EFSignSGD, S
 from . import auto  # noqa: E402  registers compression="auto" (hvdcompress.auto.Auto, a planner)
 
 __all__ = [
-    "Compressor", "Packet", "TensorInfo", "payload_bytes", "NoCompression", "FP16", "BF16",
-    "TopK", "RandomK", "DGC", "CSC", "ErrorFeedback", "Momentum", "FrozenAdam", "ReplicaMismatch",
-    "available", "from_params",
-    "register", "ExponentialWarmup", "ListWarmup", "SparsityScheduler",
+    "Compressor", "Packet", "TensorInfo", "payload_bytes", "ErrorFeedback", "Momentum", "FrozenAdam",
+    "NoCompression", "FP16", "BF16", "TopK", "RandomK", "DGC", "CSC", "Threshold", "OneBit",
+    "EFSignSGD", "Signum", "TwoBit", "Int8", "Int4", "Dithering", "QSGD", "TernGrad", "Natural",
+    "PowerSGD", "ReplicaMismatch", "available", "from_params", "register", "ExponentialWarmup",
+    "ListWarmup", "SparsityScheduler",
 ]
 __version__ = "0.1.0"

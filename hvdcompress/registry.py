@@ -1,9 +1,10 @@
 """Build a compressor from a dict of strings, BytePS style::
 
-    from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla",
+    from_params({"compressor": "randomk", "k": "0.01", "ef": "vanilla",
                  "momentum": "nesterov", "seed": "7"})
 
-Values may be strings (as from a command line or a config file) or typed. Keys:
+Values may be strings (as from a command line or a config file; a bool is ``true``/``false``,
+``1``/``0``, ``yes``/``no`` or ``on``/``off``) or typed. Keys:
 
 * ``compressor``: a registered name (:func:`available`).
 * the compressor's own constructor arguments, converted by their type hints.
@@ -25,7 +26,9 @@ Values may be strings (as from a command line or a config file) or typed. Keys:
   tensors with fewer elements run live Adam at every step (default: :data:`hvdcompress.adam.frozen.MIN_NUMEL`).
   Around onebit it makes ``chunk="auto"`` (onebit's default) a scale per row (``"rows"``); give
   ``chunk="none"`` for one scale per tensor.
-* ``seed``: the seed of compressors that draw random numbers; checked and unused by the others.
+* ``seed``: a parameter of the compressors that draw random numbers (randomk, dithering, ...);
+  with any other it is an unknown key, an error. BytePS's ``byteps_seed``, which its trainer sets
+  on every tensor whatever the compressor, is checked (an integer >= 0) and unused by those.
 * ``compressor="auto"``: :class:`hvdcompress.auto.Auto`, which picks one of the others per
   tensor; keys ``allowed`` (``"none,fp16,int8"``), ``link`` (``"10gbit,50us"``),
   ``calibration``, ``replan``; no decorator or warm-up keys. It registers itself as a planner
@@ -75,7 +78,7 @@ from .contract.validation import check_choice, check_int
 _REGISTRY: Dict[str, Type[Compressor]] = {}
 #: The registered planners over the algorithms (``"auto"``): buildable, not in :func:`available`.
 _PLANNERS: set = set()
-DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "adam_send", "adam_warmup", "adam_live_steps", "adam_min_numel", "seed")
+DECORATOR_KEYS = ("ef", "momentum", "momentum_mu", "adam", "freeze_steps", "adam_send", "adam_warmup", "adam_live_steps", "adam_min_numel")
 #: BytePS's prefixed spelling of the keys (its tensor attributes) -> this registry's key.
 BYTEPS_KEYS: Dict[str, str] = {
     "byteps_compressor_type": "compressor", "byteps_compressor_k": "k",
@@ -88,6 +91,9 @@ BYTEPS_PARAMS: Dict[str, Dict[str, str]] = {
 WARMUP_FORMS = ("warmup_epochs", "warmup_steps", "warmup_sparsities")
 WARMUP_KEYS = WARMUP_FORMS + ("warmup_unit", "rampup_begin_step", "rampup_step")
 _RAMP_UNITS = {"warmup_epochs": "epoch", "warmup_steps": "step"}
+#: The spellings of a bool in a string dict.
+_BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False,
+          "on": True, "off": False}
 AUTO = "auto"   # compressor="auto": hvdcompress.auto.Auto (a planner) picks one of the others per tensor
 
 
@@ -143,17 +149,16 @@ def _convert(key: str, value: Any, hint: Any) -> Any:
     for kind in args:  # Union[int, float]: "100" is a count, "0.01" a fraction
         try:
             if kind is bool:
-                if text.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if text.lower() in ("0", "false", "no", "off"):
-                    return False
+                if text.lower() in _BOOLS:
+                    return _BOOLS[text.lower()]
                 raise ValueError
             if kind in (int, float, str):
                 return kind(text)
         except ValueError:
             continue
     names = " or ".join(getattr(a, "__name__", str(a)) for a in args)
-    raise ValueError(f"from_params: {key}={value!r} cannot be read as {names}")
+    spellings = f"; allowed: {', '.join(_BOOLS)}" if bool in args else ""
+    raise ValueError(f"from_params: {key}={value!r} cannot be read as {names}{spellings}")
 
 
 def _signature(cls: Type[Compressor]) -> Dict[str, inspect.Parameter]:
@@ -221,6 +226,11 @@ def _warmup(given: Dict[str, Any]) -> Optional[Schedule]:
 
 def from_params(params: Mapping[str, Any]) -> Compressor:
     """Build a compressor (with its memory decorators) from ``params``; see the module doc."""
+    if not isinstance(params, Mapping):
+        named = isinstance(params, str) and params in _REGISTRY
+        hint = f" such as {{'compressor': {params!r}}}" if named else ""
+        raise TypeError(f"from_params: params={params!r} is not a mapping; allowed: a dict{hint} "
+                        "of keys and values (see hvdcompress.registry)")
     given = dict(params)
     spelled = {k: k for k in given}
     _rename(given, spelled, BYTEPS_KEYS, "")
@@ -229,7 +239,7 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
         raise ValueError(f"from_params: key 'compressor' is missing; allowed: {', '.join(available())}")
     cls = _compressor_class(name, spelled["compressor"])
     if name in _PLANNERS:
-        extra = next((k for k in DECORATOR_KEYS + WARMUP_KEYS if k in given), None)
+        extra = next((k for k in (*DECORATOR_KEYS, "seed", *WARMUP_KEYS) if k in given), None)
         if extra is not None:
             raise ValueError(f"from_params: {spelled[extra]}={given[extra]!r} with compressor={name!r}: "
                              f"{name} picks each tensor's compressor; allowed keys: compressor, "
@@ -269,8 +279,8 @@ def from_params(params: Mapping[str, Any]) -> Compressor:
                          "allowed: with momentum 'plain' or 'nesterov'")
     mu = None if mu is None else _convert(spelled["momentum_mu"], mu, float)
     sig = _signature(cls)
-    if "seed" in given and "seed" not in sig:
-        _convert(spelled["seed"], given.pop("seed"), int)  # deterministic compressors draw nothing
+    if "seed" not in sig and spelled.get("seed") == "byteps_seed":  # BytePS sets it on every tensor
+        _count("byteps_seed", given.pop("seed"), 0)
 
     warmup_keys = WARMUP_KEYS if "warmup" in sig else ()
     warmup = {k: given.pop(k) for k in warmup_keys if k in given}
@@ -342,9 +352,33 @@ def parse_params(text: str) -> Dict[str, str]:
     return params
 
 
+#: Horovod's own ``hvd.Compression.none`` / ``.fp16`` (torch, TensorFlow, Keras, MXNet) by class
+#: name -> the registered name of the same compression.
+HOROVOD_COMPRESSION = {"NoneCompressor": "none", "FP16Compressor": "fp16"}
+
+
+def _horovod_compression(compression: Any) -> Optional[str]:
+    """The registered name standing for Horovod's ``compression`` (its class or an instance),
+    told by duck typing without importing Horovod: a class of a ``horovod.`` module named as in
+    :data:`HOROVOD_COMPRESSION`. None for anything that is not Horovod's; a TypeError naming
+    the replacement for a Horovod compressor without one."""
+    cls = compression if isinstance(compression, type) else type(compression)
+    if not cls.__module__.startswith("horovod."):
+        return None
+    if cls.__name__ not in HOROVOD_COMPRESSION:
+        raise TypeError(f"compression={compression!r} is a Horovod compressor other than "
+                        "hvd.Compression.none and hvd.Compression.fp16 (which map to "
+                        "hvdcompress.NoCompression() and hvdcompress.FP16()); allowed: an "
+                        "hvdcompress Compressor, e.g. a dict {'compressor': name} of a name in "
+                        "hvdcompress.available()")
+    return HOROVOD_COMPRESSION[cls.__name__]
+
+
 def as_compressor(compression: Any) -> Compressor:
     """What the framework wrappers accept as ``compression=``: a Compressor, a dict for
-    :func:`from_params`, ``"auto"`` (:class:`hvdcompress.auto.Auto`) or None (no compression)."""
+    :func:`from_params`, ``"auto"`` (:class:`hvdcompress.auto.Auto`), None (no compression), or
+    Horovod's ``hvd.Compression.none`` / ``hvd.Compression.fp16``, left in place by a migration
+    (NoCompression() and FP16(); :func:`_horovod_compression`)."""
     from .compressors.none import NoCompression
 
     if isinstance(compression, str) and compression == AUTO:
@@ -355,6 +389,10 @@ def as_compressor(compression: Any) -> Compressor:
         return compression
     if isinstance(compression, Mapping):
         return from_params(compression)
+    horovod = _horovod_compression(compression)
+    if horovod is not None:
+        return from_params({"compressor": horovod})
     raise TypeError(f"compression={compression!r} is not supported; allowed: an hvdcompress "
                     "Compressor (e.g. hvdcompress.DGC(0.999), hvdcompress.FP16()), a dict for "
-                    "hvdcompress.from_params, or None")
+                    "hvdcompress.from_params, Horovod's hvd.Compression.none or "
+                    "hvd.Compression.fp16, or None")

@@ -1,4 +1,4 @@
-"""Explicit capabilities (issue 11): ``explicit_momentum``, the warm-up interface found through
+"""Explicit capabilities: ``explicit_momentum``, the warm-up interface found through
 ``unwrap()``, and the one module that derives random keys (:mod:`hvdcompress.contract.keys`), pinned to
 the values the per-compressor derivations of 7bd925a gave."""
 import numpy as np
@@ -65,3 +65,52 @@ def test_rank_keys_are_distinct_32_bit():
 def test_advance_step_counts_from_zero():
     state = {}
     assert [keys.advance_step(state) for _ in range(3)] == [0, 1, 2] and state["step"] == 3
+
+
+def test_the_adam_take_over_never_changes_the_compressor_it_is_given():
+    """FrozenAdam runs onebit with a scale per row (``for_adam``) on a copy of the tree."""
+    given = ErrorFeedback(hvdcompress.OneBit())
+    adam = hvdcompress.FrozenAdam(given)
+    assert given.unwrap().chunk == "auto" and adam.unwrap().chunk == "rows"
+    assert adam.inner is not given and type(adam.inner) is ErrorFeedback
+    chosen = ErrorFeedback(hvdcompress.OneBit(chunk=64))
+    assert hvdcompress.FrozenAdam(chosen).inner is chosen   # nothing to configure: the same tree
+
+
+def test_the_take_over_reads_declared_needs_not_class_names():
+    """A compressor outside the package that declares top-k's needs gets top-k's policy."""
+    from hvdcompress.contract.compressor import AdamNeeds
+
+    class Mine(TopK):
+        name = "mine_not_registered"
+
+    class Plain(hvdcompress.Compressor):
+        name = "plain_not_registered"
+
+        def compress(self, ops, x, state, info):
+            return hvdcompress.Packet([x], None, summable=True)
+
+        def decompress(self, ops, tensors, ctx, info, out=None):
+            return tensors[0]
+
+    assert hvdcompress.FrozenAdam(Mine(0.1)).send == "preconditioned"
+    assert hvdcompress.FrozenAdam(Plain()).send == "gradient"
+    Plain.adam_needs = AdamNeeds(selects_by_magnitude=True)
+    assert hvdcompress.FrozenAdam(Plain()).send == "preconditioned"
+
+
+def test_the_sharded_reduce_scatter_takes_what_declares_a_fixed_size_payload():
+    from hvdcompress.engines.reduce_scatter import check_sharded
+
+    class Fixed(TopK):
+        name = "fixed_not_registered"
+
+    class Varying(TopK):
+        name = "varying_not_registered"
+        fixed_size_payload = False
+
+    assert check_sharded(ErrorFeedback(Fixed(0.1))).unwrap().name == "fixed_not_registered"
+    with pytest.raises(ValueError, match="fixed_size_payload"):
+        check_sharded(Varying(0.1))
+    with pytest.raises(ValueError, match="takes the optimizer's momentum or Adam over"):
+        check_sharded(hvdcompress.FrozenAdam(TopK(0.1)))

@@ -167,3 +167,28 @@ def test_every_package_says_what_it_owns():
     missing = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("__init__.py")
                if not ast.get_docstring(ast.parse(p.read_text()))]
     assert not missing, f"packages without a docstring: {missing}"
+
+
+def test_no_measurement_history_in_the_package():
+    """Docstrings and comments state the rule, its maths and its trade-off and point to a section
+    of benchmarks/README.md for the numbers: no "issue N" and no "before -> after" figures
+    ("+0.027 -> +0.007", "9.5x -> 10.7x", "W = 128 -> 256") in any hvdcompress/*.py, read as text."""
+    import re
+
+    issue = re.compile(r"\b[Ii]ssues?\s*#?\d")
+    figures = re.compile(r"\d[\d.,]*x?\s*(?:->|→|=>)\s*[+-]?\.?\d")   # a number, an arrow, a number
+    old = ("the cap until issue 36's last round: onebit +0.027 -> +0.007 (9.5x -> 10.7x fewer bytes),\n"
+           "transformer, 0.999: +0.150 -> +0.106; 0.95: +0.029\n-> +0.025; W = 128 -> 256")
+    assert issue.search(old) and len(figures.findall(old)) == 5   # the check can fail
+    for text in ("tensor name -> the collective", "v <- (1 - alpha)·v + alpha·g²", "g ← g + λ·w",
+                 "op=Sum (p.grad is G_k) -> the sum", "would issue Horovod collectives"):
+        assert not issue.search(text) and not figures.search(text), text
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for pattern in (issue, figures):
+            for match in pattern.finditer(text):
+                line = text.count("\n", 0, match.start()) + 1
+                found.append(f"{path.relative_to(ROOT)}:{line}: {match.group(0)!r}")
+    assert not found, "measurement history in the package (move it to benchmarks/README.md): " \
+                      + "; ".join(found)

@@ -29,8 +29,7 @@ or, with ``send="momentum"`` (1-bit Adam's placement), each rank's own momentum 
     m_r = b1·m + (1-b1)·g_r;   m <- mean_r D(C(u·m_r)) / u
 
 Why lr units (EF-SGD's p = lr·g + e): mass that waits in the residual is applied at the lr it
-was computed with, not a later, smaller one (u = 1 at a constant lr). Transformer, b2 0.95: top-k
-+0.025 -> +0.006 (2 ranks), +0.056 -> +0.044 (8); b2 0.999: PowerSGD +0.066 -> +0.055.
+was computed with, not a later, smaller one (u = 1 at a constant lr).
 
 then in both kinds, as torch.optim.Adam/AdamW, v's bias correction over the v-steps so far::
 
@@ -47,21 +46,22 @@ I steps weighs alpha = 1 - b2^I, decay_t = prod(1 - alpha) (b2^t if every step i
 ``freeze_steps=T0``: v-steps t <= T0, v frozen after (1-bit Adam), decay_t = b2^min(t, T0).
 
 With ``min_numel=n`` (``adam_min_numel``) tensors under n elements (biases, norms) run live Adam
-at every step; off by default (:data:`MIN_NUMEL`; onebit -0.007 with 4,096, -0.008 without).
+at every step; off by default (:data:`MIN_NUMEL`: it bought nothing measurable).
 
-Why this rule: the former freeze at ceil(q / (1-b2)) came at step 15 at b2 = 0.95 (onebit
-+0.104, top-k +0.172 bits/byte, issue 36) and kept 750 of 1,000 steps dense at 0.999. The step
-count decides, no statistic of v (a reduction over every tensor and a host read), so every rank
-and front end (:class:`hvdcompress.step.driver.StepDriver`) takes the same steps without an exchange;
-v follows the gradients from one sample per interval, and the EF residual meets its refreshes.
+Why this rule: a single freeze at ceil(q / (1-b2)) comes before v has formed where b2 is small
+(step 15 at b2 = 0.95, q = 0.75) and keeps most of the run dense where it is large (750 of 1,000
+steps at 0.999); refreshes at growing intervals avoid both. The step count decides, no
+statistic of v (a reduction over every tensor and a host read), so every rank and front end
+(:class:`hvdcompress.step.driver.StepDriver`) takes the same steps without an exchange; v follows
+the gradients from one sample per interval, and the EF residual meets its refreshes.
 
 Why int8 for the v-steps: 4x fewer bytes, stateless (the decoded mean is the gradient up to
 (max-min)/510 per element); int4 (8x) for the long warm-up at b2 > 0.998 (top-k, PowerSGD, onebit
-from :data:`ONEBIT_LONG_RANKS` ranks: adam_freeze). The compressed allreduce re-sends a v-step's
+from the ranks its ``adam_needs`` names: :mod:`~hvdcompress.adam.variance`). The compressed allreduce re-sends a v-step's
 reduced segment int4 in chunks of :data:`SERVER_INT4_CHUNK` = 64: that error lands on the mean
-whole, the ranks' averaged over N. Onebit's long warm-up (transformer, 8 ranks, b2 0.999), bits/byte
-above dense at step 25 with the sum re-sent int4 in one chunk of 2,048: +0.042; of 256: +0.020;
-of 64: +0.016; int8: +0.014, as top-k's int4 quantised once. The bounds add 1/4 to the sum's bytes.
+whole, where the ranks' is averaged over N, so it takes finer chunks (a min-max code's error is
+(max-min)/30 of its chunk); the trade-off: the bounds (8 bytes per 32 of codes) add 1/4 to the
+sum's bytes.
 
 Adam's own (L2) weight decay λ·w is the same on every rank: added exactly after the exchange.
 Since m is the same on every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression
@@ -71,22 +71,22 @@ both placements, and both kinds of steps, are Adam (up to the rounding of u·x /
 clips the exchanged mean to c, as Horovod's pattern and dense AdamW do, and keeps its coefficient kappa
 (:attr:`clip_scale`, checkpointed); a compressed step scales each rank's gradient by that kappa
 before it is sent (then clips it to c·sqrt(N) against a spike), so that m sees the mean clipped
-as v did at its last refresh (each rank clipped to c, the rule before: transformer, b2 0.999,
-int8 +0.012 and onebit +0.043 against -0.013 and +0.025).
+as v did at its last refresh (each rank clipped to c instead, m would see another clip than v).
 
-Which to send: the gradient (LSTM: top-k +0.091 -> +0.027, PowerSGD +0.068 -> -0.002 against
-m). A sent m replaces every rank's, so one step's error stays in m for 1/(1-b1) steps; with g
-sent, EF repays the error in the space it was made in.
+Which to send: the gradient, not m. A sent m replaces every rank's, so one step's error stays
+in m for 1/(1-b1) steps; with g sent, EF repays the error in the space it was made in.
 
 ``send="preconditioned"`` compresses each rank's g_r / (sqrt(v_hat) + eps) instead (0 where
 v = 0), the gradient in update space, where the frozen-v step is linear; the exchanged mean is
 multiplied back by sqrt(v_hat) + eps (uncompressed: the same Adam). Top-k's default: by magnitude
-it then picks the coordinates whose step is largest, not those of large v, which Adam scales down
-(transformer, 2 ranks, b2 0.95: +0.047 against +0.080). Onebit: +0.070 against +0.075 (LSTM, 8 ranks).
+it then picks the coordinates whose step is largest, not those of large v, which Adam scales down.
 
-Onebit gets a scale per row (``chunk="rows"``, unless chosen): one per tensor cost +0.118 (LSTM,
-8 ranks, b2 0.95; an absent token's embedding row gets ±s). 0/1 Adam's own constants (32 live
-steps, no cap) lost the gap by step 75; v-steps that also sent the residual: top-k +0.243.
+Onebit gets a scale per row (``chunk="rows"``, unless chosen): with one per tensor a rare
+token's embedding row gets ±s every step, which 1/sqrt(v) amplifies
+(:mod:`~hvdcompress.compressors.onebit`).
+V-steps send the gradient only: a residual sent with them would enter g², and so v.
+
+Evidence: benchmarks/README.md section 8 (Compression with AdamW), "Why the defaults".
 
 The wrappers replace the optimizer's step with :meth:`after_exchange`; m, v and the unit live in the
 tensor's compressor state (``adam.m``, ``adam.v``, ``adam.unit``), the step count in the compressor's.
@@ -95,14 +95,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..compressors.cast import Cast
 from ..compressors.int8 import Int4, Int8
-from ..compressors.none import NoCompression
-from ..compressors.onebit import OneBit
-from ..compressors.powersgd import PowerSGD
-from ..compressors.topk import TopK
 from ..contract.compressor import Compressor, Packet, TensorInfo
-from ..contract.memory import Decorator
+from ..contract.memory import Decorator, check_inner
 from ..contract.validation import check_int
 from ..ops.facade import Ops, Tensor
 from .settings import AdamSettings
@@ -118,8 +113,6 @@ WARMUP = ("auto", "int8", "int4", "none")
 #: tensors with fewer elements run live Adam at every step (FrozenAdam's ``min_numel``)
 MIN_NUMEL = 0
 
-#: onebit takes the long warm-up (512 int4 v-steps where b2 > 0.998) from this many ranks on
-ONEBIT_LONG_RANKS = 4
 
 #: the chunk of the 4-bit codes that re-send a v-step's reduced segment (compressed allreduce)
 SERVER_INT4_CHUNK = 64
@@ -182,15 +175,16 @@ class FrozenAdam(Decorator):
     def __init__(self, inner: Compressor, freeze_steps: Optional[int] = None,
                  send: str = "auto", warmup: str = "auto", live_steps: Optional[int] = None,
                  min_numel: Optional[int] = None):
-        super().__init__(inner)
-        if isinstance(inner.unwrap(), OneBit) and inner.unwrap().chunk == "auto":
-            inner.unwrap().chunk = "rows"   # a scale per row (onebit.py: the 8-rank gap)
+        check_inner(type(self), inner)
+        algorithm = inner.unwrap().for_adam()   # a configured copy where it needs one
+        super().__init__(inner if algorithm is inner.unwrap() else inner.with_algorithm(algorithm))
+        needs = algorithm.adam_needs
         if send not in SEND:
             raise ValueError(f"FrozenAdam: send={send!r}; allowed: {', '.join(map(repr, SEND))}")
         if warmup not in WARMUP:
             raise ValueError(f"FrozenAdam: warmup={warmup!r}; allowed: {', '.join(map(repr, WARMUP))}")
         # auto: top-k picks its k by magnitude, which must be the step's (Adam's update space)
-        self.send = send if send != "auto" else "preconditioned" if isinstance(inner.unwrap(), TopK) else "gradient"
+        self.send = send if send != "auto" else "preconditioned" if needs.selects_by_magnitude else "gradient"
         if inner.takes_over_momentum:
             raise ValueError(f"FrozenAdam({inner!r}): {inner.name} applies momentum itself (SGD's "
                              "momentum correction); FrozenAdam needs a compressor without it "
@@ -199,11 +193,10 @@ class FrozenAdam(Decorator):
             "FrozenAdam", "freeze_steps", freeze_steps, 0)
         self.live_steps = None if live_steps is None else check_int("FrozenAdam", "live_steps", live_steps, 1)
         # W; the first step's b2 may lengthen it (_follow)
-        self._short = TOPK_WARMUP if isinstance(inner.unwrap(), TopK) else LIVE_STEPS
+        self._short = TOPK_WARMUP if needs.selects_by_magnitude else LIVE_STEPS
         self.schedule = VarianceSchedule(self.freeze_steps, self.live_steps or self._short)
         self.warmup = warmup
-        wide = isinstance(inner.unwrap(), (NoCompression, Cast))
-        self.mild: Optional[Compressor] = (None if warmup == "none" or (warmup == "auto" and wide)
+        self.mild: Optional[Compressor] = (None if warmup == "none" or (warmup == "auto" and needs.wide)
                                            else Int4() if warmup == "int4" else Int8())
         self._server_int4 = Int4(chunk=SERVER_INT4_CHUNK)   # stateless: one for every v-step
         self.min_numel = MIN_NUMEL if min_numel is None else check_int("FrozenAdam", "min_numel", min_numel, 0)
@@ -242,16 +235,15 @@ class FrozenAdam(Decorator):
             self._follow(self.beta2)
 
     def _follow(self, beta2: float) -> None:
-        """Around top-k, PowerSGD and onebit from :data:`ONEBIT_LONG_RANKS` ranks (no freeze_steps or
+        """Around an algorithm whose ``adam_needs.long_warmup_ranks`` this world reaches (no freeze_steps or
         live_steps), where 1/(1-b2) > 512: 512 live steps sent int4 (``warmup="auto"``), then the
         first interval :data:`LONG_FIRST` (top-k's: FIRST; :mod:`~hvdcompress.adam.variance`)."""
-        inner = self.inner.unwrap()
-        follows = isinstance(inner, (TopK, PowerSGD)) or (
-            isinstance(inner, OneBit) and (self.world or 1) >= ONEBIT_LONG_RANKS)
+        needs = self.inner.unwrap().adam_needs
+        follows = needs.long_warmup_ranks is not None and (self.world or 1) >= needs.long_warmup_ranks
         if self.live_steps is None and self.freeze_steps is None:   # else the user's W
             long = follows and long_warmup(beta2, self._short) == LONG_WARMUP
             self.schedule.warmup = LONG_WARMUP if long else self._short
-            self.schedule.first = LONG_FIRST if long and not isinstance(inner, TopK) else FIRST
+            self.schedule.first = LONG_FIRST if long and needs.long_first_interval else FIRST
             if self.warmup == "auto" and self.mild is not None:
                 self.mild = Int4() if long else Int8()
 
@@ -395,7 +387,6 @@ class FrozenAdam(Decorator):
         self.lr_unit = float(state.pop("adam_lr_unit", 0.0)) or None   # none before: the residual is in L's units
         self.inner.load_state_dict(state)
 
-    def config(self) -> dict:
+    def arguments(self) -> dict:
         return {"adam": "frozen", "freeze_steps": self.freeze_steps, "adam_send": self.send,
-                "adam_warmup": self.warmup, "adam_live_steps": self.live_steps, "adam_min_numel": self.min_numel,
-                **self.inner.config()}
+                "adam_warmup": self.warmup, "adam_live_steps": self.live_steps, "adam_min_numel": self.min_numel}

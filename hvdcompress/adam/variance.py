@@ -19,52 +19,35 @@ the last level (I_L = cap) lasting to the end of the run: every 2nd step up to W
 cap, then as (T - W)/cap: at b2 = 0.999, 173 of 1,000 steps, 187 of 3,000; at b2 = 0.95,
 199 of 1,000 (every 16th step after step 240), 324 of 3,000. The cap is beta2's time constant
 as a bound: v forgets as fast as Adam's (below), but from one sample per interval, so an
-interval longer than 1/(1-b2) would leave whole stretches of the run out of v. Half of it (the
-cap until issue 36's last round: 8 steps at b2 = 0.95, the same intervals below 3,000 steps at
-0.999) sent more int8 v-steps and lost more: LSTM, 8 ranks, b2 0.95, bits/byte above dense
-with 0.5/(1-b2) -> 1/(1-b2): onebit +0.027 -> +0.007 (9.5x -> 10.7x fewer bytes), PowerSGD
-+0.033 -> +0.006 (9.3x -> 10.2x), int8 +0.009 -> -0.020, top-k +0.073 -> +0.063; on the
-transformer (2 ranks) top-k +0.059 -> +0.029 (benchmarks/README.md section 8).
+interval longer than 1/(1-b2) would leave whole stretches of the run out of v. A shorter cap
+(:data:`SHARE` < 1) sends more int8 v-steps and, measured at 1/2, converged worse.
 
 Around top-k, W = 256 (:data:`TOPK_WARMUP`, FrozenAdam's default there; ``live_steps``
 overrides). Top-k 1% sends a coordinate about once in 1/k = 100 steps, its error feedback
 delivering the rest late, and a late step costs most while the model still moves fast, early
 in the run. 128 more live (int8) steps (299 v-steps of 1,000 at b2 0.999, 319 at 0.95) buy it
-back for bytes: bits/byte above dense with W = 128 -> 256, LSTM, 2 ranks, b2 0.999: +0.052 ->
-+0.037 (16.7x -> 11.2x fewer bytes than dense); 8 ranks, 0.999: +0.075 -> +0.043; 8 ranks,
-0.95: +0.063 -> +0.044 (15.1x -> 10.7x); transformer, 0.999: +0.150 -> +0.106; 0.95: +0.029
--> +0.025; LSTM, 2 ranks, 0.95: +0.006 -> +0.013 (the one loss). W = 384 would send 1/8.5 of
-dense's bytes, short of issue 36's 10x (the int8 v-steps, 1/4 each, are most of them).
+back for bytes: the int8 v-steps, 1/4 of dense's bytes each, are most of what is sent, so every
+step added to W costs the ratio directly (W = 384 would send 1/8.5 of dense's bytes).
 
 Where v's time constant 1/(1-b2) is over 512 steps (b2 > 0.998, :func:`long_warmup`), top-k
 and PowerSGD wait longer, W = 512, and their v-steps send 4-bit min-max codes
 (:class:`~hvdcompress.compressors.int8.Int4`, 1/8 of dense's bytes; FrozenAdam's
 ``warmup="auto"``): at b2 0.999, 256 steps leave v formed to 1 - b2^256 = 23%, 512 to 40%, and
 the transition costs less the later and the smaller the learning rate it meets (551 v-steps of
-1,000). Transformer, 2 ranks, b2 0.999, bits/byte above dense, top-k: W 256 int8 +0.106 (11.2x
-fewer bytes), 512 int4 +0.038 (12.7x); 384 int4 +0.075; 512 int8 +0.029 but 6.8x, over issue
-36's 1/10; int4 stochastically rounded +0.063, symmetric (zero a code) +0.051. PowerSGD rank 4
-(with the lr-unit exchange of :mod:`hvdcompress.adam.frozen`): W 128 int8 +0.055 (11.9x), 512 int4
-+0.018 (10.9x). Not at b2 0.95: v follows ~20 steps there and the 4-bit codes' fixed error with
-it (LSTM, 2 ranks, top-k W 512: int4 +0.065, int8 +0.015, against 256 int8 +0.013).
+1,000). The trade-off: int4's error per element, (max-min)/30 of its chunk against int8's /510,
+for twice the steps at the same bytes (512 int8 steps would send 1/6.8 of dense's bytes). Not
+at b2 0.95: v follows ~20 steps there, and with it the 4-bit codes' fixed error.
 
-Onebit takes the long warm-up from 4 ranks on (:data:`hvdcompress.adam.frozen.ONEBIT_LONG_RANKS`). Its
-128 int8 steps left the transformer at 8 ranks, b2 0.999, +0.090 above dense (+0.175 by step
-200: the first compressed steps met a v formed to 12%). Its v-steps cross the compressed
-allreduce, where the N ranks' int4 errors average (the reduced sum is re-sent in chunks of 64,
-:mod:`hvdcompress.adam.frozen`). At 8 ranks, b2 0.999, W 128 int8 -> 512 int4: transformer +0.090 ->
-+0.030 (11.9x -> 10.3x fewer bytes than dense), LSTM +0.024 -> +0.012 (11.4x -> 10.1x). At 2
-ranks int4's fixed error averages over two ranks only: LSTM +0.001 -> +0.033 (top-k's curve,
-step for step, to step 512), transformer +0.023 -> +0.017; there onebit keeps 128 int8.
+Onebit takes the long warm-up from 4 ranks on (``OneBit.adam_needs``): after 128 steps its
+first compressed steps would meet a v formed to 1 - 0.999^128 = 12%. Its v-steps cross the
+compressed allreduce, where the N ranks' int4 errors average (the reduced sum is re-sent in
+chunks of 64, :mod:`hvdcompress.adam.frozen`). At 2 ranks int4's fixed error averages over two
+ranks only, so there onebit keeps 128 int8 steps.
 
 After the long warm-up the levels start 16 steps apart (:data:`LONG_FIRST`), not 2: v has been
-live for 512 steps, and the first levels' 22 int4 v-steps cost bytes the ratio does not have
-(529 v-steps of 1,000 instead of 551). Onebit, 8 ranks, b2 0.999: LSTM 9.9x -> 10.1x (+0.012
-both), transformer 10.0x -> 10.3x (+0.028 -> +0.030); PowerSGD: transformer, 8 ranks, +0.011 ->
-+0.013 (10.9x -> 11.1x), 2 ranks +0.018 -> +0.017; LSTM, 8 ranks, +0.003 both (10.4x -> 10.5x).
-Not around top-k (12.7x either way), whose error feedback holds mass back ~100 steps and needs
-the early refreshes: transformer +0.031 -> +0.039 (8 ranks), +0.034 -> +0.044 (2); LSTM, 8
-ranks, +0.010 -> +0.014.
+live for 512 steps and needs early refreshes least, while the first levels' 22 int4 v-steps
+cost bytes the ratio does not have (529 v-steps of 1,000 instead of 551). Not around top-k,
+whose error feedback holds mass back ~100 steps and needs the early refreshes.
 
 A v-step after an interval of I steps stands for those I steps: v decays as Adam's would over
 them, and the new gradient takes the weight that Adam gives the I gradients it skipped::
@@ -75,16 +58,15 @@ them, and the new gradient takes the weight that Adam gives the I gradients it s
 1 - prod(1 - alpha) over the v-steps so far (Adam's 1 - b2^t when every step is a v-step).
 v then forgets as fast as Adam's (its time constant 1/(1-b2) steps), from one sample per
 interval instead of I. The cap keeps a single sample's weight at most 1 - b2^cap, about
-1 - 1/e = 0.63 (0.56 at b2 = 0.95), so one near-zero g² keeps at least ~0.37 of v. Until
-issue 36's last rounds alpha was also bounded by max(1 - b2, 1/16), so that v averaged >= 16
-squares: at b2 = 0.95 (alpha 1/16 instead of 0.34 at I = 8) v then spanned ~128 steps, and
-lagged behind the gradients' falling
-scale: bits/byte above dense at step 600 (LSTM, 8 ranks) int8 +0.023, onebit +0.053, PowerSGD
-+0.053 with the bound; +0.005, +0.041, +0.034 without (1/4: +0.011, +0.045, +0.041;
-benchmarks/README.md section 8). At b2 = 0.999 the bound never acted below I = 128.
+1 - 1/e = 0.63 (0.56 at b2 = 0.95), so one near-zero g² keeps at least ~0.37 of v. Alpha has
+no lower bound: one such as max(1 - b2, 1/16), so that v averages >= 16 squares, makes v span
+~128 steps at b2 = 0.95 (alpha 1/16 instead of 0.34 at I = 8), and v then lags behind the
+gradients' falling scale.
 
 With ``freeze_steps=T0`` (the explicit override): the v-steps are t <= T0 and v is frozen after
 them for good (1-bit Adam), bias correction 1 - b2^min(t, T0).
+
+Evidence: benchmarks/README.md section 8 (Compression with AdamW), "Why the defaults".
 """
 from __future__ import annotations
 

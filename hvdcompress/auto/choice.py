@@ -48,7 +48,19 @@ CHOICES: dict = {"none": DEFAULT_COMPRESSORS["none"], "fp16": DEFAULT_COMPRESSOR
                  **DEFAULT_COMPRESSORS}
 #: The default allowed set: no measurable change in accuracy (int8: per-chunk scales).
 SAFE = ("none", "fp16", "bf16", "int8")
-_ALLOWED_FORMS = (f"labels ({', '.join(CHOICES)}) or dicts for hvdcompress.from_params, as a "
+
+
+def _picks_alone(compressor: Compressor) -> bool:
+    """Whether auto can pick ``compressor`` per tensor: it only compresses (it is not auto and
+    takes over neither the optimizer's momentum nor its Adam step, which would change with the
+    tensor's pick)."""
+    return not (compressor.name == "auto" or compressor.takes_over_momentum or
+                compressor.takes_over_adam)
+
+
+#: The labels of :data:`CHOICES` that auto can pick (dgc and csc take over the momentum).
+PICKABLE = tuple(label for label, spec in CHOICES.items() if _picks_alone(from_params(spec)))
+_ALLOWED_FORMS = (f"labels ({', '.join(PICKABLE)}) or dicts for hvdcompress.from_params, as a "
                   "list or a comma-separated string; default: " + ",".join(SAFE))
 
 
@@ -77,8 +89,7 @@ def _check_spec(param: str, value: Any, item: Any, spec: Mapping[str, Any]) -> C
     except (ValueError, TypeError) as error:
         raise ValueError(f"{param}={value!r}: {item!r} cannot be built ({error}); allowed: "
                          f"{_ALLOWED_FORMS}") from None
-    if compressor.name == "auto" or compressor.takes_over_momentum or \
-            getattr(compressor, "takes_over_adam", False):
+    if not _picks_alone(compressor):
         raise ValueError(f"{param}={value!r}: {item!r} takes over the optimizer's momentum or "
                          "Adam step (or is auto itself), which would change with the tensor's "
                          f"pick; allowed: compressors that only compress: {_ALLOWED_FORMS}")

@@ -110,7 +110,7 @@ def replan_inputs(link: Link, step_s: float, exchange_s: float, codec_s: float,
 class Auto(Dispatch, Planner):
     """``compression="auto"`` (see the module doc).
 
-    ``allowed``: what it may pick, labels (:data:`hvdcompress.auto.choice.CHOICES`) or
+    ``allowed``: what it may pick, labels (:data:`hvdcompress.auto.choice.PICKABLE`) or
     :func:`hvdcompress.from_params` dicts, a list or a comma-separated string; default the
     accuracy-safe ``none, fp16, bf16, int8``. ``link``: None (measured over the process set at
     the first exchange), a :class:`hvdcompress.plan.Link`, ``{"bandwidth": "10gbit", "latency":
@@ -164,7 +164,7 @@ class Auto(Dispatch, Planner):
         self.predicted_exchange_s: Optional[float] = None
         self.checks: list = []
 
-    def config(self) -> dict:
+    def arguments(self) -> dict:
         """The constructor's arguments (the same on every rank: the rank agreement compares them)."""
         return {"allowed": self.allowed, "link": self.link, "calibration": self.calibration,
                 "replan": self.replan}

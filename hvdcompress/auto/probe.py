@@ -79,7 +79,7 @@ def engine_device(ops: Ops, like: Tensor) -> Device:
     front end (the cache of ``python -m hvdcompress.plan --calibrate``), else the front end's own
     ops on the gradients' device, named ``<framework>-<cpu|cuda>`` (a TensorFlow process must not
     import hvdcompress.torch: horovod.torch would take over Horovod's process sets)."""
-    framework = type(ops).__module__.split(".")[1]
+    framework = ops.name   # the Ops implementation's framework: 'torch', 'tensorflow'
     if framework == "torch":
         return torch_device()
     sample = ops.zeros(1, like=like, dtype="float32")

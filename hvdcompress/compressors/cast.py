@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..contract.compressor import Compressor, Packet, TensorInfo, check_float_tensor, decode_into
+from ..contract.compressor import AdamNeeds, Compressor, Packet, TensorInfo, check_float_tensor, decode_into
 from ..ops.facade import Ops, Tensor
 from .payload import check_payload
 
@@ -28,6 +28,8 @@ class Cast(Compressor):
     name = "cast"
     wire_dtype = "float16"
     carrier: Optional[str] = None  # a same-width dtype Horovod can gather, when it cannot sum wire_dtype
+    fixed_size_payload = True
+    adam_needs = AdamNeeds(wide=True)
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         check_float_tensor(ops, x, info)
@@ -46,6 +48,7 @@ class FP16(Cast):
 
     name = "fp16"
     wire_dtype = "float16"
+    summable_payload = True
 
     def decompress(self, ops: Ops, tensors: list, ctx: Any, info: TensorInfo,
                    out: Optional[Tensor] = None) -> Tensor:

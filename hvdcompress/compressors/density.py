@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Union
 
-from ..contract.validation import check_int, check_range
+from ..contract.validation import check_int, check_range, is_integer
 
 
 def resolve_k(k: Union[int, float], numel: int) -> int:
@@ -20,6 +20,6 @@ def resolve_k(k: Union[int, float], numel: int) -> int:
 
 def check_k(owner: str, k: Union[int, float]) -> Union[int, float]:
     """``k`` checked: an int >= 1 (a count) or a float in (0, 1] (a fraction)."""
-    if isinstance(k, int) and not isinstance(k, bool):
+    if is_integer(k):
         return check_int(owner, "k", k, 1)
     return check_range(owner, "k", k, 0.0, 1.0, low_open=True)

@@ -10,9 +10,11 @@ Per tensor and step, with local gradient ``g``, momentum ``m``, weight decay ``�
     send (v_I, I);      v_I ← 0;  u_I ← 0        factor masking of u (masking=True)
                         u_i ← 0 for i ∈ I, u_i non-finite    (masking=False)
 
-Masking off (the default) keeps the momentum of what was sent, as momentum SGD does; it was
-better on both convergence tasks of benchmarks/README.md (a language model: +0.065 against
-+0.131 bits/byte over dense at 2 ranks, -0.006 against +0.054 at 8). A non-finite momentum entry
+Masking off (the default) keeps the momentum of what was sent, as momentum SGD does (exactly
+so at sparsity 0). The paper masks it so that a coordinate just sent is not pushed on by the
+momentum of steps already applied; the price is that its velocity restarts from zero after
+every send, which slows the coordinates sent most often. Evidence: benchmarks/README.md
+section 6 (Language model with SGD and clipping), "Why the defaults". A non-finite momentum entry
 (from a NaN/Inf gradient, e.g. a mixed-precision overflow step) is sent and then cleared, with
 or without masking, so that one bad step is not sent again at every later step; small tensors
 sent dense clear theirs too.
@@ -50,7 +52,7 @@ from typing import Any, Optional, Union
 from ..contract.compressor import Packet, TensorInfo, check_float_tensor
 from ..contract.keys import step_key
 from ..contract.schedule import Schedule, SparsityWarmup
-from ..contract.validation import check_int, check_range
+from ..contract.validation import check_bool, check_int, check_range
 from ..ops.facade import Ops, Scalar, Tensor
 from .density import resolve_k
 from .sparse import SparseCompressor
@@ -72,8 +74,8 @@ class MomentumCorrection(SparsityWarmup, SparseCompressor):
                  masking: bool, clip_norm: Optional[float], weight_decay: Optional[float],
                  min_numel: int, warmup: Optional[Schedule]):
         self.momentum = None if momentum is None else check_range(owner, "momentum", momentum, 0.0, 1.0, high_open=True)
-        self.nesterov = nesterov
-        self.masking = bool(masking)
+        self.nesterov = check_bool(owner, "nesterov", nesterov, none=True)
+        self.masking = check_bool(owner, "masking", masking)
         self.clip_norm = None if clip_norm is None else check_range(owner, "clip_norm", clip_norm, 0.0, math.inf, low_open=True)
         self.weight_decay = None if weight_decay is None else check_range(owner, "weight_decay", weight_decay, 0.0, math.inf)
         self.min_numel = check_int(owner, "min_numel", min_numel, 0)
@@ -154,8 +156,8 @@ class DGC(MomentumCorrection):
         self.upper = check_range(own, "upper", upper, 1.0, math.inf, low_open=True)
         self.lower = check_range(own, "lower", lower, 0.0, 1.0, low_open=True, high_open=True)
         self.max_adaptation_iters = check_int(own, "max_adaptation_iters", max_adaptation_iters, 0)
-        self.resample = bool(resample)
-        self.fp16_values = bool(fp16_values)
+        self.resample = check_bool(own, "resample", resample)
+        self.fp16_values = check_bool(own, "fp16_values", fp16_values)
         self.seed = check_int(own, "seed", seed, 0)
 
     @property

@@ -31,6 +31,7 @@ class Int8(Compressor):
     name = "int8"
     bits = 8
     supports_alltoall = True
+    fixed_size_payload = True
 
     def __init__(self, chunk: int = 2048):
         self.chunk = check_int(type(self).__name__, "chunk", chunk, 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..contract.compressor import Compressor, Packet, TensorInfo
+from ..contract.compressor import AdamNeeds, Compressor, Packet, TensorInfo
 from ..ops.facade import Ops, Tensor
 
 
@@ -12,6 +12,9 @@ class NoCompression(Compressor):
     """Identity: ``C(g) = g``, summable."""
 
     name = "none"
+    fixed_size_payload = True
+    summable_payload = True
+    adam_needs = AdamNeeds(wide=True)
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         return Packet([x], None, summable=True)

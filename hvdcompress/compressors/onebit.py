@@ -17,23 +17,28 @@ The L2-optimal scale of a run is its mean |g|, so the error ``||g - C(g)||²`` i
 ``sum_j c·var_j(|g|)`` with runs against ``n·var(|g|)`` with one scale. Where magnitudes differ
 between the rows of one tensor (embedding rows of frequent and rare tokens, all zero when the
 token is absent; an LSTM's gates), one scale sends the quiet rows far too much (a zero row gets
-±s every step, which error feedback takes back later) and the loud ones too little. With the Adam
-take-over (LSTM, b2 0.95, 8 ranks, allgathered, the first 300 of 1,000 steps; an experiment):
-+0.059 bits/byte above dense with one scale, +0.006 per row or per 64 elements, +0.047 per 256.
-Over whole runs with the compressed allreduce (benchmarks/README.md section 8): +0.118 -> +0.050
-at 8 ranks, +0.021 -> -0.009 at 2. The cost: the scales (1.03 bits per element at rows of 1,024,
-1.5 at 64) and a decoder ~4x slower than one scale's (:func:`sign_runs_sum`, one table look-up
-per byte instead of per 8 codes). ``chunk="auto"`` (default) is one scale per tensor, except that
-:class:`~hvdcompress.adam.frozen.FrozenAdam` makes it ``"rows"``.
+±s every step, which error feedback takes back later) and the loud ones too little; under the
+Adam take-over, which divides each coordinate by its RMS, that error is what the update shows.
+A scale per row (or per run of 64) follows the rows' sizes; a run of 256 already mixes quiet
+and loud rows. The cost: the scales (1 + 32/c bits per element: 1.03 at rows of 1,024, 1.5 at
+64) and a slower codec (:func:`sign_runs_sum`, one table look-up per byte instead of per 8 codes).
+``chunk="auto"`` (default) is one scale per tensor, except under
+:class:`~hvdcompress.adam.frozen.FrozenAdam`, which takes a copy with ``"rows"``
+(:meth:`OneBit.for_adam`).
+
+Evidence: benchmarks/README.md section 8 (Compression with AdamW), "Why the defaults"; codec
+time: section 4 (Kernel throughput).
 """
 from __future__ import annotations
+
+import copy
 
 from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
-from ..contract.compressor import TensorInfo, decode_into
-from ..contract.validation import check_int
+from ..contract.compressor import AdamNeeds, Compressor, TensorInfo, decode_into
+from ..contract.validation import check_bool, check_int
 from ..ops.facade import Ops, Tensor
 from .payload import constant
 from .quant import TableQuantizer
@@ -46,15 +51,26 @@ class OneBit(TableQuantizer):
     """Signs, scaled by mean |g| when ``scale`` is true, per tensor or per ``chunk`` elements."""
 
     name = "onebit"
+    adam_needs = AdamNeeds(long_warmup_ranks=4)
     bits = 1
 
     def __init__(self, scale: bool = True, chunk: Union[int, str, None] = "auto"):
-        self.scale = bool(scale)
+        self.scale = check_bool("OneBit", "scale", scale)
         if chunk not in ("auto", "rows", None):
             if isinstance(chunk, (str, bool)):
                 raise ValueError(f"OneBit: chunk={chunk!r}; allowed: 'auto', 'rows', None or an int >= 1")
             chunk = check_int("OneBit", "chunk", chunk, 1)
         self.chunk = chunk
+
+    def for_adam(self) -> Compressor:
+        """Under the Adam take-over ``chunk="auto"`` is a scale per row (a copy; this one stays):
+        Adam divides each coordinate by its RMS, so one scale per tensor sends the quiet
+        coordinates ±s every step; a scale per row follows their size."""
+        if self.chunk != "auto":
+            return self
+        clone = copy.copy(self)
+        clone.chunk = "rows"
+        return clone
 
     def runs(self, info: TensorInfo) -> Optional[int]:
         """The elements per scale for this tensor: None for one scale per tensor."""

@@ -24,9 +24,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..contract.compressor import Compressor, Packet, TensorInfo
+from ..contract.compressor import AdamNeeds, Compressor, Packet, TensorInfo
 from ..contract.keys import advance_step, generator, tensor_id
-from ..contract.validation import check_int
+from ..contract.validation import check_bool, check_int
 from ..ops.facade import Ops, Tensor
 from .payload import as_float32, check_payload
 from .residual import RESIDUAL, OwnResidual
@@ -48,11 +48,12 @@ class PowerSGD(OwnResidual, Compressor):
     """Rank-``rank`` PowerSGD with error feedback; ``warm_start`` reuses Q across steps."""
 
     name = "powersgd"
+    adam_needs = AdamNeeds(long_warmup_ranks=1)
     fusable = False   # its factors need each tensor's matrix shape
 
     def __init__(self, rank: int = 1, warm_start: bool = True, seed: int = 0):
         self.rank = check_int("PowerSGD", "rank", rank, 1)
-        self.warm_start = bool(warm_start)
+        self.warm_start = check_bool("PowerSGD", "warm_start", warm_start)
         self.seed = check_int("PowerSGD", "seed", seed, 0)
 
     def _matrix_shape(self, info: TensorInfo):

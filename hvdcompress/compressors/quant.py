@@ -24,6 +24,7 @@ class TableQuantizer(Compressor):
 
     bits = 8
     supports_alltoall = True
+    fixed_size_payload = True
 
     @abstractmethod
     def unit_table(self) -> np.ndarray:

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..contract.compressor import Packet, TensorInfo, check_float_tensor
 from ..contract.keys import advance_step, step_key
-from ..contract.validation import check_int
+from ..contract.validation import check_bool, check_int
 from ..ops.facade import Ops, Tensor
 from .density import check_k, resolve_k
 from .sparse import SparseCompressor
@@ -39,11 +39,12 @@ class RandomK(SparseCompressor):
     """Send ``k`` elements at indices drawn from a seed shared by all ranks."""
 
     name = "randomk"
+    fixed_size_payload = True
 
     def __init__(self, k: Union[int, float] = 0.01, seed: int = 0, scale: bool = False):
         self.k = check_k("RandomK", k)
         self.seed = check_int("RandomK", "seed", seed, 0)
-        self.scale = bool(scale)
+        self.scale = check_bool("RandomK", "scale", scale)
 
     def init_state(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> None:
         state.setdefault("step", 0)

@@ -21,6 +21,7 @@ class Signum(OneBit):
 
     name = "signum"
     supports_alltoall = False  # a majority vote, not a sum: nothing to re-compress and add
+    fixed_size_payload = False
 
     def __init__(self):
         super().__init__(scale=False)

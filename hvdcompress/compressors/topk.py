@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Union
 
-from ..contract.compressor import Packet, TensorInfo, check_float_tensor
+from ..contract.compressor import AdamNeeds, Packet, TensorInfo, check_float_tensor
 from ..ops.facade import Ops, Tensor
 from .density import check_k, resolve_k
 from .sparse import SparseCompressor
@@ -24,6 +24,8 @@ class TopK(SparseCompressor):
     """Send the ``k`` largest-magnitude elements."""
 
     name = "topk"
+    fixed_size_payload = True
+    adam_needs = AdamNeeds(selects_by_magnitude=True, long_warmup_ranks=1, long_first_interval=False)
 
     def __init__(self, k: Union[int, float] = 0.01):
         self.k = check_k("TopK", k)

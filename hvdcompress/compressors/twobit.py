@@ -17,7 +17,7 @@ from typing import Tuple
 import numpy as np
 
 from ..contract.compressor import TensorInfo
-from ..contract.validation import check_range
+from ..contract.validation import check_bool, check_range
 from ..ops.facade import Ops, Tensor
 from .payload import constant
 from .quant import TableQuantizer
@@ -33,7 +33,7 @@ class TwoBit(OwnResidual, TableQuantizer):
     def __init__(self, threshold: float = 0.5, residual: bool = True):
         self.threshold = check_range("TwoBit", "threshold", threshold, 0.0, math.inf,
                                      low_open=True, high_open=True)
-        self.residual_inside = bool(residual)
+        self.residual_inside = check_bool("TwoBit", "residual", residual)
 
     @property
     def keeps_residual(self) -> bool:  # type: ignore[override]
@@ -43,7 +43,7 @@ class TwoBit(OwnResidual, TableQuantizer):
         if self.residual_inside:
             super().init_state(ops, x, state, info)
 
-    def config(self) -> dict:
+    def arguments(self) -> dict:
         return {"threshold": self.threshold, "residual": self.residual_inside}
 
     def unit_table(self) -> np.ndarray:

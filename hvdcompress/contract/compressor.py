@@ -89,6 +89,25 @@ def check_float_tensor(ops: Ops, x: Tensor, info: TensorInfo) -> None:
                         f"floating-point gradients ({', '.join(FLOAT_DTYPES)})")
 
 
+@dataclass(frozen=True)
+class AdamNeeds:
+    """What the Adam take-over (:class:`hvdcompress.adam.frozen.FrozenAdam`) must know of an
+    algorithm, declared by the algorithm; the take-over's rules read these, never class names.
+
+    ``selects_by_magnitude``: what it keeps depends on each coordinate's magnitude (top-k), so
+    its compressed steps send Adam's preconditioned step (the update's space) and it needs
+    longer live steps before v is frozen. ``wide``: it sends 16 bits or more per element, so its
+    warm-up goes dense. ``long_warmup_ranks``: from this many ranks, where v forms slowly
+    (b2 > 0.998), it needs the long warm-up sent int4; None: never. ``long_first_interval``:
+    after that long warm-up, the first refreshes of v are far apart.
+    """
+
+    selects_by_magnitude: bool = False
+    wide: bool = False
+    long_warmup_ranks: Optional[int] = None
+    long_first_interval: bool = True
+
+
 class Compressor(ABC):
     """Base of every algorithm. Subclasses implement :meth:`compress` and :meth:`decompress`.
 
@@ -105,6 +124,15 @@ class Compressor(ABC):
         tensor (``fusion=``, :mod:`hvdcompress.engines.fusion`); PowerSGD needs each tensor's shape.
       supports_warmup: the algorithm (:meth:`unwrap`) ramps its sparsity with a ``warmup``
         schedule and reports ``current_sparsity`` (:class:`hvdcompress.contract.schedule.SparsityWarmup`).
+      fixed_size_payload: one round of payloads whose size is fixed by the tensor's size (so a
+        chunk's payload can go to its rank in one all-to-all: the sharded reduce-scatter).
+      summable_payload: every packet it makes is summable (an allreduce of payloads is a payload).
+      takes_over_adam: the compressor steps Adam itself (:class:`hvdcompress.adam.frozen.FrozenAdam`).
+      adam_needs: what the Adam take-over must know of the algorithm (:class:`AdamNeeds`).
+      clip_norm: the local gradient clipping the algorithm applies itself (DGC's), or None.
+
+    The defaults are the safe ones: a new compressor runs on the flat exchange (allgather, or
+    allreduce where its packets say so) until it declares more.
     """
 
     name: str = "abstract"
@@ -113,6 +141,11 @@ class Compressor(ABC):
     supports_alltoall: bool = False
     fusable: bool = True
     supports_warmup: bool = False
+    fixed_size_payload: bool = False
+    summable_payload: bool = False
+    takes_over_adam: bool = False
+    adam_needs: AdamNeeds = AdamNeeds()
+    clip_norm: Optional[float] = None
 
     @property
     def explicit_momentum(self) -> Optional[float]:
@@ -167,6 +200,16 @@ class Compressor(ABC):
         """The algorithm under any decorators (error feedback, momentum): itself here."""
         return self
 
+    def with_algorithm(self, algorithm: "Compressor") -> "Compressor":
+        """This compressor with :meth:`unwrap`'s algorithm replaced by ``algorithm`` (decorators
+        copied, this object unchanged): ``algorithm`` itself here."""
+        return algorithm
+
+    def for_adam(self) -> "Compressor":
+        """The algorithm as the Adam take-over runs it (default: itself); an algorithm that
+        needs other settings there returns a configured copy, never changing itself."""
+        return self
+
     def server_side(self) -> "Compressor":
         """The compressor that re-compresses a summed segment in the compressed allreduce: this
         one, without momentum (already applied to the gradients); error feedback stays."""
@@ -186,10 +229,25 @@ class Compressor(ABC):
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned."""
 
+    def arguments(self) -> dict:
+        """This compressor's own constructor arguments, not those of a compressor it wraps
+        (default: its public attributes that are not compressors)."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_") and not isinstance(v, Compressor)}
+
+    def wrapped(self) -> tuple:
+        """The compressors this one wraps (a decorator's ``inner``): none here."""
+        return ()
+
     def config(self) -> dict:
-        """The constructor arguments, for logs and for the cross-rank consistency check."""
-        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        """The arguments of the whole tree, flat, in the registry's terms (a decorator's next to
+        those of what it wraps), for logs."""
+        return self.arguments()
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
-        return f"{type(self).__name__}({args})"
+        """The whole tree, canonical: the class, each wrapped compressor's repr, then this one's
+        :meth:`arguments`, e.g. ``ErrorFeedback(FP16(), ef='vanilla')``. Two compressors have the
+        same repr exactly when every node has the same class and arguments, so the rank
+        agreement (:mod:`hvdcompress.step.agreement`) and the checkpoint check
+        (:mod:`hvdcompress.state.store`) compare it."""
+        parts = [repr(c) for c in self.wrapped()] + [f"{k}={v!r}" for k, v in self.arguments().items()]
+        return f"{type(self).__name__}({', '.join(parts)})"

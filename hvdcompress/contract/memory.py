@@ -22,20 +22,36 @@ The framework's own momentum must then be off for those tensors: the wrapper mov
 """
 from __future__ import annotations
 
+import copy
+
 from typing import Any, Optional
 
 from ..ops.facade import Ops, Tensor
 from .compressor import Compressor, Packet, TensorInfo
-from .validation import check_range
+from .validation import check_bool, check_range
+
+
+def check_inner(kind: type, inner: Any) -> Compressor:
+    """``inner`` checked for a decorator of class ``kind``: a Compressor (TypeError) not wrapped
+    in a ``kind`` already, at any depth (ValueError)."""
+    owner = kind.__name__
+    if not isinstance(inner, Compressor):
+        raise TypeError(f"{owner} wraps a Compressor, got inner={inner!r}; allowed: an "
+                        "hvdcompress Compressor, e.g. TopK(0.01)")
+    layer = inner
+    while isinstance(layer, Decorator):
+        if type(layer) is kind:
+            raise ValueError(f"{owner}: inner={inner!r} is wrapped in {owner} already; allowed: "
+                             f"one {owner} per compressor")
+        layer = layer.inner
+    return inner
 
 
 class Decorator(Compressor):
     """A compressor that wraps another and forwards what it does not change."""
 
     def __init__(self, inner: Compressor):
-        if not isinstance(inner, Compressor):
-            raise TypeError(f"{type(self).__name__} wraps a Compressor, got {type(inner).__name__}")
-        self.inner = inner
+        self.inner = check_inner(type(self), inner)
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -43,6 +59,17 @@ class Decorator(Compressor):
 
     def unwrap(self) -> Compressor:
         return self.inner.unwrap()
+
+    def wrapped(self) -> tuple:
+        return (self.inner,)
+
+    def config(self) -> dict:
+        return {**self.arguments(), **self.inner.config()}
+
+    def with_algorithm(self, algorithm: Compressor) -> Compressor:
+        clone = copy.copy(self)
+        clone.inner = self.inner.with_algorithm(algorithm)
+        return clone
 
     @property
     def keeps_residual(self) -> bool:  # type: ignore[override]
@@ -106,8 +133,8 @@ class ErrorFeedback(Decorator):
         ops.write(state, "residual", ops.sub_finite(p, decoded, out=residual))
         return packet
 
-    def config(self) -> dict:
-        return {"ef": "vanilla", **self.inner.config()}
+    def arguments(self) -> dict:
+        return {"ef": "vanilla"}
 
 
 class Momentum(Decorator):
@@ -124,7 +151,7 @@ class Momentum(Decorator):
     def __init__(self, inner: Compressor, mu: Optional[float] = None, nesterov: bool = False):
         super().__init__(inner)
         self.mu = None if mu is None else check_range("Momentum", "mu", mu, 0.0, 1.0, high_open=True)
-        self.nesterov = bool(nesterov)
+        self.nesterov = check_bool("Momentum", "nesterov", nesterov)
 
     @property
     def explicit_momentum(self) -> Optional[float]:
@@ -144,6 +171,5 @@ class Momentum(Decorator):
         ops.write(state, "momentum", m)
         return self.inner.compress(ops, x + m * mu if nesterov else m, state, info)
 
-    def config(self) -> dict:
-        return {"momentum": "nesterov" if self.nesterov else "plain", "mu": self.mu,
-                **self.inner.config()}
+    def arguments(self) -> dict:
+        return {"momentum": "nesterov" if self.nesterov else "plain", "mu": self.mu}

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from .compressor import Compressor
-from .validation import check_choice, check_int, check_range
+from .validation import check_bool, check_choice, check_int, check_range
 
 
 class Schedule:
@@ -73,7 +73,7 @@ class ListWarmup(Schedule):
                                  f"after {before}); allowed: a non-decreasing list")
         self.begin = check_int("ListWarmup", "begin", begin, 0)
         self.length = check_int("ListWarmup", "length", length, 1)
-        self.to_target = bool(to_target)
+        self.to_target = check_bool("ListWarmup", "to_target", to_target)
 
     def sparsity(self, t: int, target: float) -> float:
         if t < self.begin:

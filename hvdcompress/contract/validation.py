@@ -1,14 +1,40 @@
 """Argument checks shared by all compressors: each error names the parameter, the value and
-what is allowed."""
+what is allowed. Numbers are ``numbers.Real`` / ``numbers.Integral`` (numpy scalars included),
+never a bool; a bool is a bool (or ``numpy.bool_``), never a string or a number: strings are
+parsed by :func:`hvdcompress.registry.from_params`, not here."""
 from __future__ import annotations
 
 import math
+import numbers
 import os
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional
+
+import numpy as np
 
 
 def _fail(owner: str, key: str, value: Any, allowed: str) -> None:
     raise ValueError(f"{owner}: {key}={value!r} is out of range; allowed: {allowed}")
+
+
+def is_integer(value: Any) -> bool:
+    """Whether ``value`` is an integer (a Python or numpy one; a bool is not)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number (a Python or numpy one; a bool is not)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def check_bool(owner: str, key: str, value: Any, none: bool = False) -> Optional[bool]:
+    """A bool (``numpy.bool_`` included; None where ``none``): ``"false"`` or ``0`` is refused,
+    not read as truthy."""
+    if none and value is None:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{owner}: {key}={value!r} is not a bool; allowed: True or False"
+                         + (" or None" if none else ""))
+    return bool(value)
 
 
 def check_range(owner: str, key: str, value: Any, low: float, high: float, *,
@@ -16,7 +42,7 @@ def check_range(owner: str, key: str, value: Any, low: float, high: float, *,
     """A real number in [low, high] (ends open where asked)."""
     lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
     allowed = f"a number in {lo}{low}, {high}{hi}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if not is_real(value) or math.isnan(value):
         _fail(owner, key, value, allowed)
     if value < low or value > high or (low_open and value == low) or (high_open and value == high):
         _fail(owner, key, value, allowed)
@@ -25,7 +51,7 @@ def check_range(owner: str, key: str, value: Any, low: float, high: float, *,
 
 def check_int(owner: str, key: str, value: Any, low: int, high: float = math.inf) -> int:
     """An integer in [low, high]."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if not is_integer(value) or not low <= value <= high:
         _fail(owner, key, value, f"an integer >= {low}" + ("" if high == math.inf else f" and <= {high}"))
     return int(value)
 

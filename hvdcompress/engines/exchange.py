@@ -37,6 +37,7 @@ from ..state.prefixed import PrefixedState
 from ..transport.collectives import Collectives, Planner, check_collective, choose_collective, wire_bytes
 from ..transport.rounds import Entry, Round, Send, launch_alltoall, wait
 from .accounting import ByteCount
+from .contract import Engine
 
 log = logging.getLogger("hvdcompress")
 DENSE = "dense"   # the ctx of a packet sent as it is (TensorInfo.dense)
@@ -58,7 +59,7 @@ def _busy(method: Callable) -> Callable:
     return timed
 
 
-class Exchange:
+class Exchange(Engine):
     """Compress, communicate, decode and scale the gradients of one wrapper.
 
     ``average``: divide the sum by the number of ranks (op=Average), after multiplying it back

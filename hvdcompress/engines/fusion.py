@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 from ..contract.compressor import Compressor, TensorInfo
+from ..contract.validation import is_integer
 from ..ops.facade import Ops
 
 #: Horovod's default fusion buffer (HOROVOD_FUSION_THRESHOLD): ``fusion=True`` takes it
@@ -70,7 +71,7 @@ def check_fusion(fusion: Any, compressor: Compressor, groups: Any = None) -> Opt
     if fusion is None or fusion is False or fusion == 0:
         return None
     given, fusion = fusion, DEFAULT_BYTES if fusion is True else fusion
-    if isinstance(fusion, bool) or not isinstance(fusion, int) or fusion < 0:
+    if not is_integer(fusion) or fusion < 0:
         raise ValueError(f"fusion={fusion!r}: allowed: None or False (each tensor compressed alone), "
                          f"True ({DEFAULT_BYTES} bytes, Horovod's fusion buffer) or a number of bytes "
                          ">= 1 per fused buffer")
@@ -81,7 +82,7 @@ def check_fusion(fusion: Any, compressor: Compressor, groups: Any = None) -> Opt
     if groups is not None:
         raise ValueError(f"fusion={given!r} with groups={groups!r}: both decide which tensors travel "
                          "together; pass one of them")
-    return fusion
+    return int(fusion)
 
 
 def buckets(tensors: Sequence[tuple], threshold: int) -> list:

@@ -39,6 +39,7 @@ from ..state.reshard import PER_RANK
 from ..transport.collectives import Collectives, Planner
 from ..transport.rounds import launch_alltoall, wait
 from .accounting import ByteCount
+from .contract import Engine
 
 #: the largest block whose sparse indices fit in int16
 INT16_BLOCK = 2 ** 15
@@ -50,18 +51,17 @@ def check_sharded(compressor: Compressor) -> Compressor:
         raise ValueError(f"compression={compressor!r}: 'auto' plans each tensor's compressor and collective "
                          "on the flat exchange; the sharded reduce-scatter takes a fixed compressor "
                          "(e.g. Int8(), ErrorFeedback(OneBit()), ErrorFeedback(TopK(0.05)))")
-    if compressor.takes_over_momentum or getattr(compressor, "takes_over_adam", False):
+    if compressor.takes_over_momentum or compressor.takes_over_adam:
         raise ValueError(f"compression={compressor!r} takes the optimizer's momentum or Adam over, "
                          "which needs every coordinate's optimizer state on every rank; under FSDP the "
                          "optimizer state is sharded: use a compressor without a take-over (e.g. "
                          "ErrorFeedback(OneBit()), ErrorFeedback(TopK(0.05)), Int8()) and the optimizer's own momentum")
     algorithm = compressor.unwrap()
-    fixed = algorithm.supports_alltoall or type(algorithm).__name__ in ("TopK", "RandomK", "NoCompression", "FP16")
-    if not fixed:
+    if not algorithm.fixed_size_payload:
         raise ValueError(f"compression={compressor!r}: the compressed reduce-scatter sends each chunk's "
                          "payload to its rank in one all-to-all, so it needs one round of payloads whose "
-                         "size is fixed by the chunk's (int8, fp16, bf16, onebit, efsignsgd, the quantisers, "
-                         "topk, randomk); DGC and threshold select a varying count, PowerSGD and CSC need "
+                         "size is fixed by the chunk's (a compressor declaring fixed_size_payload: int8, fp16, bf16, "
+                         "onebit, efsignsgd, the quantisers, topk, randomk); DGC and threshold select a varying count, PowerSGD and CSC need "
                          "several rounds over the whole tensor, signum votes")
     return compressor
 
@@ -77,7 +77,7 @@ class ShardEntry:
     total: Optional[Tensor] = None
 
 
-class ReduceScatterExchange:
+class ReduceScatterExchange(Engine):
     """The engine of a sharded front end (:mod:`hvdcompress.torch.fsdp`): the driver's
     ``engine`` (bytes, plan, ``collective`` for the rank agreement), with :meth:`compress`,
     :meth:`start`, :meth:`finish` as :class:`hvdcompress.engines.exchange.Exchange`'s."""
@@ -217,7 +217,7 @@ def laid_out(pooled: Mapping[str, Any], numel: int, world: int, block: int) -> d
     return out
 
 
-class TwoLevelReduceScatter:
+class TwoLevelReduceScatter(Engine):
     """Two-level compressed reduce-scatter (ZeRO++'s qgZ pattern) over N nodes of L ranks, rank
     n·L + l on node n: first inside the node, over the fast link, with the mild ``node`` engine
     (local rank l receives, summed over the node, the chunks of every rank with local index l:

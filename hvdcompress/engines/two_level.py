@@ -40,13 +40,12 @@ The node and cross-node process sets, and registering them: :mod:`hvdcompress.tr
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Optional
 
 from ..contract.compressor import Compressor, TensorInfo
 from ..ops.facade import Ops, Tensor
 from ..transport.collectives import Collectives, wire_bytes
 from ..transport.exit_guard import guard_exit
-from ..transport.process_sets import registered_node_sets
 from .accounting import ByteCount
 from .exchange import Entry, Exchange, PrefixedState, Send
 
@@ -168,19 +167,3 @@ class TwoLevelExchange(Exchange):
             rows.append(f"{name} | {numel} | {sent} | {collective} | {cross_sent} | "
                         f"{cross_wire:.0f} | {dense:.0f}")
         return "\n".join(rows)
-
-
-def build_exchange(hvd: Any, collectives: Callable[[Any], Collectives], process_set: Any,
-                   compressor: Compressor, ops: Ops, *, intra_node: Optional[Compressor] = None,
-                   ranks_per_node: Optional[int] = None, average: bool = True,
-                   predivide: float = 1.0, collective: str = "auto") -> Exchange:
-    """The engine a framework wrapper runs: the flat :class:`Exchange` over ``process_set`` when
-    ``intra_node`` is None, else the :class:`TwoLevelExchange` over this rank's node and
-    cross-node process sets (registered, see :func:`registered_node_sets`). ``hvd`` is the
-    framework's Horovod module, ``collectives(process_set)`` its adapter; the arguments are
-    :class:`hvdcompress.step.options.Options`' (checked there)."""
-    if intra_node is None:
-        return Exchange(compressor, ops, collectives(process_set), average, predivide, collective)
-    node, cross = registered_node_sets(hvd, ranks_per_node)
-    return TwoLevelExchange(compressor, intra_node, ops, collectives(node), collectives(cross),
-                            average, predivide, collective, collectives(hvd.global_process_set))

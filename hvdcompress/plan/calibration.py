@@ -51,7 +51,7 @@ from .payloads import spec_key
 
 REDUCED = ("float32", "float16")   # the dtypes whose sum is timed (others: float32's gamma)
 REDUCE_ELEMENTS = 16 * 1024 * 1024  # a fusion buffer's worth: past the last-level cache
-SIZES = (64 * 64, 256 * 256, 1024 * 1024, 16 * 1024 * 1024)  # up to 64 MB: past the last-level cache, as big tensors are (16 MB was not: its fit read DGC 2.5x faster than a 25M tensor runs)
+SIZES = (64 * 64, 256 * 256, 1024 * 1024, 16 * 1024 * 1024)  # up to 64 MB: past the last-level cache, as big tensors are (a fit that ends inside the cache reads big tensors' codecs too fast)
 GATHERED = 4   # the world of the decode4 measurement
 
 
@@ -185,7 +185,7 @@ BUDGET_S = 0.25   # per measurement: runs go on, past ``repeats``, while their t
 
 def _best(device: Device, run: Callable[[], object], repeats: int) -> float:
     """The fastest of at least ``repeats`` runs, and of as many as fit in :data:`BUDGET_S`: on a
-    shared machine the minimum is the least disturbed run (3 runs alone were off by 10x there)."""
+    shared machine the minimum is the least disturbed run (a fixed few can all be disturbed)."""
     best, spent, runs = float("inf"), 0.0, 0
     while runs < repeats or spent < BUDGET_S:
         device.sync()

@@ -82,6 +82,21 @@ def has_per_rank(state: Mapping[str, Any]) -> bool:
     return any(split_key(k)[2] in PER_RANK for k in state)
 
 
+def misfit(state: Mapping[str, Any], numel: int, world: int,
+           size: Callable[[Any], Optional[int]]) -> Optional[tuple]:
+    """The first per-rank entry of a tensor's ``state`` whose size does not follow the tensor's
+    ``numel``, as ``(key, its size, the size expected)``; None when all do. A whole-tensor entry
+    has ``numel`` elements; a segment or server entry of the compressed allreduce at ``world``
+    ranks ⌈numel / world⌉. ``size(value)``: its number of elements, None for a number."""
+    for key in sorted(state):
+        where, _, base = split_key(key)
+        held = size(state[key]) if base in PER_RANK else None
+        expected = numel if where is None else -(-numel // world)
+        if held is not None and held != expected:
+            return key, held, expected
+    return None
+
+
 def _whole(state: Mapping[str, Any], base: str, numel: int, segments: int) -> Optional[np.ndarray]:
     """Rank's ``base`` over the whole tensor in float64 (its segments concatenated, cut to
     ``numel``), or None when it has none."""

@@ -13,7 +13,9 @@ from typing import Callable
 ARGUMENTS = {
     "compression": """an hvdcompress :class:`~hvdcompress.Compressor`, a dict for
     :func:`hvdcompress.from_params` (``{"compressor": "topk", "k": "0.01", "ef": "vanilla"}``),
-    or ``"auto"`` (below); None: no compression, a plain averaged exchange.""",
+    or ``"auto"`` (below); None: no compression, a plain averaged exchange. Horovod's own
+    ``hvd.Compression.none`` and ``hvd.Compression.fp16``, left in place by a migration, are
+    ``NoCompression()`` and ``FP16()`` (:func:`hvdcompress.registry.as_compressor`).""",
     "clip_grad_norm": """``c``: the way to clip gradients with compression
     (:mod:`hvdcompress.step.clipping`). With a compressor that owns the momentum or keeps a residual
     (DGC, CSC, error feedback, PowerSGD, ``Momentum``), each rank clips its own local gradients

@@ -20,22 +20,26 @@ pass instead of overlapping with it.
 
 That rule is not Horovod's: ``clip_grad_norm_`` after ``synchronize()`` clips the averaged
 gradient to c, and the local rule differs from it whenever the ranks' gradients are not
-independent (measured on benchmarks/convergence.py's language model: +0.013 bits/byte at 2 ranks
-without any compression, two seeds). So ``clip_grad_norm`` clips locally only where it must,
-:func:`clips_before_exchange`: with a compressor that carries state (owns the momentum or keeps
-a residual, at either level of two-level compression). With a stateless one (none, fp16, bf16,
-int8, the quantisers without error feedback, random-k) the exchanged gradient is the gradient,
-so it is clipped after the exchange to c, exactly as Horovod's pattern does, and compression
-keeps overlapping with the backward pass. The Adam take-over (:mod:`hvdcompress.adam.frozen`) clips the
+independent: correlated gradients, the usual case, are clipped later (N equal gradients only
+past c·sqrt(N)), which costs convergence even without compression. So ``clip_grad_norm`` clips
+locally only where it must, :func:`clips_before_exchange`: with a compressor that carries state
+(owns the momentum or keeps a residual, at either level of two-level compression). With a
+stateless one (none, fp16, bf16, int8, the quantisers without error feedback, random-k) the
+exchanged gradient is the gradient, so it is clipped after the exchange to c, exactly as
+Horovod's pattern does, and compression keeps overlapping with the backward pass. The Adam take-over (:mod:`hvdcompress.adam.frozen`) clips the
 exchanged mean in its v-steps (int8, stateless: the mean is the gradient), as Horovod does, and
 keeps the coefficient kappa; in its compressed steps each rank scales its gradient by kappa, then
 clips it locally as above (:meth:`hvdcompress.step.driver.StepDriver.clips_before`): m then sees the
 mean clipped as v did, and a spike is still cut at c·sqrt(N).
+
+Evidence: benchmarks/README.md section 6 (Language model with SGD and clipping), "Why the defaults".
 """
 from __future__ import annotations
 
 import math
 from typing import Optional
+
+from ..contract.validation import is_real
 
 
 def check_clip_grad_norm(value: Optional[float], compressor=None) -> Optional[float]:
@@ -46,9 +50,9 @@ def check_clip_grad_norm(value: Optional[float], compressor=None) -> Optional[fl
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    if not is_real(value) or not 0 < value < math.inf:
         raise ValueError(f"clip_grad_norm={value!r}: allowed: None or a finite number > 0")
-    own = getattr(compressor.unwrap(), "clip_norm", None) if compressor is not None else None
+    own = compressor.unwrap().clip_norm if compressor is not None else None
     if own is not None:
         raise ValueError(f"clip_grad_norm={value!r} and the compressor's clip_norm={own!r} both "
                          "clip; set one of them (clip_grad_norm clips all gradients together, "

@@ -116,6 +116,7 @@ class StepDriver:
         self._comm: Optional[Collectives] = None
         self._replicas: Optional[ReplicaCheck] = None
         self._agreed = False
+        self.tensors: Optional[list] = None   # (name, shape, dtype) exchanged, sorted (describe)
         self._flights: list = []
         self._total = ByteCount()   # bytes of the engines before the last rebuild
 
@@ -150,14 +151,25 @@ class StepDriver:
         """This rank's dense versus sent gradient bytes since construction (across rebuilds)."""
         return self.engine.total_bytes if self.built else self._total
 
-    def agree(self, params: Iterable[tuple], like: Tensor, **extra: Any) -> None:
-        """Once per engine: fail on every rank, naming the difference, if ranks disagree on the
-        tensors (``(name, shape, dtype)``, sorted here) or settings they exchange with
-        (:mod:`hvdcompress.step.agreement`). A collective: every rank calls it at the same point."""
+    def describe(self, params: Iterable[tuple]) -> None:
+        """Record the tensors the front end exchanges, ``(name, shape, dtype)`` (sorted here):
+        what :meth:`agree` compares across ranks and what a checkpoint is saved with and
+        checked against (:mod:`hvdcompress.state.store`). Called as soon as they are known."""
+        self.tensors = sorted((name, tuple(shape), str(dtype)) for name, shape, dtype in params)
+
+    def agree(self, params: Optional[Iterable[tuple]], like: Tensor, **extra: Any) -> None:
+        """Once per engine: fail on every rank with one ``ValueError``, naming the setting and
+        each rank's value, if ranks disagree on the tensors (``params``, recorded by
+        :meth:`describe`; None: those described already) or on any setting of
+        :meth:`~hvdcompress.step.options.Options.agreement` (and ``extra``, the front end's own):
+        :mod:`hvdcompress.step.agreement`. A collective: every rank calls it at the same point,
+        before the exchange's first collective."""
         if self._agreed:
             return
+        if params is not None:
+            self.describe(params)
         self._agreed = True
-        mine = {"params": sorted(params), **self.options.agreement(self.engine), **extra}
+        mine = {"params": self.tensors, **self.options.agreement(self.engine), **extra}
         check_ranks_agree(mine, self.comm, self.ops, like, self.who)
 
     def rebuild(self, blocker: Optional[str] = None) -> None:

@@ -30,13 +30,24 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ..compressors.cast import FP16
-from ..compressors.none import NoCompression
 from ..contract.compressor import Compressor
+from ..contract.validation import is_integer, is_real
 from ..engines.fusion import buckets, check_fusion
 from ..registry import as_compressor, from_params, is_planner, planner_from_arguments
 from .clipping import check_clip_grad_norm, clips_before_exchange
 from .replicas import check_every
+
+
+def check_unwrapped(front_end: str, param: str, value: Any) -> None:
+    """A ValueError naming ``param`` where ``value`` (an optimizer, a tape) was returned by a
+    front end already, this library's or Horovod's: both make its class in their own module
+    (the wrapped class's, with the front end's methods mixed in); twice wrapped, every
+    gradient would be exchanged twice."""
+    module = type(value).__module__
+    if module.split(".")[0] in ("hvdcompress", "horovod"):
+        raise ValueError(f"{front_end}: {param}={type(value).__name__} instance is wrapped by "
+                         f"{module} already; allowed: the plain {param}, wrapped once (by "
+                         f"{front_end} in place of Horovod's)")
 
 
 def check_intra_node(intra_node: Any) -> Compressor:
@@ -53,7 +64,7 @@ def check_intra_node(intra_node: Any) -> Compressor:
         raise ValueError(f"intra_node={intra_node!r} applies momentum: momentum belongs to the "
                          "compression= compressor (applied once, to the node-summed shard); use "
                          "a mild stateless compressor inside the node (NoCompression, FP16, BF16)")
-    if not (isinstance(intra_node.unwrap(), (NoCompression, FP16)) or intra_node.supports_alltoall):
+    if not (intra_node.unwrap().summable_payload or intra_node.supports_alltoall):
         raise ValueError(f"intra_node={intra_node!r}: the node's reduce-scatter sends each shard's "
                          "payload to one local rank (all-to-all), so it needs one round of "
                          "payloads of a size fixed by the shard's that can be decoded and summed: "
@@ -116,21 +127,29 @@ class Options:
         whether FrozenAdam runs the tensor live at every step); none without ``fusion``."""
         if self.fusion is None:
             return []
-        live = getattr(self.compressor, "live", None)   # FrozenAdam's small tensors fuse apart
+        live = self.compressor.live if self.compressor.takes_over_adam else None   # its small tensors fuse apart
         return buckets(tensors if live is None else [(n, s, b, (k, live(s))) for n, s, b, k in tensors],
                        self.fusion)
 
     def agreement(self, exchange: Any) -> dict:
-        """The settings every rank must share (besides its tensors), for
-        :func:`hvdcompress.step.agreement.check_ranks_agree`; ``exchange`` is the built engine."""
+        """Every setting all ranks must share (besides their tensors), named as the argument
+        it comes from, for :func:`hvdcompress.step.agreement.check_ranks_agree`; ``exchange`` is
+        the built engine. The one place that lists them, for every front end: a rank that
+        differs in any of them would hang the exchange (a collective of other payloads, or one
+        the others do not run) or train other replicas (a clip, a predivide applied on some
+        ranks only). The compressors are their whole tree (:meth:`Compressor.__repr__`)."""
         return {"compression": repr(self.compressor),
-                "backward_passes_per_step": self.backward_passes_per_step,
-                "collective": exchange.collective,
                 "intra_node": repr(self.intra_node),
                 "ranks_per_node": None if self.intra_node is None else exchange.comm.world,
-                "average": self.average,
-                "check_replicas": self.check_replicas,
+                "collective": exchange.collective,
+                "op": "Average" if self.average else "Sum",
+                "gradient_predivide_factor": self.predivide,
+                "backward_passes_per_step": self.backward_passes_per_step,
+                "clip_grad_norm": self.clip_grad_norm,
+                "sparse_as_dense": self.sparse_as_dense,
+                "groups": [len(g) for g in self.groups] if isinstance(self.groups, list) else self.groups,
                 "fusion": self.fusion,
+                "check_replicas": self.check_replicas,
                 "loss_scaler": self.scaler is not None}   # its overflow flag is a collective
 
 
@@ -141,13 +160,15 @@ def parse_options(compression: Any = None, *, op: Any, average_op: Any, sum_op: 
                   intra_node: Any = None, ranks_per_node: Optional[int] = None,
                   check_replicas: Optional[int] = None, process_set: Any = None,
                   global_set: Any = None, auto_allowed: Any = None, link: Any = None,
-                  scaler: Any = None, scaler_types: tuple = (), fusion: Any = None) -> Options:
+                  scaler: Any = None, scaler_types: tuple = (), fusion: Any = None,
+                  set_argument: tuple = ("process_set", "hvd.global_process_set")) -> Options:
     """:class:`Options` from a front end's keyword arguments. ``average_op`` / ``sum_op`` are the
     framework's ``hvd.Average`` / ``hvd.Sum``; ``process_set`` / ``global_set`` the one given
     and Horovod's global set (two-level runs over the global set only); ``auto_allowed`` and
     ``link`` go with ``compression="auto"`` (:mod:`hvdcompress.auto`); ``scaler`` must be None
     or an instance of one of ``scaler_types`` (the front end's loss scalers); ``fusion``: None,
-    True or bytes per fused buffer (:func:`hvdcompress.engines.fusion.check_fusion`)."""
+    True or bytes per fused buffer (:func:`hvdcompress.engines.fusion.check_fusion`);
+    ``set_argument``: how the front end spells ``process_set`` and its all-ranks value, for messages."""
     auto = planner_from_arguments(compression, auto_allowed, link)
     compressor = as_compressor(compression) if auto is None else auto
     if is_planner(compressor) and (collective != "auto" or intra_node is not None):
@@ -159,17 +180,17 @@ def parse_options(compression: Any = None, *, op: Any, average_op: Any, sum_op: 
                          "Product do not combine with compression)")
     average = op == average_op
     factor = gradient_predivide_factor
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < math.inf:
+    if not is_real(factor) or not 0 < factor < math.inf:
         raise ValueError(f"gradient_predivide_factor={factor!r}: allowed: a number > 0")
     if factor != 1.0 and not average:
         raise ValueError(f"gradient_predivide_factor={factor!r} needs op=hvd.Average (got op={op!r})")
     passes = backward_passes_per_step
-    if isinstance(passes, bool) or not isinstance(passes, int) or passes <= 0:
+    if not is_integer(passes) or passes <= 0:
         raise ValueError(f"backward_passes_per_step={passes!r}: allowed: an integer >= 1")
     if num_groups:
         warnings.warn("num_groups is deprecated, use groups", DeprecationWarning, stacklevel=3)
         groups = groups if groups is not None else num_groups
-    valid_int = isinstance(groups, int) and not isinstance(groups, bool) and groups > 0
+    valid_int = is_integer(groups) and groups > 0
     valid_list = isinstance(groups, list) and all(isinstance(g, (list, tuple)) for g in groups)
     if groups is not None and not (valid_int or valid_list):
         raise ValueError(f"groups={groups!r}: allowed: None, a positive integer, or a list of lists "
@@ -189,12 +210,13 @@ def parse_options(compression: Any = None, *, op: Any, average_op: Any, sum_op: 
     else:
         intra = check_intra_node(intra_node)
         if process_set is not global_set:
-            raise ValueError(f"intra_node={intra!r} with process_set={process_set}: two-level "
+            name, default = set_argument
+            raise ValueError(f"intra_node={intra!r} with {name}={process_set}: two-level "
                              "compression runs over all ranks (its own node and cross-node "
-                             "process sets); use process_set=hvd.global_process_set or "
-                             "intra_node=None")
-    return Options(compressor=compressor, average=average, backward_passes_per_step=passes,
-                   predivide=float(factor), groups=groups, sparse_as_dense=sparse_as_dense,
+                             f"process sets); use {name}={default} or intra_node=None")
+    return Options(compressor=compressor, average=average, backward_passes_per_step=int(passes),
+                   predivide=float(factor), groups=int(groups) if valid_int else groups,
+                   sparse_as_dense=sparse_as_dense,
                    clip_grad_norm=check_clip_grad_norm(clip_grad_norm, compressor),
                    collective=collective, intra_node=intra, ranks_per_node=ranks_per_node,
                    check_replicas=check_every(check_replicas), scaler=scaler,

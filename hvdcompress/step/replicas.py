@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..contract.validation import is_integer
 from ..ops.checksum import signed64
 from ..ops.facade import Ops
 from ..transport.collectives import Collectives
@@ -61,10 +62,10 @@ def check_every(value: Optional[int], environ: Mapping[str, str] = os.environ) -
             raise ValueError(f"{ENV_VAR}={text!r}: allowed: an integer >= 0 (0: off)") from None
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_integer(value) or value < 0:
         raise ValueError(f"{source}={value!r}: allowed: None, 0 (off) or an integer N >= 1 "
                          "(compare the replicas every N steps)")
-    return value or None
+    return int(value) or None
 
 
 def counters_checksum(compressor_state: Mapping[str, Any], tensor_states: Sequence[tuple]) -> int:

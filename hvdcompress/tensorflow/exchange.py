@@ -33,7 +33,7 @@ from ..adam.settings import AdamSettings
 from ..contract.compressor import TensorInfo
 from ..engines.fusion import bucket_info
 from ..engines.fusion import totals as fused_totals
-from ..engines.two_level import build_exchange
+from ..engines.selection import build_exchange
 from ..ops.tf_ops import TFOps
 from ..step.clipping import local_clip_limit
 from ..step.driver import StepDriver
@@ -81,7 +81,7 @@ class GradientExchange:
                  adam_settings: Optional[Callable[[], AdamSettings]] = None,
                  overflow_check: bool = False):
         compressor = options.core.compressor
-        if getattr(compressor, "takes_over_adam", False) and adam_settings is None:
+        if compressor.takes_over_adam and adam_settings is None:
             raise ValueError(f"compression={compressor!r}: the Adam take-over (FrozenAdam) replaces "
                              "the optimizer's step, so it runs on hvdcompress.torch."
                              "DistributedOptimizer and hvdcompress.tensorflow.keras."

@@ -35,6 +35,7 @@ import tensorflow as tf
 from ..contract.compressor import Compressor
 from ..ops.tf_ops import TFOps
 from ..state.reshard import share_of_rank
+from ..state.store import FORMAT_VERSION, check_entries
 from ..transport.objects import allgather_object
 from .collectives import HorovodCollectives
 from .gradients import source_names
@@ -65,17 +66,18 @@ def gather_compression_state(target: Any) -> dict:
     """Every rank's compressor state, for a checkpoint that resumes at any world size.
 
     A collective: every rank of the exchange's process set calls it (one allgather of the
-    pickled state). Returns ``{"compressor": counters, "world": P, "average": op is Average,
-    "ranks": [rank r's {tensor name: {key: numpy array or number}} for r < P]}``, the same on
-    every rank; rank 0 writes it."""
+    pickled state). Returns ``{"version": 1, "compression": the compressor tree (its repr),
+    "compressor": counters, "world": P, "average": op is Average, "ranks": [rank r's {tensor
+    name: {key: numpy array or number}} for r < P]}`` (the format of
+    :mod:`hvdcompress.state.store`), the same on every rank; rank 0 writes it."""
     state, exchange = _resolve(target)
     state.pull()   # counters a checkpoint restore put in the variables
     ps = exchange.options.process_set if exchange is not None else (state.process_set or hvd.global_process_set)
     mine = {name: {k: _value(st[k]) for k in st} for name, st in state.named().items()}
     ranks = allgather_object(mine, HorovodCollectives(ps), OPS, tf.zeros([1]))
     average = exchange.core.average if exchange is not None else state.average
-    return {"compressor": state.compressor.state_dict(), "world": len(ranks), "average": average,
-            "ranks": ranks}
+    return {"version": FORMAT_VERSION, "compression": repr(state.compressor),
+            "compressor": state.compressor.state_dict(), "world": len(ranks), "average": average, "ranks": ranks}
 
 
 def load_compression_state(target: Any, saved: dict, variables: Optional[Sequence[Any]] = None) -> None:
@@ -85,12 +87,17 @@ def load_compression_state(target: Any, saved: dict, variables: Optional[Sequenc
     share (:func:`hvdcompress.state.reshard.redistribute`) at the next exchange that sees the tensor,
     laid out for that exchange's world and collective, or at once for ``variables`` (with an
     optimizer or tape as ``target``). A state gathered with op=Average loaded into an exchange
-    with op=Sum (or the reverse) raises a ``ValueError`` there."""
+    with op=Sum (or the reverse) raises a ``ValueError`` there. The format is checked whole
+    first (:func:`hvdcompress.state.store.check_entries`: version, entries, the compressor tree
+    and counters; a state without a ``'version'`` is version 0, checked as far as its entries
+    allow); a refused one (a ``ValueError`` naming the entry) changes nothing."""
     if not isinstance(saved, dict) or not isinstance(saved.get("ranks"), list) or "compressor" not in saved:
         raise ValueError("load_compression_state: saved must be what gather_compression_state returned "
                          "(a dict with 'compressor' and 'ranks'); a single rank's state cannot be "
                          "laid out for another world size")
     state, exchange = _resolve(target)
+    check_entries(saved, {"compression": repr(state.compressor)}, state.compressor.state_dict(),
+                  "load_compression_state")
     if variables is not None and exchange is None:
         raise ValueError(f"load_compression_state: variables= with target={target!r}: allowed only "
                          "with a DistributedOptimizer or DistributedGradientTape (their exchange "

@@ -26,6 +26,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..step.arguments import documented
+from ..step.options import check_unwrapped
 from .exchange import GradientExchange, exchange_options
 from .subclass import subclass_with
 
@@ -130,6 +131,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"gradtape={gradtape!r}: allowed: a tf.GradientTape")
+    check_unwrapped("hvdcompress.tensorflow.DistributedGradientTape", "gradtape", gradtape)
     options = exchange_options(compression, device_dense=device_dense, device_sparse=device_sparse,
                                sparse_as_dense=sparse_as_dense, op=op,
                                gradient_predivide_factor=gradient_predivide_factor,

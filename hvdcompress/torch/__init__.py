@@ -7,7 +7,8 @@ Migration from Horovod is the import::
                                    compression=hvdcompress.DGC(0.999))
 
 Horovod is imported only by what needs it (PEP 562 lazy attributes): the DDP communication hook
-(:mod:`hvdcompress.torch.ddp`) and :class:`TorchOps` run without Horovod installed.
+(:mod:`hvdcompress.torch.ddp`), :class:`DiLoCo` over torch.distributed and :class:`TorchOps` run
+without Horovod installed.
 """
 import importlib
 from typing import Any
@@ -16,10 +17,10 @@ from ..contract.schedule import SparsityScheduler
 from ..ops.torch_ops import TorchOps
 
 _HOROVOD_ATTRIBUTES = {"DistributedOptimizer": "optimizer", "broadcast_optimizer_state": "checkpoints",
-                       "node_process_sets": "collectives"}
+                       "node_process_sets": "collectives", "DiLoCo": "diloco"}
 
 __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "SparsityScheduler", "TorchOps",
-           "node_process_sets"]
+           "node_process_sets", "DiLoCo"]
 
 
 def __getattr__(name: str) -> Any:

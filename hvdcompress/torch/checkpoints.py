@@ -22,8 +22,10 @@ class CheckpointMethods:
     driver, names and buckets)."""
 
     def state_dict(self, gather: bool = False) -> dict:
-        """The wrapped optimizer's state plus ``'hvdcompress'``: the compressor's own state, the
-        world size and op, and every tensor's buffers keyed by parameter name: this rank's
+        """The wrapped optimizer's state plus ``'hvdcompress'``: the format version, the compressor
+        tree and the parameters' names, shapes and dtypes (what a load is checked against), the
+        compressor's own state, the world size and op, and every tensor's buffers keyed by
+        parameter name: this rank's
         (``'tensors'``), or with ``gather=True`` every rank's (``'ranks'``, CPU tensors, in rank
         order; a collective). A gathered checkpoint resumes at any world size with the unsent
         error-feedback mass and the mean momentum kept (:mod:`hvdcompress.state.reshard`); one rank's
@@ -33,14 +35,19 @@ class CheckpointMethods:
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Load a :meth:`state_dict`, gathered or one rank's (:func:`hvdcompress.state.store.load`).
-        Local: no collective."""
+        """Load a :meth:`state_dict`, gathered or one rank's, all or nothing: the compressor's
+        part is checked whole and built first (:func:`hvdcompress.state.store.prepare`), then the
+        wrapped optimizer's state is loaded, then the compressor's is assigned; a refused
+        checkpoint (a ``ValueError`` naming the entry) leaves both as they were. A checkpoint
+        without ``'hvdcompress'`` loads the wrapped optimizer's state alone. Local: no collective."""
         state_dict = dict(state_dict)
         own = state_dict.pop("hvdcompress", None)
+        commit = None if own is None else state_store.prepare(
+            self._driver, own, CONVERSIONS, self._driver.states.named(), self._layout)
         super(self.__class__, self).load_state_dict(state_dict)
         self._clear_pending()
-        if own is not None:
-            state_store.load(self._driver, own, CONVERSIONS, self._driver.states.named(), self._layout)
+        if commit is not None:
+            commit()
 
     def _layout(self, name: str) -> tuple:
         """(numel, a tensor on its device, whether it runs as a compressed allreduce) of the

@@ -36,9 +36,9 @@ import torch.distributed as dist
 
 from ..adam.settings import adam_settings
 from ..contract.compressor import Compressor, TensorInfo
-from ..engines.exchange import Exchange
+from ..engines.contract import Engine
 from ..engines.fusion import FusedKey, totals
-from ..engines.two_level import TwoLevelExchange
+from ..engines.selection import select_engine
 from ..state import store as state_store
 from ..step.arguments import documented
 from ..step.driver import Completion, StepDriver
@@ -46,11 +46,11 @@ from ..step.names import check_names
 from ..step.options import parse_options
 from ..transport.collectives import check_collective
 from .clipping import clip_gradients, clip_local_gradients
-from .dist_collectives import DistCollectives, node_groups
+from .dist_collectives import DistCollectives, node_groups, whole_group
 from .fusion import bucket_tensors
 from .grad_scaler import GradScalerLink, enabled_scaler
 from .momentum_takeover import hook_optimizer, takes_over
-from .tensors import CONVERSIONS, OPS, adam_update, state_layout, tensor_info
+from .tensors import CONVERSIONS, OPS, adam_update, local, state_layout, tensor_info
 
 __all__ = ["CompressionState", "compression_hook", "node_groups"]
 
@@ -79,19 +79,15 @@ class CompressionState:
                  named_parameters: Optional[Iterable] = None,
                  clip_grad_norm: Optional[float] = None, check_replicas: Optional[int] = None,
                  fusion: Union[bool, int, None] = None, scaler: Optional[torch.amp.GradScaler] = None):
-        if intra_node is not None and process_group is not None and process_group is not getattr(dist.group, "WORLD", None):
-            raise ValueError(f"intra_node={intra_node!r} with process_group={process_group!r}: "
-                             "two-level compression runs over all ranks (its own node and "
-                             "cross-node groups); use process_group=None or intra_node=None")
         scaler = enabled_scaler(scaler)
         self.options = parse_options(compression, op="average", average_op="average", sum_op="sum",
                                      clip_grad_norm=clip_grad_norm, collective=collective,
                                      intra_node=intra_node, ranks_per_node=ranks_per_node,
                                      check_replicas=check_replicas, fusion=fusion, scaler=scaler,
-                                     scaler_types=(torch.amp.GradScaler,))
+                                     scaler_types=(torch.amp.GradScaler,), **whole_group(process_group))
         self.compressor = compressor = self.options.compressor
         check_collective(collective, compressor)   # before any collective runs
-        if getattr(compressor, "takes_over_adam", False) and optimizer is None:
+        if compressor.takes_over_adam and optimizer is None:
             raise ValueError(f"compression={compressor!r} with optimizer=None: FrozenAdam "
                              "replaces the optimizer's step; pass optimizer=the torch.optim.Adam "
                              "or AdamW that steps the DDP model")
@@ -112,6 +108,8 @@ class CompressionState:
                                  "hvdcompress.torch.ddp.CompressionState",
                                  adam=hook_optimizer(compressor, optimizer, self._adam_step))
         self.driver.completion = Completion({b.name: len(b.members) for b in self._fused.values()})
+        if self._named:   # else numbered at the first step (the agreement describes them then)
+            self.driver.describe((n, p.shape, p.dtype) for p, n in self._names.items())
         self._scaler = GradScalerLink(scaler, optimizer) if scaler is not None else None
         self.driver.guard = None if self._scaler is None else self._scaler.guard
 
@@ -122,13 +120,11 @@ class CompressionState:
     total_bytes = property(lambda self: self.driver.total_bytes,
                            doc="this rank's dense versus sent bytes since construction")
 
-    def _build_exchange(self) -> Exchange:
+    def _build_exchange(self) -> Engine:
         options = self.options
-        if options.intra_node is None:
-            return Exchange(options.compressor, OPS, self.comm, collective=options.collective)
-        node, cross = node_groups(options.ranks_per_node)
-        return TwoLevelExchange(options.compressor, options.intra_node, OPS, DistCollectives(node),
-                                DistCollectives(cross), collective=options.collective)
+        return select_engine(options.compressor, OPS, self.comm, intra_node=options.intra_node,
+                             node_comms=lambda: tuple(map(DistCollectives, node_groups(options.ranks_per_node))),
+                             collective=options.collective)
 
     def _fusion_buckets(self) -> dict:
         """Parameter name -> its fused bucket with ``fusion=``, cut by name over every trainable
@@ -229,7 +225,7 @@ class CompressionState:
         as the last step left them."""
         by_name = sorted(self._names.items(), key=lambda item: item[1])
         self.driver.agree([(n, tuple(p.shape), str(p.dtype)) for p, n in by_name], torch.zeros(1, device=self._device()))
-        self.driver.check_replicas(lambda: [(n, p.detach()) for p, n in by_name])
+        self.driver.check_replicas(lambda: [(n, local(p).detach()) for p, n in by_name])
 
     def _complete(self) -> None:
         """After the last bucket: (the local clip and the launches,) every round, the decoded
@@ -269,14 +265,17 @@ class CompressionState:
     def load_state_dict(self, state_dict: Mapping) -> None:
         """Restore :meth:`state_dict`'s output: a gathered one at any world size (the unsent
         mass and mean momentum kept; needs ``named_parameters``), one rank's at the same world
-        size. Local: no collective."""
+        size. All or nothing: the whole state is checked and built first
+        (:func:`hvdcompress.state.store.prepare`); a refused one (a ``ValueError`` naming the entry)
+        changes nothing. Without ``named_parameters`` any tensor name is taken (numbered at the
+        first step). Local: no collective."""
         if "ranks" in state_dict and not self._named:
             raise ValueError("load_state_dict of a gathered state (state_dict(gather=True)) lays each "
                              "tensor out by its parameter: pass named_parameters=model.named_parameters()")
-        known = [*self._names.values(), *{b.name for b in self._fused.values()}] if self._named else \
-            [n for st in [state_dict.get("tensors", {}), *state_dict.get("ranks", [])] for n in st]
+        known = [*self._names.values(), *{b.name for b in self._fused.values()}] if self._named else None
+        commit = state_store.prepare(self.driver, state_dict, CONVERSIONS, known, self._layout)
         self.driver.clear()
-        state_store.load(self.driver, state_dict, CONVERSIONS, known, self._layout)
+        commit()
 
     def _layout(self, name: str) -> tuple:
         """(numel, a tensor on its device or None, whether it runs as a compressed allreduce)."""

@@ -144,3 +144,11 @@ def node_groups(ranks_per_node: Optional[int] = None) -> tuple:
     nodes, cross = node_layout(world, ranks_per_node)
     groups = [dist.new_group(ranks) for ranks in nodes + cross]
     return groups[rank // ranks_per_node], groups[len(nodes) + rank % ranks_per_node]
+
+
+def whole_group(process_group: Any) -> dict:
+    """:func:`hvdcompress.step.options.parse_options`' process-set arguments for a
+    torch.distributed front end: ``process_group`` (None: every rank) against the world group."""
+    world = getattr(dist.group, "WORLD", None)
+    return {"process_set": world if process_group is None else process_group, "global_set": world,
+            "set_argument": ("process_group", "None")}

@@ -23,7 +23,11 @@ which unit it reduces, ``unit<k>`` in the order of the backward pass (the same o
 every step of one model). The step (bytes, the compressor's counters) ends with the backward
 pass. NO_SHARD calls ``hook(state, grad)``: the same reduce-scatter, then an all-gather of the
 decoded shards (dense, in the gradient's dtype: the second half is not compressed). Hybrid
-strategies refuse communication hooks in FSDP itself.
+strategies refuse communication hooks in FSDP itself (:func:`compress` names the FSDP2 route).
+
+HSDP (FSDP2 on a ``("replicate", "shard")`` mesh): :func:`compress` compresses the all-reduce
+across replicas instead, with the take-overs (``optimizer=``), and leaves the reduce-scatter
+inside the node to FSDP (:mod:`hvdcompress.torch.hsdp`).
 
 ``check_replicas``: the sharded parameters are not replicas (each rank holds its own shard), so
 what is compared across ranks is the compressor's step counters, every N-th step. Checkpoints:
@@ -39,16 +43,16 @@ import torch.distributed as dist
 
 from ..contract.compressor import Compressor, TensorInfo
 from ..engines.reduce_scatter import (
-    ReduceScatterExchange,
-    TwoLevelReduceScatter,
     check_sharded,
     laid_out,
     pooled_units,
 )
+from ..engines.selection import select_engine
 from ..state import store as state_store
 from ..step.driver import StepDriver
 from ..step.options import parse_options
-from .dist_collectives import DistCollectives, node_groups
+from . import hsdp
+from .dist_collectives import DistCollectives, node_groups, whole_group
 from .tensors import CONVERSIONS, OPS
 
 __all__ = ["CompressionState", "reduce_scatter_hook", "compress"]
@@ -76,17 +80,15 @@ class CompressionState:
                  ranks_per_node: Optional[int] = None):
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
             raise ValueError(f"block={block!r}: allowed: an integer >= 1 (elements per compressed block)")
-        if intra_node is not None and process_group is not None and process_group is not getattr(dist.group, "WORLD", None):
-            raise ValueError(f"intra_node={intra_node!r} with process_group={process_group!r}: two-level "
-                             "compression runs over all ranks; use process_group=None or intra_node=None")
         self.options = parse_options(compression, op="average", average_op="average", sum_op="sum",
                                      check_replicas=check_replicas, intra_node=intra_node,
-                                     ranks_per_node=ranks_per_node)
+                                     ranks_per_node=ranks_per_node, **whole_group(process_group))
         self.compressor = check_sharded(self.options.compressor)
         self.process_group = process_group
         self.block = block
         self.driver = StepDriver(self.options, OPS, self._engine, lambda: DistCollectives(process_group),
                                  "hvdcompress.torch.fsdp.CompressionState")
+        self.driver.describe([("block", (block,), "")])   # units are known at their reduce-scatter only
         self._units = 0          # FSDP1: units reduced so far in this backward pass
         self._open = False       # a step (backward pass) is under way
         self._pending: dict = {}   # unit -> its pooled state from a checkpoint at another world size
@@ -95,11 +97,9 @@ class CompressionState:
 
     def _engine(self) -> Any:
         intra = self.options.intra_node
-        if intra is None:
-            return ReduceScatterExchange(self.compressor, OPS, self.driver.comm, self.block)
-        node, cross = node_groups(self.options.ranks_per_node)
-        return TwoLevelReduceScatter(ReduceScatterExchange(intra, OPS, DistCollectives(node), self.block),
-                                     ReduceScatterExchange(self.compressor, OPS, DistCollectives(cross), self.block))
+        return select_engine(self.compressor, OPS, self.driver.comm, intra_node=intra, sharded=True, block=self.block,
+                             node_comms=lambda: tuple(map(DistCollectives, node_groups(self.options.ranks_per_node))))
+
     last_step_bytes = property(lambda self: self.driver.last_step_bytes,
                                doc="this rank's dense versus sent bytes of the last step")
     total_bytes = property(lambda self: self.driver.total_bytes,
@@ -131,7 +131,7 @@ class CompressionState:
         """The step's first reduce-scatter: the rank agreement (once), the counters' check, and
         the step's end queued at the end of the backward pass."""
         self._open = True
-        self.driver.agree([("block", (self.block,), "")], torch.zeros(1, device=self._device()))
+        self.driver.agree(None, torch.zeros(1, device=self._device()))
         self.driver.check_replicas(lambda: [("compressor counters", torch.zeros(1))])
         try:
             torch.autograd.Variable._execution_engine.queue_callback(self.end_step)
@@ -177,7 +177,11 @@ class CompressionState:
     def load_state_dict(self, state_dict: Mapping) -> None:
         """Restore :meth:`state_dict`'s output: one rank's at the same world size; a gathered
         one at the same world size (each rank its own, bit for bit) or at another (each unit's
-        per-rank mass pooled and shared, laid out at its first reduce-scatter). Local."""
+        per-rank mass pooled and shared, laid out at its first reduce-scatter). Local. All or
+        nothing: the whole state is checked first (:func:`hvdcompress.state.store.check`; units
+        are known at their reduce-scatter only, so their names and sizes are not), every state
+        built, then assigned; a refused one (a ``ValueError``) changes nothing."""
+        state_store.check(self.driver, state_dict, CONVERSIONS, None, None)
         world, rank = self.comm.world, self.comm.rank
         saved_world = state_dict.get("world", world)
         if "ranks" not in state_dict and saved_world != world:
@@ -186,16 +190,17 @@ class CompressionState:
                              "state_dict(gather=True) to resume at another world size")
         if saved_world != world and self.options.intra_node is not None:
             raise ValueError("load_state_dict: a two-level state (intra_node=) resumes at the same world size only")
-        self.compressor.load_state_dict(state_dict["compressor"])
         if "ranks" not in state_dict or saved_world == world:
             mine = state_dict["tensors"] if "ranks" not in state_dict else state_dict["ranks"][rank]
-            self.driver.states.clear()
-            self.driver.states.update(state_store.cloned(mine, CONVERSIONS))
-            return
+            states, pending = state_store.cloned(mine, CONVERSIONS), {}
+        else:
+            states, pending = {}, pooled_units([{n: {k: CONVERSIONS.to_numpy(v) if torch.is_tensor(v) else v
+                                                     for k, v in st.items()} for n, st in r.items()}
+                                                for r in state_dict["ranks"]], self.options.average)
+        self.compressor.load_state_dict(state_dict["compressor"])
         self.driver.states.clear()
-        self._pending = pooled_units([{n: {k: CONVERSIONS.to_numpy(v) if torch.is_tensor(v) else v
-                                           for k, v in st.items()} for n, st in r.items()}
-                                      for r in state_dict["ranks"]], self.options.average)
+        self.driver.states.update(states)
+        self._pending = pending
 
 
 def reduce_scatter_hook(state: CompressionState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
@@ -233,10 +238,26 @@ class CompressedReduceScatter:
 
 def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, None] = None,
              process_group: Optional[Any] = None, block: int = 4096, check_replicas: Optional[int] = None,
-             intra_node: Union[Compressor, Mapping, None] = None, ranks_per_node: Optional[int] = None) -> CompressionState:
+             intra_node: Union[Compressor, Mapping, None] = None, ranks_per_node: Optional[int] = None,
+             optimizer: Optional[torch.optim.Optimizer] = None,
+             collective: str = "auto") -> Union[CompressionState, hsdp.HSDPState]:
     """Install a compressed reduce-scatter on every ``FSDPModule`` under ``module`` (``fully_shard``
-    applied first); return their shared :class:`CompressionState` (arguments as its)."""
+    applied first); return their shared :class:`CompressionState` (arguments as its).
+
+    HSDP (``fully_shard`` on a ``("replicate", "shard")`` mesh): the all-reduce across replicas
+    compressed instead, FSDP's reduce-scatter left dense (:mod:`hvdcompress.torch.hsdp`:
+    ``compression``, ``optimizer``, ``collective`` and ``check_replicas`` as the DDP hook's)."""
     from torch.distributed.fsdp import FSDPModule
+    _refuse_hybrid_shard(module)
+    if hsdp.is_hsdp(module):
+        given = {"process_group": process_group, "intra_node": intra_node, "ranks_per_node": ranks_per_node}
+        if any(v is not None for v in given.values()) or block != 4096:
+            raise ValueError(f"compress: {given} / block={block} with HSDP: the replicate all-reduce runs over "
+                             "the mesh's replicate group as a flat exchange; leave them at their defaults")
+        return hsdp.compress(module, compression, optimizer, collective, check_replicas)
+    if optimizer is not None or collective != "auto":
+        raise ValueError("compress: optimizer= and collective= are HSDP's (the replicate all-reduce); "
+                         "the compressed reduce-scatter of FULL_SHARD takes neither")
     units = [(name or "root", m) for name, m in module.named_modules() if isinstance(m, FSDPModule)]
     if not units:
         raise ValueError(f"compress: no FSDPModule under {type(module).__name__}; apply "
@@ -245,3 +266,16 @@ def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, No
     for name, m in units:
         m.set_custom_reduce_scatter(CompressedReduceScatter(state, name))
     return state
+
+
+def _refuse_hybrid_shard(module: torch.nn.Module) -> None:
+    """FSDP1's hybrid strategies refuse communication hooks: name the FSDP2 route."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    hybrid = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+    for m in module.modules():
+        if isinstance(m, FullyShardedDataParallel) and m.sharding_strategy in hybrid:
+            raise ValueError(f"compress: FSDP1 with sharding_strategy={m.sharding_strategy.name}: FSDP1's "
+                             "hybrid strategies take no communication hook. Use FSDP2's HSDP: mesh = "
+                             "init_device_mesh(device, (replicas, shards), mesh_dim_names=('replicate', 'shard')); "
+                             "fully_shard(layer, mesh=mesh) for each layer, then fully_shard(model, mesh=mesh); "
+                             "then fsdp.compress(model, compression=..., optimizer=opt)")

@@ -58,7 +58,7 @@ def check_adam(compressor: Compressor, optimizer: torch.optim.Optimizer):
                       "AdamW use FrozenAdam (\"adam\": \"frozen\") around a compressor without "
                       "momentum, e.g. FrozenAdam(ErrorFeedback(OneBit())) or FrozenAdam(ErrorFeedback(TopK(0.01)))",
                       stacklevel=4)
-    if not getattr(compressor, "takes_over_adam", False):
+    if not compressor.takes_over_adam:
         return None
     if not isinstance(optimizer, torch.optim.Adam):
         raise ValueError(f"compression={compressor!r} takes over Adam's step, but the optimizer is "

@@ -24,11 +24,11 @@ import torch
 from ..adam.settings import adam_settings
 from ..contract.compressor import Compressor, TensorInfo
 from ..engines.fusion import totals
-from ..engines.two_level import build_exchange
+from ..engines.selection import build_exchange
 from ..step.arguments import documented
 from ..step.driver import Completion, StepDriver
 from ..step.names import check_names
-from ..step.options import parse_options
+from ..step.options import check_unwrapped, parse_options
 from .checkpoints import CheckpointMethods
 from .clipping import GradientWatch, clip_gradients, clip_local_gradients
 from .collectives import HorovodCollectives
@@ -78,6 +78,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ids.update({member: b.name for b in self._buckets.values() for member in b.members})
         self._group_of = {p: ids[name] for p, name in self._parameter_names.items()}
         self._driver.completion = Completion(Counter(self._group_of[p] for p in self._requires_update))
+        self._driver.describe((self._parameter_names[p], p.shape, p.dtype) for p in self._by_name)
         self._param_group = {p: g for g in self.param_groups for p in g["params"]}
         self._sparse = {}          # p -> handle of Horovod's sparse allreduce
         self._synchronized, self._should_synchronize, self._plain_step = False, True, False
@@ -96,7 +97,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               predivide=o.predivide, collective=o.collective)
 
     def _agree(self) -> None:
-        self._driver.agree([(self._parameter_names[p], tuple(p.shape), str(p.dtype)) for p in self._by_name], torch.zeros(1))
+        self._driver.agree(None, torch.zeros(1))
 
     _exchange = property(lambda self: self._driver.engine)
     _tensor_state = property(lambda self: self._driver.states)
@@ -279,6 +280,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     then ``with opt.skip_synchronize(): scaler.step(opt)``). A rank outside ``process_set``
     does no collective; its ``step()`` applies its own gradients, as Horovod's does.
     """
+    check_unwrapped("hvdcompress.torch.DistributedOptimizer", "optimizer", optimizer)
     options = parse_options(compression, op=op, average_op=hvd.Average, sum_op=hvd.Sum,
                             backward_passes_per_step=backward_passes_per_step,
                             gradient_predivide_factor=gradient_predivide_factor,

@@ -1,6 +1,10 @@
-"""What the torch front ends (Horovod optimizer, DDP hook) share besides the driver: the
+"""What the torch front ends (Horovod optimizer, DDP hook, HSDP) share besides the driver: the
 :class:`TensorInfo` of a parameter, FrozenAdam's update of the optimizer's parameters, and the
-conversions of torch tensors for checkpoints (:mod:`hvdcompress.state.store`)."""
+conversions of torch tensors for checkpoints (:mod:`hvdcompress.state.store`).
+
+A parameter may be a DTensor (FSDP2, HSDP: :mod:`hvdcompress.torch.hsdp`): what is compressed,
+updated and checked is then its local shard (:func:`local`), a view of the DTensor's storage;
+its name, param group and global shape stay the DTensor's."""
 from __future__ import annotations
 
 import weakref
@@ -19,9 +23,16 @@ from .momentum_takeover import momentum_fields
 OPS = TorchOps()
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (sharing its storage: writes land in the DTensor), else ``t``."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def tensor_info(p: torch.Tensor, name: str, world: int, rank: int, group: Optional[dict] = None) -> TensorInfo:
-    """``p``'s :class:`TensorInfo`; with ``group`` (its param group, when the compressor takes
-    SGD's momentum over) the momentum, Nesterov and weight decay read from it now."""
+    """``p``'s :class:`TensorInfo` (of its local shard for a DTensor); with ``group`` (its param
+    group, when the compressor takes SGD's momentum over) the momentum, Nesterov and weight
+    decay read from it now."""
+    p = local(p)
     info = TensorInfo(name=name, numel=p.numel(), world=world, rank=rank, shape=tuple(p.shape),
                       param=p.detach().reshape(-1))
     for field, value in (momentum_fields(group).items() if group is not None else ()):
@@ -45,8 +56,9 @@ def adam_update(adam: Any, param_groups: list, state_of: Callable[[torch.Tensor]
                 if p.grad.is_sparse:
                     raise ValueError(f"parameter '{name_of(p)}' has a sparse gradient, which "
                                      "FrozenAdam cannot take; use sparse_as_dense=True")
-                new = adam.after_exchange(OPS, state_of(p), p.reshape(-1), p.grad.reshape(-1), settings)
-                p.copy_(new.view_as(p))
+                shard = local(p)
+                new = adam.after_exchange(OPS, state_of(p), shard.reshape(-1), local(p.grad).reshape(-1), settings)
+                shard.copy_(new.view_as(shard))
     return loss
 
 
@@ -70,11 +82,11 @@ def state_layout(driver: Any, params: list, bucket: Any, info_of: Callable) -> t
     """For :func:`hvdcompress.state.store.load`: (numel, a tensor on its device, whether the
     engine runs it as a compressed allreduce) of the state kept for ``params`` (one parameter,
     or ``bucket``'s members; ``info_of(p)``: a parameter's TensorInfo)."""
-    p = params[0]
+    p, shard = params[0], local(params[0])
     info = (lambda: bucket_info(bucket, [info_of(q) for q in params], OPS)) if bucket is not None \
         else (lambda: info_of(p))
-    return (sum(q.numel() for q in params), p,
-            lambda: driver.engine.collective_for(info(), p.detach().reshape(-1)) == "alltoall")
+    return (sum(local(q).numel() for q in params), shard,
+            lambda: driver.engine.collective_for(info(), shard.detach().reshape(-1)) == "alltoall")
 
 
 def _to_numpy(v: torch.Tensor) -> np.ndarray:
@@ -88,4 +100,5 @@ CONVERSIONS = Conversions(
     host=lambda v: v.detach().cpu().clone(),
     to_numpy=_to_numpy,
     from_numpy=lambda a, like, dtype: torch.from_numpy(np.array(a)).to(like.device, dtype),
-    dtype=lambda v: v.dtype)
+    dtype=lambda v: v.dtype,
+    numel=lambda v: v.numel())

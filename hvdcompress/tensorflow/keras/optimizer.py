@@ -68,6 +68,7 @@ from ...adam.settings import AdamSettings
 from ...contract.compressor import Compressor
 from ...step.arguments import documented
 from ...step.clipping import state_carrier, what_it_keeps
+from ...step.options import check_unwrapped
 from ..exchange import GradientExchange, exchange_options, is_loss_scale_optimizer
 from ..subclass import subclass_with
 from .compute import tape_gradients
@@ -153,7 +154,7 @@ def _adam_settings(optimizer: Any, compressor: Compressor, config: dict):
     """For :class:`~hvdcompress.adam.frozen.FrozenAdam`: check that ``optimizer`` is a Keras Adam or
     AdamW it can run, and return the callable that reads its settings at each step (the
     learning rate may be a schedule). Keras's weight decay is decoupled (AdamW's)."""
-    if not getattr(compressor, "takes_over_adam", False):
+    if not compressor.takes_over_adam:
         return None
     if not isinstance(optimizer, _keras_classes("Adam") + _keras_classes("AdamW")):
         raise ValueError(f"compression={compressor!r} takes over Adam's step, but the optimizer is "
@@ -346,6 +347,7 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     if not isinstance(optimizer, _keras_classes("Optimizer")):
         raise TypeError(f"optimizer={optimizer!r}: allowed: a Keras optimizer "
                         "(tf.keras.optimizers.*)")
+    check_unwrapped("hvdcompress.tensorflow.keras.DistributedOptimizer", "optimizer", optimizer)
     options = exchange_options(compression, device_dense=device_dense, device_sparse=device_sparse,
                                sparse_as_dense=sparse_as_dense, op=op,
                                backward_passes_per_step=backward_passes_per_step,

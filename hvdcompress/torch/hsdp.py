@@ -1,0 +1,170 @@
+"""HSDP (FSDP2 over a ``("replicate", "shard")`` mesh) with the all-reduce across replicas compressed.
+
+::
+
+    mesh = init_device_mesh("cuda", (nodes, ranks_per_node), mesh_dim_names=("replicate", "shard"))
+    fully_shard(layer, mesh=mesh) for each layer; fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), betas=(0.9, 0.95))
+    state = fsdp.compress(model, compression={"compressor": "onebit", "ef": "vanilla", "adam": "frozen"},
+                          optimizer=opt)
+
+The rule: FSDP reduce-scatters each unit's gradient over the shard dimension (inside a node) and
+averages it over the S shard ranks; rank (r, j) then holds shard j of replica r's mean gradient,
+and the R ranks holding shard j (one per replica, across nodes) need its mean over the replicas::
+
+    g_j = 1/R · Σ_r (1/S · Σ_s g_{r,s})[j]
+
+That is data parallelism over R replicas on a flat tensor (each parameter's local shard), with
+each shard's optimizer state replicated across them as in DDP. So the DDP hook's state
+(:class:`hvdcompress.torch.ddp.CompressionState`) runs it over the replicate process group, on
+the local shards (:func:`hvdcompress.torch.tensors.local`): the same driver and engine (the flat
+exchange, any compressor it takes), error feedback per shard, SGD's momentum correction and
+FrozenAdam on the shard's state, the variance schedule, ``check_replicas`` across replicas, and
+the same checkpoint store (a gathered state holds the R replicas of this shard; it resumes at
+the same mesh, or at another number of replicas with the same shards). Each parameter's shard
+is compressed and launched as FSDP assigns its gradient (a post-accumulate-grad hook); the end
+of the backward pass decodes the averages into the gradients (FSDP's reduce-scatter stays dense).
+
+Memory: residuals and FrozenAdam's state are of the shard's size, 1/S of the model per rank.
+
+FSDP2 has no public switch that drops its replicate all-reduce and still assigns gradients:
+``set_requires_all_reduce(False)`` is its accumulation path (the reduce-scattered shard stays in
+FSDP, no ``.grad``) and ``set_all_reduce_hook`` runs after the all-reduce. So :func:`compress`
+gives each FSDP parameter group the shard dimension's mesh info (FSDP then runs as FULL_SHARD
+over the shard dimension and its reduce-scatter averages over S) while the parameters stay
+DTensors on the 2-D mesh: private FSDP2 state, checked here (:func:`take_replicate_all_reduce`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from ..contract.compressor import Compressor
+from ..engines.accounting import ByteCount
+from .ddp import CompressionState
+from .tensors import local
+
+__all__ = ["HSDPState", "compress", "is_hsdp", "take_replicate_all_reduce"]
+
+
+class _Shard:
+    """Parameters and their local gradients as a DDP bucket for :meth:`CompressionState.reduce`
+    (``last``: the step's end, with no parameter)."""
+
+    def __init__(self, params: list, grads: list, last: bool = False):
+        self._params, self._grads, self._last = params, grads, last
+        self._buffer = grads[0] if grads else torch.empty(0)
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def parameters(self) -> list:
+        return self._params
+
+    def gradients(self) -> list:
+        return self._grads
+
+    def is_last(self) -> bool:
+        return self._last
+
+
+class HSDPState(CompressionState):
+    """The DDP hook's state over ``replicate_group``, fed each parameter's local gradient shard
+    of ``module`` (an FSDP2 HSDP model whose replicate all-reduce :func:`take_replicate_all_reduce`
+    took over) at its post-accumulate-grad hook. ``shards``: the shard dimension's size (for
+    :attr:`cross_node_bytes`). Other arguments as :class:`~hvdcompress.torch.ddp.CompressionState`'s.
+
+    ``total_bytes`` / ``last_step_bytes``: this rank's dense versus sent bytes of the compressed
+    all-reduce (the only collective the state compresses); :attr:`cross_node_bytes`: what
+    crosses the replicate dimension, ``dense`` being what FSDP's own all-reduce sends there.
+    """
+
+    def __init__(self, module: torch.nn.Module, replicate_group: Any, shards: int,
+                 compression: Union[Compressor, Mapping, None] = None,
+                 optimizer: Optional[torch.optim.Optimizer] = None, collective: str = "auto",
+                 check_replicas: Optional[int] = None):
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        super().__init__(replicate_group, compression, optimizer, collective, named_parameters=named,
+                         check_replicas=check_replicas)
+        self._shards = shards
+        self._fsdp_dense = 0   # bytes FSDP's all-reduce would have sent, since construction
+        for _, p in named:   # the model keeps the state alive: its replicas never silently drift apart
+            p.register_post_accumulate_grad_hook(self._accumulated)
+
+    @property
+    def cross_node_bytes(self) -> ByteCount:
+        """This rank's bytes across the replicate dimension since construction: ``dense`` =
+        FSDP's all-reduce of each padded shard (dim 0 padded to a multiple of the shards, in the
+        gradient's dtype), ``sent`` = the compressed payloads."""
+        total = self.total_bytes
+        return ByteCount(self._fsdp_dense, total.sent, total.steps)
+
+    def _accumulated(self, p: torch.Tensor) -> None:
+        """FSDP assigned ``p.grad`` (this rank's shard of the shard dimension's mean): launch its
+        exchange; the step's first one queues the step's end at the end of the backward pass."""
+        if not self._buckets:
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        grad = local(p.grad)
+        rows = math.ceil(p.shape[0] / self._shards) if p.dim() else 1
+        self._fsdp_dense += rows * math.prod(p.shape[1:]) * grad.element_size()
+        self.reduce(_Shard([p], [grad]))
+
+    def _end_backward(self) -> None:
+        if self._buckets:   # empty when a launch failed (the step was dropped)
+            self.reduce(_Shard([], [], last=True))
+
+
+def is_hsdp(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s parameters are FSDP2 HSDP DTensors: on a 2-D mesh, replicated over
+    the first dimension and sharded over the second."""
+    from torch.distributed.tensor import Replicate, Shard
+    return any(getattr(p, "device_mesh", None) is not None and p.device_mesh.ndim == 2
+               and isinstance(p.placements[0], Replicate) and isinstance(p.placements[1], Shard)
+               for p in module.parameters())
+
+
+def take_replicate_all_reduce(module: torch.nn.Module) -> tuple:
+    """Stop FSDP2's all-reduce over the replicate dimension on every ``FSDPModule`` under
+    ``module`` (its groups' mesh info becomes the shard dimension's: module doc); returns (the
+    replicate process group, the number of shards). A ``ValueError`` when the groups are not all
+    HSDP over one replicate group, sharded on dim 0."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, HSDPMeshInfo
+    from torch.distributed.tensor import Shard
+    groups = [g for m in module.modules() if isinstance(m, FSDPModule)
+              for g in getattr(m._get_fsdp_state(), "_fsdp_param_groups", None) or ()]
+    infos = [g.mesh_info for g in groups]
+    if not infos or not all(isinstance(i, HSDPMeshInfo) for i in infos):
+        raise ValueError(f"compress: HSDP needs every FSDP module under {type(module).__name__} "
+                         "sharded on one (replicate, shard) mesh; found "
+                         f"{sorted({type(i).__name__ for i in infos}) or 'no FSDP parameter groups'}")
+    replicas = {tuple(dist.get_process_group_ranks(i.replicate_process_group)) for i in infos}
+    if len(replicas) != 1:
+        raise ValueError(f"compress: FSDP modules replicate over different groups {sorted(replicas)}; "
+                         "HSDP compression needs one mesh for every module")
+    for p in module.parameters():
+        if getattr(p, "placements", None) is not None and p.placements[1] != Shard(0):
+            raise ValueError(f"compress: a parameter sharded as {p.placements[1]}: HSDP compression "
+                             "takes FSDP2's default Shard(0) (no shard_placement_fn)")
+    for g in groups:
+        old = g.mesh_info
+        new = FSDPMeshInfo(old.mesh, shard_mesh_dim=old.shard_mesh_dim, dp_mesh_dims=old.dp_mesh_dims,
+                           spmd_mesh=old.spmd_mesh)
+        if g.post_forward_mesh_info is old:   # reshard_after_forward=True: the same mesh after forward
+            g.post_forward_mesh_info = new
+        g.mesh_info = new
+    return infos[0].replicate_process_group, infos[0].shard_mesh_size
+
+
+def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, None] = None,
+             optimizer: Optional[torch.optim.Optimizer] = None, collective: str = "auto",
+             check_replicas: Optional[int] = None) -> HSDPState:
+    """Compress the replicate all-reduce of an FSDP2 HSDP ``module`` (``fully_shard`` applied to
+    its layers and itself on a ``("replicate", "shard")`` mesh, before its first forward);
+    returns the :class:`HSDPState`. ``optimizer``: the one stepping ``module`` (SGD: the
+    momentum take-over; Adam/AdamW: needed by FrozenAdam)."""
+    group, shards = take_replicate_all_reduce(module)
+    return HSDPState(module, group, shards, compression, optimizer, collective, check_replicas)

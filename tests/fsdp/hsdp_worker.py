@@ -1,0 +1,204 @@
+"""One torchrun rank of tests/test_hsdp.py: an MLP under FSDP2 HSDP, 2 replicas x 2 shards, one
+record per case.
+
+    torchrun --nproc_per_node 4 hsdp_worker.py --steps 6
+
+Each case trains the same model on the same batches (rank r's own) for ``--steps`` steps and
+records this rank's local parameter shards after every step, the bytes, and for ``topk_ef`` the
+first layer's shard gradient as FSDP handed it over, the residual before and after, and the
+averaged gradient (error feedback's conservation). ``dense_*``: FSDP's own HSDP, with the
+sizes of its replicate all-reduce (``set_all_reduce_hook``). ``resume:*``: the state saved after
+half the steps and loaded into a fresh model gives the bits of the run straight through. Then
+the refusal of FSDP1 HYBRID_SHARD, and last the replica check on a perturbed replica.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from hvdrun import write_result  # noqa: E402
+
+import hvdcompress as hc  # noqa: E402
+from hvdcompress.torch import fsdp  # noqa: E402
+
+FROZEN = {"compressor": "onebit", "ef": "vanilla", "adam": "frozen", "freeze_steps": "2"}
+#: case -> (compression or "dense", optimizer, check_replicas)
+CASES = {
+    "dense_sgd": ("dense", "sgd", None),
+    "none_sgd": (None, "sgd", None),
+    "dense_adamw": ("dense", "adamw", None),
+    "none_adamw": (None, "adamw", None),
+    "onebit_frozen": (FROZEN, "adamw", 1),
+    "topk_ef": ({"compressor": "topk", "k": "0.05", "ef": "vanilla"}, "sgd", 1),
+    "dgc": ({"compressor": "dgc", "sparsity": "0.95", "min_numel": "0"}, "sgd", 1),
+    "onebit_ef": ({"compressor": "onebit", "ef": "vanilla"}, "sgd", None),
+    "int8": ({"compressor": "int8"}, "sgd", None),
+}
+RESUME = {"frozen_gathered": (FROZEN, "adamw", True), "dgc_local": (CASES["dgc"][0], "sgd", False)}
+
+
+def mlp() -> nn.Module:
+    """Odd first dimensions: FSDP pads the last shard (63 rows at 2 shards: 32 and 31)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(24, 63), nn.Tanh(), nn.Linear(63, 17), nn.Tanh(), nn.Linear(17, 5))
+
+
+def batch(rank: int, step: int) -> tuple:
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, 24, generator=gen)
+    return x, (x[:, :5] * 2).argmax(1)
+
+
+def hsdp_model(mesh):
+    net = mlp()
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    return net
+
+
+def optimizer(kind: str, model: nn.Module) -> torch.optim.Optimizer:
+    if kind == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.9, 0.95), weight_decay=0.01)
+
+
+def build(mesh, compression, kind: str, check_replicas=None, prepare=None):
+    """(model, optimizer, state); ``prepare(model)`` runs before ``fsdp.compress`` (its hooks
+    run before the state's); ``compression`` "dense": FSDP's own HSDP, no state."""
+    model = hsdp_model(mesh)
+    opt = optimizer(kind, model)
+    if prepare is not None:
+        prepare(model)
+    state = None if compression == "dense" else fsdp.compress(model, compression=compression, optimizer=opt,
+                                                              check_replicas=check_replicas)
+    return model, opt, state
+
+
+def shards(model) -> list:
+    return [v for p in model.parameters() for v in p.to_local().detach().reshape(-1).tolist()]
+
+
+def train(model, opt, rank: int, steps: range, after=None) -> list:
+    out = []
+    for step in steps:
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        if after is not None:
+            after()
+        opt.step()
+        out.append(shards(model))
+    return out
+
+
+class Conservation:
+    """The first layer's weight shard, per step: the gradient FSDP handed over and the residual
+    then (a hook registered before the state's), and after the backward pass the residual and
+    the average."""
+
+    def __init__(self):
+        self.records: list = []
+        self.model = self.state = None
+
+    def prepare(self, model) -> None:
+        self.model = model
+        model[0].weight.register_post_accumulate_grad_hook(
+            lambda p: self.records.append({"grad": p.grad.to_local().reshape(-1).tolist(),
+                                           "residual_before": self.residual()}))
+
+    def residual(self):
+        entry = self.state.driver.states.get("0.weight", {}).get("residual")
+        return None if entry is None else entry.reshape(-1).tolist()
+
+    def after(self) -> None:
+        self.records[-1].update(residual_after=self.residual(),
+                                average=self.model[0].weight.grad.to_local().reshape(-1).tolist())
+
+
+def dense_all_reduce_bytes(model) -> list:
+    """FSDP's own replicate all-reduce, per call: the bytes of the flat shard it reduces."""
+    from torch.distributed.fsdp import FSDPModule
+    sizes: list = []
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_all_reduce_hook(lambda out: sizes.append(out.numel() * out.element_size()))
+    return sizes
+
+
+def refusal(mesh) -> str:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    model = FSDP(mlp(), sharding_strategy=ShardingStrategy.HYBRID_SHARD, device_mesh=mesh,
+                 device_id=torch.device("cpu"))
+    try:
+        fsdp.compress(model, compression=hc.Int8())
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=6)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    steps = range(args.steps)
+    for case, (compression, kind, check) in CASES.items():
+        watch = Conservation() if case == "topk_ef" else None
+        model, opt, state = build(mesh, compression, kind, check, watch and watch.prepare)
+        record: dict = {"case": case}
+        if watch is not None:
+            watch.state, record["conservation"] = state, watch.records
+        if state is None:
+            record["fsdp_all_reduce"] = dense_all_reduce_bytes(model)
+        record["shards"] = train(model, opt, rank, steps, watch and watch.after)
+        if state is not None:
+            record["bytes"] = state.total_bytes.as_dict()
+            record["cross_node"] = state.cross_node_bytes.as_dict()
+        write_result(rank, record)
+    half = range(args.steps // 2)
+    for case, (compression, kind, gather) in RESUME.items():
+        model, opt, state = build(mesh, compression, kind)
+        straight = train(model, opt, rank, steps)[-1]
+        model, opt, state = build(mesh, compression, kind)
+        train(model, opt, rank, half)
+        saved = ([p.to_local().detach().clone() for p in model.parameters()], opt.state_dict(),
+                 state.state_dict(gather=gather))
+        model, opt, state = build(mesh, compression, kind)
+        with torch.no_grad():
+            for p, v in zip(model.parameters(), saved[0]):
+                p.to_local().copy_(v)
+        opt.load_state_dict(saved[1])
+        state.load_state_dict(saved[2])
+        resumed = train(model, opt, rank, range(len(half), args.steps))[-1]
+        write_result(rank, {"case": f"resume:{case}", "straight": straight, "resumed": resumed})
+    write_result(rank, {"case": "refusal", "message": refusal(mesh)})
+    model, opt, state = build(mesh, FROZEN, "adamw", 1)
+    train(model, opt, rank, range(1))
+    if rank >= 2:   # replica 1 drifts, on both shards: every replicate group sees it
+        with torch.no_grad():
+            model[0].weight.to_local()[0, 0] += 1e-3
+    try:
+        train(model, opt, rank, range(1, 2))
+        message = "no error"
+    except hc.ReplicaMismatch as error:
+        message = str(error)
+    write_result(rank, {"case": "replicas_differ", "message": message})
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "hvdcompress"
 MAX_LINES = 400
 LONG_ALLOWED = {"ops/triton_kernels.py"}
-FRONT_ENDS = ("torch/optimizer.py", "torch/ddp.py", "tensorflow/exchange.py")
+FRONT_ENDS = ("torch/optimizer.py", "torch/ddp.py", "torch/fsdp.py", "torch/hsdp.py", "torch/diloco.py",
+              "tensorflow/exchange.py", "tensorflow/tape.py", "tensorflow/keras/optimizer.py")
 FRONT_END_LINES = 300
 #: The layers, lowest first: a top-level node (a subpackage or a module of hvdcompress) imports
 #: only nodes of lower layers. ``__main__`` modules are programs, outside the graph.

@@ -111,15 +111,15 @@ def test_keras_clipping_with_a_stateful_compressor_warns(clip):
 def test_keras_clipping_with_a_stateful_intra_node_compressor_warns():
     """Two-level: a stateless compressor between nodes, error feedback inside them (checked on
     the wrapper's warning alone: building the two-level exchange needs Horovod's process sets)."""
-    from hvdcompress.tensorflow.keras.optimizer import _warn_keras_clipping
+    from hvdcompress.tensorflow.keras.settings import warn_keras_clipping
     ef = hvdcompress.ErrorFeedback(hvdcompress.OneBit())
     with pytest.warns(UserWarning, match=r"with onebit, which keeps an error-feedback residual"):
-        _warn_keras_clipping(hvdcompress.FP16(), ef, {"clipnorm": 1.0})
+        warn_keras_clipping(hvdcompress.FP16(), ef, {"clipnorm": 1.0})
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _warn_keras_clipping(hvdcompress.FP16(), hvdcompress.FP16(), {"clipnorm": 1.0})
-        _warn_keras_clipping(hvdcompress.FP16(), ef, {"clipnorm": None})
+        warn_keras_clipping(hvdcompress.FP16(), hvdcompress.FP16(), {"clipnorm": 1.0})
+        warn_keras_clipping(hvdcompress.FP16(), ef, {"clipnorm": None})
 
 
 def test_keras_clipping_without_state_or_with_clip_grad_norm_does_not_warn():
@@ -137,7 +137,7 @@ def test_gradient_accumulator_restarts_from_zeros_after_a_step():
     (Horovod's test_grad_aggregation_with_inf_grad)."""
     import numpy as np
 
-    from hvdcompress.tensorflow.keras.optimizer import GradientAccumulator
+    from hvdcompress.tensorflow.keras.accumulate import GradientAccumulator
     acc = GradientAccumulator(2, average=True)
     assert not bool(acc.add([tf.constant([np.inf, 1.0])]))
     assert bool(acc.add([tf.constant([1.0, 1.0])]))

@@ -58,118 +58,18 @@ so ``tf.train.Checkpoint(optimizer=opt)`` and TF-format ``model.save_weights`` c
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable, Optional
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ...adam.settings import AdamSettings
-from ...contract.compressor import Compressor
 from ...step.arguments import documented
-from ...step.clipping import state_carrier, what_it_keeps
 from ...step.options import check_unwrapped
 from ..exchange import GradientExchange, exchange_options, is_loss_scale_optimizer
 from ..subclass import subclass_with
+from .accumulate import GradientAccumulator
 from .compute import tape_gradients
-
-
-def _keras_classes(name: str) -> tuple:
-    """``tf.keras.optimizers.<name>`` and, where Keras 2 has it, its legacy twin."""
-    legacy = getattr(tf.keras.optimizers, "legacy", None)
-    return (getattr(tf.keras.optimizers, name),) + \
-        ((getattr(legacy, name),) if hasattr(legacy, name) else ())
-
-
-def _take_over_momentum(compressor: Compressor, optimizer: Any, config: dict) -> tuple:
-    """(momentum, nesterov) moved from an SGD's ``config`` into the compressor's hands."""
-    if not compressor.takes_over_momentum or not isinstance(optimizer, _keras_classes("SGD")):
-        return 0.0, False
-    momentum, nesterov = config.get("momentum", 0.0), bool(config.get("nesterov", False))
-    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
-        raise ValueError(f"SGD momentum={momentum!r}: {compressor.name} takes the momentum over "
-                         "and needs a constant number")
-    explicit = compressor.explicit_momentum
-    if explicit is not None and momentum:
-        raise ValueError(f"SGD momentum={momentum!r} and the compressor's momentum={explicit!r}: "
-                         "momentum would be applied twice; set one of them to 0 (or leave the "
-                         "compressor's at None to take the optimizer's)")
-    config.update(momentum=0.0, nesterov=False)
-    return float(momentum), nesterov
-
-
-def _warn_keras_clipping(compressor: Compressor, intra_node: Any, config: dict) -> None:
-    """Keras clips inside ``apply_gradients``, after the exchange: with a compressor that
-    carries state (or a two-level ``intra_node`` one that does) that clips the exchanged
-    update, not the gradient. Warn, naming the fix."""
-    used = [k for k in ("clipnorm", "global_clipnorm", "clipvalue") if config.get(k) is not None]
-    carrier = state_carrier(compressor, intra_node)
-    if used and carrier is not None:
-        warnings.warn(f"the wrapped optimizer has {used[0]}={config[used[0]]!r}: Keras clips after "
-                      f"the exchange, and with {carrier.name}, which {what_it_keeps(carrier)}, "
-                      "that clips the exchanged update, not the gradient (a different "
-                      "algorithm). To clip gradients, pass clip_grad_norm=... to "
-                      "hvdcompress.tensorflow.keras.DistributedOptimizer instead.", stacklevel=3)
-
-
-class GradientAccumulator(tf.Module):
-    """Local sums of gradients over ``passes`` backward passes (Horovod's aggregation helper,
-    also reachable as ``opt._agg_helper``). ``counter``: the passes of the current cycle so far,
-    0 after the pass that completes a step, as Horovod's."""
-
-    def __init__(self, passes: int, average: bool):
-        super().__init__(name=None)
-        self.passes = passes
-        self.average = average
-        self.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="passes")
-        self.sums = []
-
-    def add(self, grads: list) -> tf.Tensor:
-        """Add ``grads``; True when this pass completes a step."""
-        if not self.sums:
-            with tf.init_scope():
-                self.sums = [tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False,
-                                         name="grad_sum") for g in grads]
-        for s, g in zip(self.sums, grads):
-            s.assign_add(g)
-        return tf.equal(self.counter.assign((self.counter + 1) % self.passes), 0)
-
-    def ready(self) -> tf.Tensor:
-        """True when the last pass completed a step."""
-        return tf.equal(self.counter, 0)
-
-    def running(self) -> list:
-        """The sums so far (what Horovod's compute_gradients returns between steps)."""
-        return [s.read_value() for s in self.sums]
-
-    def take(self) -> list:
-        """The sums (or means) so far, and reset them."""
-        out = [s.read_value() / self.passes if self.average else s.read_value() for s in self.sums]
-        for s in self.sums:
-            s.assign(tf.zeros_like(s))
-        return out
-
-
-def _adam_settings(optimizer: Any, compressor: Compressor, config: dict):
-    """For :class:`~hvdcompress.adam.frozen.FrozenAdam`: check that ``optimizer`` is a Keras Adam or
-    AdamW it can run, and return the callable that reads its settings at each step (the
-    learning rate may be a schedule). Keras's weight decay is decoupled (AdamW's)."""
-    if not compressor.takes_over_adam:
-        return None
-    if not isinstance(optimizer, _keras_classes("Adam") + _keras_classes("AdamW")):
-        raise ValueError(f"compression={compressor!r} takes over Adam's step, but the optimizer is "
-                         f"{type(optimizer).__name__}; allowed: a Keras Adam or AdamW")
-    if config.get("amsgrad"):
-        raise ValueError("amsgrad=True: FrozenAdam runs Adam and AdamW with amsgrad=False only")
-    fixed = {"beta1": float(config["beta_1"]), "beta2": float(config["beta_2"]),
-             "eps": float(config["epsilon"]), "weight_decay": float(config.get("weight_decay") or 0.0)}
-
-    def settings() -> AdamSettings:
-        lr = optimizer.learning_rate
-        if callable(lr) and not isinstance(lr, tf.Variable):
-            lr = lr(optimizer.iterations)
-        return AdamSettings(lr=float(tf.convert_to_tensor(lr)), decoupled=True, **fixed)
-    return settings
+from .settings import adam_settings, keras_classes, take_over_momentum, warn_keras_clipping
 
 
 class KerasStep:
@@ -344,7 +244,7 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
     ``hvd.init(process_sets=hvdcompress.tensorflow.node_process_sets())``. A Keras
     ``LossScaleOptimizer`` wrapped here is the loss scaler (the overflow check of ``scaler``).
     """
-    if not isinstance(optimizer, _keras_classes("Optimizer")):
+    if not isinstance(optimizer, keras_classes("Optimizer")):
         raise TypeError(f"optimizer={optimizer!r}: allowed: a Keras optimizer "
                         "(tf.keras.optimizers.*)")
     check_unwrapped("hvdcompress.tensorflow.keras.DistributedOptimizer", "optimizer", optimizer)
@@ -359,16 +259,16 @@ def DistributedOptimizer(optimizer: Any, name: str = None, device_dense: str = "
                                scale_local_gradients=scale_local_gradients, fusion=fusion)
     compressor = options.core.compressor
     config = optimizer.get_config()
-    _warn_keras_clipping(compressor, options.core.intra_node, config)
+    warn_keras_clipping(compressor, options.core.intra_node, config)
     if name is not None:
         config["name"] = name
-    momentum, nesterov = _take_over_momentum(compressor, optimizer, config)
+    momentum, nesterov = take_over_momentum(compressor, optimizer, config)
     cls = subclass_with(optimizer.__class__, _mixin_for(optimizer.__class__))
     wrapped = cls.from_config(config)
     # around a LossScaleOptimizer: an overflow on any rank is found before compression, so the
     # compressor state is untouched and every rank's LossScaleOptimizer skips (docs/mixed_precision.md)
     wrapped._hvdc_exchange = GradientExchange(options, momentum, nesterov,
-                                              adam_settings=_adam_settings(wrapped, compressor, config),
+                                              adam_settings=adam_settings(wrapped, compressor, config),
                                               overflow_check=is_loss_scale_optimizer(optimizer))
     wrapped._hvdc_compression_state = wrapped._hvdc_exchange.state
     wrapped._hvdc_accumulator = (GradientAccumulator(backward_passes_per_step,

@@ -34,6 +34,7 @@ import hvdcompress as hc
 from hvdcompress.compressors.density import resolve_k
 from hvdcompress.step.diloco import OuterSettings, outer_step
 from hvdcompress.torch import TorchOps
+from hvdcompress.torch import diloco as diloco_module
 from hvdcompress.torch.diloco import DiLoCo
 
 HERE = Path(__file__).parent
@@ -224,7 +225,10 @@ def inner():
     ({"process_group": object(), "process_set": object()}, "allowed: one of them"),
     ({}, "no process group to sync over"),
 ])
-def test_bad_arguments_raise_naming_them(kwargs, words):
+def test_bad_arguments_raise_naming_them(kwargs, words, monkeypatch):
+    # another test module of this process may have run hvd.init(): these cases are of a process
+    # with neither Horovod nor torch.distributed running
+    monkeypatch.setattr(diloco_module, "_horovod_running", lambda: False)
     with pytest.raises(ValueError, match="allowed") as error:
         DiLoCo(inner(), **kwargs)
     assert words in str(error.value)

@@ -30,7 +30,21 @@ from test_ddp import torchrun
 
 import external_compressor as ext
 import hvdcompress as hc
+from hvdcompress.registry import _REGISTRY
 from hvdcompress.torch import fsdp
+
+# Importing the module registered "halftopk" (as a user's import would); in this test process the
+# registry is given back as it was, so the other test modules' tables of registered compressors
+# stay the package's own. The launched workers keep the import's registration.
+_REGISTRY.pop(ext.NAME)
+
+
+@pytest.fixture
+def registered():
+    """"halftopk" registered for one test, as ``import external_compressor`` does."""
+    hc.register(ext.HalfTopK)
+    yield
+    _REGISTRY.pop(ext.NAME, None)
 
 HERE = Path(__file__).parent
 N, K, BLOCK = 1000, 0.05, 256
@@ -121,7 +135,7 @@ def test_the_module_uses_the_public_contract_only():
     assert used and set(used) <= set(hc.__all__), used
 
 
-def test_from_params_builds_it_by_name():
+def test_from_params_builds_it_by_name(registered):
     assert ext.NAME in hc.available()
     c = hc.from_params({"compressor": ext.NAME, "k": "0.05"})
     assert type(c) is ext.HalfTopK and c.k == 0.05 and c.fixed_size_payload
@@ -129,7 +143,7 @@ def test_from_params_builds_it_by_name():
     assert isinstance(ef, hc.ErrorFeedback) and type(ef.unwrap()) is ext.HalfTopK and ef.keeps_residual
 
 
-def test_sharded_reduce_scatter_takes_the_declared_and_refuses_the_undeclared():
+def test_sharded_reduce_scatter_takes_the_declared_and_refuses_the_undeclared(registered):
     fsdp.CompressionState(compression=ext.HalfTopK(0.05))
     fsdp.CompressionState(compression={"compressor": ext.NAME, "k": "0.05", "ef": "vanilla"})
     with pytest.raises(ValueError, match="needs one round of payloads whose size is fixed"):

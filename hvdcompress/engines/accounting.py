@@ -28,6 +28,10 @@ class ByteCount:
         self.sent += step.sent
         self.steps += step.steps
 
+    def plus(self, other: "ByteCount") -> "ByteCount":
+        """A new count: this one's bytes and steps, with ``other``'s bytes added (another collective's)."""
+        return ByteCount(self.dense + other.dense, self.sent + other.sent, self.steps)
+
     @property
     def ratio(self) -> float:
         """Compression ratio dense / sent (inf when nothing was sent)."""

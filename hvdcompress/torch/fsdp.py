@@ -27,7 +27,8 @@ strategies refuse communication hooks in FSDP itself (:func:`compress` names the
 
 HSDP (FSDP2 on a ``("replicate", "shard")`` mesh): :func:`compress` compresses the all-reduce
 across replicas instead, with the take-overs (``optimizer=``), and leaves the reduce-scatter
-inside the node to FSDP (:mod:`hvdcompress.torch.hsdp`).
+inside the node to FSDP (:mod:`hvdcompress.torch.hsdp`). ``all_gather=`` (FSDP2 FULL_SHARD): the
+parameters' all-gather quantised too, master weights exact (:mod:`hvdcompress.torch.fsdp_gather`).
 
 ``check_replicas``: the sharded parameters are not replicas (each rank holds its own shard), so
 what is compared across ranks is the compressor's step counters, every N-th step. Checkpoints:
@@ -42,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from ..contract.compressor import Compressor, TensorInfo
+from ..engines.accounting import ByteCount
 from ..engines.reduce_scatter import (
     check_sharded,
     laid_out,
@@ -51,7 +53,7 @@ from ..engines.selection import select_engine
 from ..state import store as state_store
 from ..step.driver import StepDriver
 from ..step.options import parse_options
-from . import hsdp
+from . import fsdp_gather, hsdp
 from .dist_collectives import DistCollectives, node_groups, whole_group
 from .tensors import CONVERSIONS, OPS
 
@@ -71,7 +73,8 @@ class CompressionState:
     two-level reduce-scatter (:class:`~hvdcompress.engines.reduce_scatter.TwoLevelReduceScatter`: ``intra_node``
     a mild compressor inside the node, ``compression`` between nodes; default group only; the node
     groups of :func:`hvdcompress.torch.ddp.node_groups`). ``total_bytes`` / ``last_step_bytes``:
-    this rank's dense versus sent gradient bytes (:class:`~hvdcompress.engines.accounting.ByteCount`).
+    this rank's dense versus sent gradient bytes (:class:`~hvdcompress.engines.accounting.ByteCount`);
+    ``total_bytes`` adds ``all_gather_bytes``, the parameters' (:mod:`hvdcompress.torch.fsdp_gather`).
     """
 
     def __init__(self, process_group: Optional[Any] = None,
@@ -92,6 +95,7 @@ class CompressionState:
         self._units = 0          # FSDP1: units reduced so far in this backward pass
         self._open = False       # a step (backward pass) is under way
         self._pending: dict = {}   # unit -> its pooled state from a checkpoint at another world size
+        self.all_gather_bytes = ByteCount()   # compress(all_gather=): the parameters' all-gathers
 
     comm = property(lambda self: self.driver.comm)
 
@@ -102,8 +106,8 @@ class CompressionState:
 
     last_step_bytes = property(lambda self: self.driver.last_step_bytes,
                                doc="this rank's dense versus sent bytes of the last step")
-    total_bytes = property(lambda self: self.driver.total_bytes,
-                           doc="this rank's dense versus sent bytes since construction")
+    total_bytes = property(lambda self: self.driver.total_bytes.plus(self.all_gather_bytes),
+                           doc="this rank's dense versus sent bytes since construction (gradients, parameters)")
 
     def reduce_scatter(self, name: str, grad: torch.Tensor, output: torch.Tensor, scale: float) -> None:
         """Unit ``name``'s flat gradient ``grad`` (P·L elements) reduce-scattered through the
@@ -240,17 +244,20 @@ def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, No
              process_group: Optional[Any] = None, block: int = 4096, check_replicas: Optional[int] = None,
              intra_node: Union[Compressor, Mapping, None] = None, ranks_per_node: Optional[int] = None,
              optimizer: Optional[torch.optim.Optimizer] = None,
-             collective: str = "auto") -> Union[CompressionState, hsdp.HSDPState]:
+             collective: str = "auto", all_gather: Union[Compressor, Mapping, None] = None
+             ) -> Union[CompressionState, hsdp.HSDPState]:
     """Install a compressed reduce-scatter on every ``FSDPModule`` under ``module`` (``fully_shard``
     applied first); return their shared :class:`CompressionState` (arguments as its).
 
     HSDP (``fully_shard`` on a ``("replicate", "shard")`` mesh): the all-reduce across replicas
     compressed instead, FSDP's reduce-scatter left dense (:mod:`hvdcompress.torch.hsdp`:
-    ``compression``, ``optimizer``, ``collective`` and ``check_replicas`` as the DDP hook's)."""
+    ``compression``, ``optimizer``, ``collective`` and ``check_replicas`` as the DDP hook's).
+    ``all_gather``: Int8() or Int4() quantises FULL_SHARD's parameter all-gathers (module doc)."""
     from torch.distributed.fsdp import FSDPModule
     _refuse_hybrid_shard(module)
     if hsdp.is_hsdp(module):
-        given = {"process_group": process_group, "intra_node": intra_node, "ranks_per_node": ranks_per_node}
+        given = {"process_group": process_group, "intra_node": intra_node, "ranks_per_node": ranks_per_node,
+                 "all_gather": all_gather}
         if any(v is not None for v in given.values()) or block != 4096:
             raise ValueError(f"compress: {given} / block={block} with HSDP: the replicate all-reduce runs over "
                              "the mesh's replicate group as a flat exchange; leave them at their defaults")
@@ -258,6 +265,7 @@ def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, No
     if optimizer is not None or collective != "auto":
         raise ValueError("compress: optimizer= and collective= are HSDP's (the replicate all-reduce); "
                          "the compressed reduce-scatter of FULL_SHARD takes neither")
+    gather_codec = fsdp_gather.codec(module, all_gather)
     units = [(name or "root", m) for name, m in module.named_modules() if isinstance(m, FSDPModule)]
     if not units:
         raise ValueError(f"compress: no FSDPModule under {type(module).__name__}; apply "
@@ -265,6 +273,7 @@ def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, No
     state = CompressionState(process_group, compression, block, check_replicas, intra_node, ranks_per_node)
     for name, m in units:
         m.set_custom_reduce_scatter(CompressedReduceScatter(state, name))
+    fsdp_gather.install(units, gather_codec, state.all_gather_bytes)
     return state
 
 

@@ -29,7 +29,7 @@ import torch
 
 from ..contract.compressor import Compressor
 from ..engines.accounting import ByteCount
-from ..engines.exchange import Exchange
+from ..engines.selection import build_exchange, select_engine
 from ..state import store as state_store
 from ..step.diloco import DEFAULT_COMPRESSION, OuterSync, check_outer_compressor, outer_settings
 from ..step.driver import StepDriver
@@ -55,7 +55,6 @@ def _backend(process_group: Any, process_set: Any, compressor: Compressor,
     if process_group is None and (process_set is not None or _horovod_running()):
         import horovod.torch as hvd
 
-        from ..engines.selection import build_exchange
         from .collectives import HorovodCollectives
         ps = hvd.global_process_set if process_set is None else process_set
         if not HorovodCollectives(ps).included():
@@ -68,7 +67,7 @@ def _backend(process_group: Any, process_set: Any, compressor: Compressor,
         raise ValueError(f"{WHO}: no process group to sync over; allowed: after hvd.init() "
                          "(Horovod) or torch.distributed.init_process_group(...), or process_group=")
     from .dist_collectives import DistCollectives
-    return (lambda: Exchange(compressor, OPS, DistCollectives(process_group), collective=collective),
+    return (lambda: select_engine(compressor, OPS, DistCollectives(process_group), collective=collective),
             lambda: DistCollectives(process_group), None)
 
 

@@ -55,7 +55,7 @@ class CheckpointMethods:
         by_name = {n: p for p, n in self._parameter_names.items()}
         bucket = self._buckets.get(name)
         params = [by_name[m] for m in bucket.members] if bucket is not None else [by_name[name]]
-        return state_layout(self._driver, params, bucket, self._info)
+        return state_layout(self._driver, params, bucket, self._steps.info)
 
     @contextmanager
     def skip_synchronize(self):
@@ -67,7 +67,7 @@ class CheckpointMethods:
             self._should_synchronize = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._driver.in_flight or self._sparse or self._awaiting_clip:
+        if self._steps.in_progress:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(); this would race with "
                                  "the gradients' communication")
@@ -82,9 +82,7 @@ class CheckpointMethods:
 
     def _clear_pending(self) -> None:
         """Forget any step in progress (a checkpoint load, an elastic reset)."""
-        self._driver.clear()
-        self._awaiting_clip.clear()
-        self._sparse.clear()
+        self._steps.forget()
         self._synchronized = False
         self._should_synchronize = True
         self.set_backward_passes_per_step(self.backward_passes_per_step)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 import torch
 import torch.distributed as dist
 
-from ..adam.settings import adam_settings
+from ..adam.settings import AdamSettings, adam_settings
 from ..contract.compressor import Compressor, TensorInfo
 from ..engines.contract import Engine
 from ..engines.fusion import FusedKey, totals
@@ -42,6 +42,7 @@ from ..engines.selection import select_engine
 from ..state import store as state_store
 from ..step.arguments import documented
 from ..step.driver import Completion, StepDriver
+from ..step.frontend import FrontEnd
 from ..step.names import check_names
 from ..step.options import parse_options
 from ..transport.collectives import check_collective
@@ -57,7 +58,7 @@ __all__ = ["CompressionState", "compression_hook", "node_groups"]
 
 @documented("compression", "clip_grad_norm", "collective", "intra_node", "check_replicas", "scaler",
             "fusion", "bytes")
-class CompressionState:
+class CompressionState(FrontEnd):
     """The state of :func:`compression_hook`: the compressor, its per-parameter state, the
     driver and the step's buckets. Build it on every rank, before or after ``init_process_group``.
 
@@ -102,16 +103,18 @@ class CompressionState:
         self._names: dict = {} if named_parameters is None else check_names(named_parameters)
         self._named = named_parameters is not None
         self._fused = self._fusion_buckets()   # parameter name -> its fused bucket (fusion=)
-        self._buckets: list = []       # this step's (future, buffer, [(param, flat grad)])
-        self.driver = StepDriver(self.options, OPS, self._build_exchange,
-                                 lambda: DistCollectives(process_group),
-                                 "hvdcompress.torch.ddp.CompressionState",
-                                 adam=hook_optimizer(compressor, optimizer, self._adam_step))
+        self._buckets: list = []       # this step's (future, buffer, [key]) of each DDP bucket
+        self._pairs: list = []         # key (an index) -> this step's (param, flat grad)
+        super().__init__(StepDriver(self.options, OPS, self._build_exchange,
+                                    lambda: DistCollectives(process_group),
+                                    "hvdcompress.torch.ddp.CompressionState",
+                                    adam=hook_optimizer(compressor, optimizer, self._adam_step)))
         self.driver.completion = Completion({b.name: len(b.members) for b in self._fused.values()})
+        self.buckets = {b.name: b for b in self._fused.values()}
         if self._named:   # else numbered at the first step (the agreement describes them then)
             self.driver.describe((n, p.shape, p.dtype) for p, n in self._names.items())
-        self._scaler = GradScalerLink(scaler, optimizer) if scaler is not None else None
-        self.driver.guard = None if self._scaler is None else self._scaler.guard
+        self.scaler = GradScalerLink(scaler, optimizer) if scaler is not None else None
+        self.driver.guard = None if self.scaler is None else self.scaler.guard
 
     exchange = property(lambda self: self.driver.engine, doc="the exchange engine (built at first use)")
     comm = property(lambda self: self.driver.comm)
@@ -169,55 +172,81 @@ class CompressionState:
                              "optimizer=: the take-over of its step needs its param group")
         return self._group_of[p]
 
-    def _info(self, p: torch.Tensor) -> TensorInfo:
+    # ---- the front-end contract (hvdcompress.step.frontend): keys index this step's pairs ----------
+    def name(self, key: int) -> str:
+        return self._name(self._pairs[key][0])
+
+    def gradient(self, key: int) -> torch.Tensor:
+        return self._pairs[key][1]
+
+    def info(self, key: int) -> TensorInfo:
+        return self._param_info(self._pairs[key][0])
+
+    def _param_info(self, p: torch.Tensor) -> TensorInfo:
         return tensor_info(p, self._name(p), self.comm.world, self.comm.rank,
                            self._group(p) if self._takes_over else None)
 
-    def _launch(self, pairs: list) -> None:
-        """Compress each (parameter, flat local gradient) through the driver and launch them
-        together; a fused bucket's members wait for each other (across DDP's buckets)."""
-        entries = []
-        for p, grad in pairs:
-            info = self._info(p)
-            settings = adam_settings(self._group(p)) if self.driver.adam is not None else None
-            bucket = self._fused.get(info.name)
-            if bucket is None:
-                entries.append(self.driver.compress(grad, grad, info, settings, info.param))
-                continue
-            x = self.driver.outgoing(grad, self.driver.states.tensor(info.name), info, settings, info.param)
-            items = self.driver.completion.add(bucket.name, (grad, x, info))
-            if items is not None:
-                entries.append(self.driver.compress_bucket(bucket, items))
-        self.driver.start(entries)
+    def settings(self, key: int) -> Optional[AdamSettings]:
+        return adam_settings(self._group(self._pairs[key][0])) if self.driver.adam is not None else None
 
+    def group(self, key: int) -> Optional[str]:
+        bucket = self._fused.get(self.name(key))
+        return None if bucket is None else bucket.name
+
+    def unscale(self, key: int) -> None:
+        self.scaler.unscale_tensor(self._pairs[key][1])
+
+    def out_of(self, entry: Any) -> Optional[torch.Tensor]:
+        return None if isinstance(entry.key, FusedKey) else self._pairs[entry.key][1]
+
+    def write(self, entry: Any) -> None:
+        for key, total in totals(OPS, entry):
+            grad = self._pairs[key][1]
+            if total is not None and total is not grad:
+                grad.copy_(total)
+
+    def clip_local(self, keys: list, scale: float) -> None:
+        clip_local_gradients([self._pairs[k][1] for k in keys], self.options.clip_grad_norm,
+                             self.comm.world, scale=scale)
+
+    def clip_mean(self, keys: list) -> Any:
+        return clip_gradients([self._pairs[k][1] for k in keys], self.options.clip_grad_norm)
+
+    def incomplete(self, leftovers: list) -> None:
+        if leftovers:
+            raise RuntimeError(f"fused buckets {[gid for gid, _ in leftovers]} missed members at the "
+                               "last DDP bucket: every trainable named parameter must get a gradient each step")
+
+    # ---- the hook -------------------------------------------------------------------------------
     def reduce(self, bucket: dist.GradBucket) -> torch.futures.Future:
         """:func:`compression_hook`'s work for one bucket."""
         buffer = bucket.buffer()
         if buffer.is_sparse:
             raise ValueError("a DDP bucket holds sparse gradients, which the compression hook "
                              "cannot compress; use dense gradients (e.g. nn.Embedding(sparse=False))")
-        pairs = list(zip(bucket.parameters(), [g.reshape(-1) for g in bucket.gradients()]))
         future: torch.futures.Future = torch.futures.Future()
         try:
             if not self._buckets:   # the step's first bucket
                 self._begin_step()
-            self._buckets.append((future, buffer, pairs))
-            if self._scaler is not None:
-                for _, grad in pairs:
-                    self._scaler.unscale_tensor(grad)
-            if not self.driver.clips_before():
-                self._launch(pairs)
+            keys = list(range(len(self._pairs), len(self._pairs) + len(bucket.parameters())))
+            self._pairs.extend(zip(bucket.parameters(), [g.reshape(-1) for g in bucket.gradients()]))
+            self._buckets.append((future, buffer))
+            self.ready(keys)
             if bucket.is_last():
-                self._complete()
+                skipped = self.wait()
+                if self.driver.adam is None:   # FrozenAdam counts its steps in the optimizer's step
+                    self.updated(skipped)
+                for waiting, result in self._buckets:
+                    waiting.set_result(result)
         except BaseException as error:  # the step is lost: fail every future DDP would wait on
-            for waiting, _, _ in self._buckets or [(future, None, None)]:
+            for waiting, _ in self._buckets or [(future, None)]:
                 if not waiting.done():
                     waiting.set_exception(error)
-            self._buckets = []
-            self.driver.clear()
+            self._buckets, self._pairs = [], []
+            self.forget()
             raise
         if bucket.is_last():
-            self._buckets = []
+            self._buckets, self._pairs = [], []
         return future
 
     def _begin_step(self) -> None:
@@ -226,34 +255,6 @@ class CompressionState:
         by_name = sorted(self._names.items(), key=lambda item: item[1])
         self.driver.agree([(n, tuple(p.shape), str(p.dtype)) for p, n in by_name], torch.zeros(1, device=self._device()))
         self.driver.check_replicas(lambda: [(n, local(p).detach()) for p, n in by_name])
-
-    def _complete(self) -> None:
-        """After the last bucket: (the local clip and the launches,) every round, the decoded
-        averages in the buffers, (the clip after the exchange,) the futures completed."""
-        grads = sorted(((self._name(p), g) for _, _, pairs in self._buckets for p, g in pairs),
-                       key=lambda item: item[0])  # name order: the norm sums alike on every rank
-        if self.driver.clips_before():
-            clip_local_gradients([g for _, g in grads], self.options.clip_grad_norm, self.comm.world,
-                                 scale=self.driver.clip_scale())
-            for _, _, pairs in self._buckets:
-                self._launch(pairs)
-        if self.driver.completion:
-            raise RuntimeError(f"fused buckets {[gid for gid, _ in self.driver.completion.leftovers()]} "
-                               "missed members at the last DDP bucket: every trainable named parameter "
-                               "must get a gradient each step")
-        overflow = self._scaler.launch(self.comm) if self._scaler is not None else None
-        for entry in self.driver.finish(lambda e: None if isinstance(e.key, FusedKey) else e.key):
-            for grad, total in totals(OPS, entry):
-                if total is not None and total is not grad:
-                    grad.copy_(total)
-        skipped = overflow is not None and self._scaler.settle(self.comm, overflow)
-        if self.options.clip_grad_norm is not None and not self.driver.clips_before():
-            self.driver.clipped_after(clip_gradients([g for _, g in grads], self.options.clip_grad_norm))
-        self.driver.end_exchange()
-        if self.driver.adam is None:   # FrozenAdam counts its steps in the optimizer's step
-            self.driver.end_update(skipped)
-        for future, buffer, _ in self._buckets:
-            future.set_result(buffer)
 
     # ---- checkpoints -------------------------------------------------------------------------------
     def state_dict(self, gather: bool = False) -> dict:
@@ -274,7 +275,7 @@ class CompressionState:
                              "tensor out by its parameter: pass named_parameters=model.named_parameters()")
         known = [*self._names.values(), *{b.name for b in self._fused.values()}] if self._named else None
         commit = state_store.prepare(self.driver, state_dict, CONVERSIONS, known, self._layout)
-        self.driver.clear()
+        self.forget()
         commit()
 
     def _layout(self, name: str) -> tuple:
@@ -284,7 +285,7 @@ class CompressionState:
         params = [by_name[m] for m in bucket.members] if bucket is not None else [by_name.get(name)]
         if params[0] is None:
             return 0, None, lambda: False
-        return state_layout(self.driver, params, bucket, self._info)
+        return state_layout(self.driver, params, bucket, self._param_info)
 
 # No ``from __future__ import annotations`` in this module: DDP's register_comm_hook compares
 # the hook's annotations with dist.GradBucket and Future[Tensor] themselves, not their strings.

@@ -21,21 +21,20 @@ from typing import Iterable, Mapping, Optional, Union
 import horovod.torch as hvd
 import torch
 
-from ..adam.settings import adam_settings
-from ..contract.compressor import Compressor, TensorInfo
-from ..engines.fusion import totals
+from ..contract.compressor import Compressor
 from ..engines.selection import build_exchange
 from ..step.arguments import documented
 from ..step.driver import Completion, StepDriver
 from ..step.names import check_names
 from ..step.options import check_unwrapped, parse_options
 from .checkpoints import CheckpointMethods
-from .clipping import GradientWatch, clip_gradients, clip_local_gradients
+from .clipping import GradientWatch
 from .collectives import HorovodCollectives
 from .fusion import bucket_tensors
 from .grad_scaler import GradScalerLink, enabled_scaler, warn_unscaled_amp
 from .momentum_takeover import check_adam, check_momentum, suspended, takes_over
-from .tensors import OPS, adam_update, ranks_of, tensor_info, weak_hook
+from .optimizer_steps import OptimizerSteps
+from .tensors import OPS, adam_update, ranks_of, weak_hook
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -62,7 +61,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._driver = StepDriver(options, OPS, weak_hook(self, "_new_engine"), lambda: comm,
                                   "hvdcompress.torch.DistributedOptimizer", adam=check_adam(compression, self),
                                   ranks=ranks_of(process_set, hvd.global_process_set))
-        self._awaiting_clip = []   # parameters whose gradient is complete, held for the local clip
         self._watch = GradientWatch(compression, options.intra_node)  # the clip-after-synchronize trap
         self._scaler = GradScalerLink(options.scaler, self) if options.scaler is not None else None
         self._driver.guard = self._scaler.guard if self._scaler is not None else None
@@ -80,7 +78,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._driver.completion = Completion(Counter(self._group_of[p] for p in self._requires_update))
         self._driver.describe((self._parameter_names[p], p.shape, p.dtype) for p in self._by_name)
         self._param_group = {p: g for g in self.param_groups for p in g["params"]}
-        self._sparse = {}          # p -> handle of Horovod's sparse allreduce
+        self._steps = OptimizerSteps(self)   # the step's sequence (hvdcompress.step.frontend)
         self._synchronized, self._should_synchronize, self._plain_step = False, True, False
         if self._included():  # a rank outside the process set does no collective (as Horovod)
             self._agree()
@@ -122,68 +120,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "before step() or synchronize(); increase backward_passes_per_step")
         self._delay[p] -= 1
         if self._delay[p] == 0:
-            self._ready(p)
-
-    def _ready(self, p: torch.Tensor) -> None:
-        """``p``'s gradient is complete: unscaled (``scaler=``), then compressed now, or with the
-        clip before the exchange once every gradient is complete (the clip needs their norm)."""
-        if self._scaler is not None:
-            self._scaler.unscale(p)
-        if not self._driver.clips_before():
-            self._prepare(p)
-            return
-        self._awaiting_clip.append(p)
-        if len(self._awaiting_clip) == len(self._requires_update):
-            # all of them, in name order (not hook order): the norm's sum is then the same on every rank
-            params, self._awaiting_clip = list(self._requires_update), []
-            for q in params:
-                if q.grad is None:
-                    q.grad = torch.zeros_like(q)
-            clip_local_gradients([q.grad for q in params], self.clip_grad_norm, self._comm.world,
-                                 average=self.op == hvd.Average, scale=self._driver.clip_scale())
-            for q in params:
-                self._prepare(q)
-
-    def _info(self, p: torch.Tensor) -> TensorInfo:
-        group = self._param_group[p] if takes_over(self._compression, self) else None
-        return tensor_info(p, self._parameter_names[p], self._comm.world, self._comm.rank, group)
-
-    def _prepare(self, p: torch.Tensor) -> None:
-        """Compress ``p.grad`` and launch its group once every member is prepared."""
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        grad = p.grad
-        if grad.is_sparse and not self.sparse_as_dense:
-            if self._compression.takes_over_momentum:
-                raise ValueError(f"parameter '{self._parameter_names[p]}' has a sparse gradient, which "
-                                 f"{self._compression.name} cannot compress; use sparse_as_dense=True")
-            self._sparse[p] = hvd.sparse_allreduce_async(grad, name=f"hvdc.sparse.{self._parameter_names[p]}",
-                                                         op=self.op, process_set=self.process_set)
-            return
-        if grad.is_sparse:
-            grad = grad.to_dense()
-        info, gid = self._info(p), self._group_of[p]
-        settings = adam_settings(self._param_group[p]) if self._driver.adam is not None else None
-        if gid in self._buckets:   # compressed with its bucket
-            item = (p, self._driver.outgoing(grad.reshape(-1), self._driver.states.tensor(info.name),
-                                             info, settings, info.param), info)
-        else:
-            item = self._driver.compress(p, grad.reshape(-1), info, settings, info.param)
-        ready = self._driver.completion.add(gid, item)
-        if ready is not None:
-            self._launch(gid, ready)
-
-    def _launch(self, gid, entries: list) -> None:
-        """Start the exchange of a group: its entries, or its bucket compressed as one."""
-        bucket = self._buckets.get(gid)
-        self._driver.start(entries if bucket is None else [self._driver.compress_bucket(bucket, entries)])
-
-    @staticmethod
-    def _decode_buffer(entry) -> Optional[torch.Tensor]:
-        """A dense contiguous gradient is the decoder's output buffer (no allocation); a fused
-        bucket decodes into a buffer of its own, then cut into its gradients."""
-        grad = getattr(entry.key, "grad", None)
-        return None if grad is None or grad.is_sparse or not grad.is_contiguous() else grad.view(-1)
+            self._steps.ready([p])
 
     def synchronize(self) -> None:
         """Wait for every gradient's communication and write the averaged gradients."""
@@ -192,28 +129,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         for p in [q for q in self._requires_update if self._delay[q] != 0]:
             self._delay[p] = 0
-            self._ready(p)
-        for gid, entries in self._driver.completion.leftovers():  # groups whose members did not all report
-            self._launch(gid, entries)
-        overflow = self._scaler.launch(self._comm) if self._scaler is not None else None
-        for entry in self._driver.finish(self._decode_buffer):
-            if self._decode_buffer(entry) is not None:
-                continue   # decoded and scaled in p.grad already
-            for p, total in totals(OPS, entry):
-                if total is not None:
-                    grad = total.view(p.shape).to(p.dtype)
-                    p.grad = grad.to_sparse() if p.grad.is_sparse else p.grad.copy_(grad)
-        if overflow is not None:
-            self._overflow = self._scaler.settle(self._comm, overflow)
-        for p, finish in self._sparse.items():
-            p.grad = finish()  # Horovod's sparse allreduce hands back a function
-        self._sparse.clear()
-        if self.clip_grad_norm is not None and not self._driver.clips_before():  # Horovod's clip, exactly
-            self._driver.clipped_after(clip_gradients([p.grad for p in self._requires_update if p.grad is not None],
-                                                      self.clip_grad_norm))
+            self._steps.ready([p])
+        self._overflow = self._steps.wait()
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
-        self._driver.end_exchange()
         self._watch.record(self._requires_update)
         self._synchronized = True
 
@@ -236,9 +155,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if hasattr(self, attr):
                     setattr(self, attr, None)
         result = self._wrapped_step(closure)
-        self._driver.end_update()
-        if self._included():
-            self._driver.check_replicas(lambda: [(self._parameter_names[p], p) for p in self._by_name])
+        self._steps.updated(named=(lambda: [(self._parameter_names[p], p) for p in self._by_name])
+                            if self._included() else None)
         return result
 
     def _wrapped_step(self, closure):

@@ -27,17 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import hvdcompress as hc
-from hvdcompress.adam.settings import adam_settings
-from hvdcompress.contract.compressor import TensorInfo
-from hvdcompress.engines.exchange import Exchange
-from hvdcompress.engines.fusion import FusedKey, buckets, compress_bucket, totals
-from hvdcompress.engines.two_level import TwoLevelExchange
-from hvdcompress.ops.torch_ops import TorchOps
-from hvdcompress.registry import as_compressor
-from hvdcompress.torch.clipping import clip_gradients, clip_local_gradients
-from hvdcompress.torch.momentum_takeover import check_adam, momentum_fields, suspended, takes_over
 
-OPS = TorchOps()
 SEED = 3
 BATCH = 16
 BUCKET_CAP_MB = 0.001   # ~1 KB: after the rebuild, head and body in two buckets
@@ -162,77 +152,31 @@ def flat_params(model: torch.nn.Module) -> dict:
 def reference(case: Case, comm, steps: int, node=None, cross=None,
               rank_grads: Optional[list] = None) -> dict:
     """One simulated rank (``comm``; ``node`` and ``cross`` its process sets for two-level
-    compression) of the Horovod front end on this case: the same per-tensor exchange, momentum
-    or Adam take-over and clipping as hvdcompress.torch.DistributedOptimizer, one group per
-    step, in name order. The rank's parameters after ``steps`` steps.
+    compression) of the toy front end of the front-end contract (tests/toy_front_end.py) on this
+    case: the step sequence every front end runs, over plain torch tensors. The rank's
+    parameters after ``steps`` steps.
 
     ``rank_grads``: per step, parameter name -> the launched rank's local gradient (flat): trained
     on instead of this backward's own, which must agree with it to float rounding (the bits of
     a backward depend on the BLAS path and thread count, not the hook's)."""
+    from toy_front_end import ToyFrontEnd  # tests/, which the launched workers do not import
+
     model = build_model()
     opt = case.optimizer(model.parameters())
-    compressor = as_compressor(case.compression())
-    engine = Exchange(compressor, OPS, comm) if case.intra_node is None else \
-        TwoLevelExchange(compressor, case.intra_node(), OPS, node, cross)
-    named = sorted(model.named_parameters())
-    over = case.take_over and takes_over(compressor, opt)
-    adam = check_adam(compressor, opt) if case.take_over else None
-    fused = {m: b for b in buckets([(n, p.numel(), 4 * p.numel(), None) for n, p in named], case.fusion)
-             for m in b.members} if case.fusion else {}
-    states = {**{n: {} for n, _ in named}, **{b.name: {} for b in fused.values()}}
+    toy = ToyFrontEnd(model, opt, case.compression(), comm, take_over=case.take_over,
+                      clip_grad_norm=case.clip_grad_norm, fusion=case.fusion,
+                      intra_node=None if case.intra_node is None else case.intra_node(),
+                      node_comms=lambda: (node, cross))
     for step in range(steps):
         x, y = batch(comm.rank, step)
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         if rank_grads is not None:
-            for name, p in named:
+            for name, p in model.named_parameters():
                 fed = rank_grads[step][name].view_as(p)
                 where = f"rank {comm.rank}, step {step}, {name}: the launched rank's gradient is not ours"
                 torch.testing.assert_close(p.grad, fed, rtol=1e-4, atol=1e-5,
                                            msg=lambda m, w=where: f"{w}\n{m}")
                 p.grad.copy_(fed)
-        settings = adam_settings(opt.param_groups[0]) if adam is not None else None
-        grads = [p.grad for _, p in named]
-        # StepDriver.clips_before: FrozenAdam in its compressed steps only, scaled by its v-steps' kappa
-        clip_before = compressor.carries_state if adam is None else adam.frozen(settings)
-        if case.clip_grad_norm is not None and clip_before:
-            clip_local_gradients(grads, case.clip_grad_norm, comm.world,
-                                 scale=1.0 if adam is None else adam.clip_scale)
-        entries, waiting = [], {}
-        for name, p in named:
-            info = TensorInfo(name=name, numel=p.numel(), world=comm.world, rank=comm.rank,
-                              shape=tuple(p.shape), param=p.detach().reshape(-1))
-            if over:
-                for field, value in momentum_fields(opt.param_groups[0]).items():
-                    setattr(info, field, value)
-            sent = p.grad.view(-1)
-            if adam is not None:
-                sent = adam.before_exchange(OPS, sent, states[name], settings, p.detach().reshape(-1))
-                info.dense = adam.sends_dense(settings, info.numel)   # as the driver (StepDriver.outgoing)
-                info.mild = adam.sends_mild(settings, info.numel)
-            if name not in fused:
-                entries.append(engine.compress(p, sent, states[name], info))
-            else:
-                waiting.setdefault(fused[name].name, []).append((p, sent, info))
-        entries += [compress_bucket(engine, fused[items[0][2].name], items, states[fused[items[0][2].name].name])
-                    for items in waiting.values()]
-        for entry in engine.finish(engine.start(entries), lambda e: None if isinstance(e.key, FusedKey)
-                                   else e.key.grad.view(-1)):
-            if isinstance(entry.key, FusedKey):
-                for p, total in totals(OPS, entry):
-                    p.grad.view(-1).copy_(total)
-        if case.clip_grad_norm is not None and not clip_before:
-            kappa = clip_gradients(grads, case.clip_grad_norm)
-            if adam is not None:
-                adam.clip_scale = float(kappa)
-        engine.end_step()
-        if adam is None:
-            with suspended(opt, over):
-                opt.step()
-        else:
-            with torch.no_grad():
-                for name, p in named:
-                    p.copy_(adam.after_exchange(OPS, states[name], p.reshape(-1), p.grad.reshape(-1),
-                                                settings).view_as(p))
-        compressor.on_step()
+        toy.step()
     return flat_params(model)

@@ -34,8 +34,8 @@ an outlier widens the step for its whole chunk (smaller ``chunk``: tighter, 8 by
 """
 from __future__ import annotations
 
-from ..contract.compressor import Compressor, TensorInfo
 from ..compressors.int8 import Int4, Int8
+from ..contract.compressor import Compressor, TensorInfo
 from ..ops.facade import Ops, Tensor
 from ..ops.layout import packed_bytes
 

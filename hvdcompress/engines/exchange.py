@@ -38,6 +38,7 @@ from ..transport.collectives import Collectives, Planner, check_collective, choo
 from ..transport.rounds import Entry, Round, Send, launch_alltoall, wait
 from .accounting import ByteCount
 from .contract import Engine
+from .segments import side_by_side, summed_segment
 
 log = logging.getLogger("hvdcompress")
 DENSE = "dense"   # the ctx of a packet sent as it is (TensorInfo.dense)
@@ -176,8 +177,7 @@ class Exchange(Engine):
             if any(p.resume is not None or (p.summable and not self.summable_segments) for p in packets):
                 raise RuntimeError(f"{self.compressor!r} claims supports_alltoall but produced a "
                                    "summable or multi-round packet")
-            entry.packet = Packet([self.ops.concat([p.tensors[k] for p in packets])
-                                   for k in range(len(packets[0].tensors))], None)
+            entry.packet = Packet(side_by_side(self.ops, [p.tensors for p in packets]), None)
         else:
             entry.packet = self.compressor.compress(self.ops, x, state, info)
             if entry.packet.summable:
@@ -280,7 +280,7 @@ class Exchange(Engine):
     def _segment_sum(self, entry: Entry, received: list) -> Tensor:
         """The sum over ranks of this rank's segment, decoded from the all-to-all's payloads."""
         ctx, seg_info = entry.segments[self.comm.rank]
-        return self.compressor.decompress_gathered(self.ops, received, ctx, seg_info, self.comm.world)
+        return summed_segment(self.compressor, self.ops, received, [(ctx, seg_info, received)], self.comm.world)
 
     def _share_segment(self, entry: Entry, seg_sum: Tensor) -> Send:
         """Compress this rank's reduced segment again (the server side's own state, ``sum.``)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, MutableMapping, Optional, Sequence
+from typing import Any, Mapping, MutableMapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -40,6 +40,7 @@ from ..transport.collectives import Collectives, Planner
 from ..transport.rounds import launch_alltoall, wait
 from .accounting import ByteCount
 from .contract import Engine
+from .segments import side_by_side, summed_segment
 
 #: the largest block whose sparse indices fit in int16
 INT16_BLOCK = 2 ** 15
@@ -66,14 +67,24 @@ def check_sharded(compressor: Compressor) -> Compressor:
     return compressor
 
 
+class Block(NamedTuple):
+    """One compressed block of a unit: chunk j's block b, its packet, info and wire tensors."""
+
+    chunk: int
+    index: int
+    packet: Any
+    info: TensorInfo
+    tensors: list
+
+
 @dataclass
 class ShardEntry:
-    """One unit's compressed chunks: per (chunk, block), the packet and its TensorInfo."""
+    """One unit's compressed chunks: its :class:`Block` s, chunk by chunk."""
 
     key: Any
     info: TensorInfo
     dtype: str
-    blocks: list = field(default_factory=list)   # [(chunk j, block b, packet, info)]
+    blocks: list = field(default_factory=list)
     total: Optional[Tensor] = None
 
 
@@ -121,7 +132,7 @@ class ReduceScatterExchange(Engine):
                     raise RuntimeError(f"{self.compressor!r} produced a multi-round packet")
                 tensors = [ops.cast(t, "int16") if self.compact and ops.dtype(t) == "int32" else t
                            for t in packet.tensors]
-                entry.blocks.append((j, b, packet, binfo, tensors))
+                entry.blocks.append(Block(j, b, packet, binfo, tensors))
                 sent += payload_bytes(ops, tensors)
         self.step_bytes.add(info.numel * ops.element_size(x), sent)
         self.plan[info.name] = (info.numel, self.collective, sent, sent * (world - 1) // world)
@@ -129,33 +140,17 @@ class ReduceScatterExchange(Engine):
 
     def start(self, entries: list) -> list:
         """One all-to-all per entry: chunk j's payload tensors, side by side, to rank j."""
-        flights = []
-        for entry in entries:
-            count = len(entry.blocks[0][4])   # payload tensors per block: tensor k of every block of
-            tensors = [self.ops.concat([ts[k] for j in range(self.comm.world)   # chunk 0, then chunk 1...
-                                        for q, _, _, _, ts in entry.blocks if q == j]) for k in range(count)]
-            flights.append((entry, launch_alltoall(self.ops, self.comm, tensors, f"hvdc.rs.{entry.info.name}")))
-        return flights
+        return [(entry, launch_alltoall(self.ops, self.comm, side_by_side(self.ops, [b.tensors for b in entry.blocks]),
+                                        f"hvdc.rs.{entry.info.name}")) for entry in entries]
 
     def finish(self, flights: list, out_of: Any = lambda e: None) -> list:
         """Decode and sum this rank's chunk of every entry (float32), into ``out_of(entry)``."""
-        ops, world, me = self.ops, self.comm.world, self.comm.rank
+        ops, me = self.ops, self.comm.rank
+        widen = (lambda t: ops.cast(t, "int32") if ops.dtype(t) == "int16" else t) if self.compact else None
         done = []
         for entry, handle in flights:
-            received = wait(ops, self.comm, handle)
-            mine = [(packet, binfo, ts) for j, _, packet, binfo, ts in entry.blocks if j == me]
-            # received[k]: every rank's part, in rank order, each part this chunk's blocks' tensor k side by
-            # side (every rank's are as long as this rank's): cut once into [rank][block]
-            parts = []
-            for k in range(len(mine[0][2])):
-                widths = [ops.numel(ts[k]) for _, _, ts in mine]
-                parts.append([ops.split(piece, widths) for piece in ops.split(received[k], [sum(widths)] * world)])
-            decoded = []
-            for position, (packet, binfo, _) in enumerate(mine):
-                gathered = [ops.concat([by_rank[position] for by_rank in per_rank]) for per_rank in parts]
-                gathered = [ops.cast(g, "int32") if self.compact and ops.dtype(g) == "int16" else g for g in gathered]
-                decoded.append(self.compressor.decompress_gathered(ops, gathered, packet.ctx, binfo, world))
-            flat = ops.concat(decoded) if len(decoded) > 1 else decoded[0]
+            mine = [(b.packet.ctx, b.info, b.tensors) for b in entry.blocks if b.chunk == me]
+            flat = summed_segment(self.compressor, ops, wait(ops, self.comm, handle), mine, self.comm.world, widen)
             out = out_of(entry)
             entry.total = ops.into(out, flat if out is None or ops.dtype(out) == "float32"
                                    else ops.cast(flat, ops.dtype(out)))

@@ -34,7 +34,14 @@ from typing import Any, Callable, Optional
 from ..contract.compressor import Compressor, Packet, TensorInfo, payload_bytes
 from ..ops.facade import Ops, Tensor
 from ..state.prefixed import PrefixedState
-from ..transport.collectives import Collectives, Planner, check_collective, choose_collective, wire_bytes
+from ..transport.collectives import (
+    WIRE_COLLECTIVES,
+    Collectives,
+    Planner,
+    check_collective,
+    choose_collective,
+    wire_bytes,
+)
 from ..transport.rounds import Entry, Round, Send, launch_alltoall, wait
 from .accounting import ByteCount
 from .contract import Engine
@@ -223,7 +230,7 @@ class Exchange(Engine):
         handles = {}
         for position, comm in enumerate(comms):
             suffix = "" if comm is self.comm else f".c{position}"
-            for collective in ("allreduce", "allgather", "alltoall"):
+            for collective in WIRE_COLLECTIVES:
                 tensors = [t for s in sends if (s.comm or self.comm) is comm and s.collective == collective
                            for t in s.tensors]
                 if tensors:

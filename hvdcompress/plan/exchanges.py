@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Mapping, NamedTuple, Optional
 
+from ..transport.collectives import PAYLOAD_COLLECTIVES
 from . import collectives as coll
 from .calibration import Calibration
 from .device import Device
@@ -34,7 +35,7 @@ from .links import Cluster, Link
 from .payloads import measure, shard_shape, supports_alltoall
 
 LEVELS = ("flat", "two-level")
-COLLECTIVES = ("allgather", "alltoall")
+COLLECTIVES = PAYLOAD_COLLECTIVES   # the collectives the cost model prices per-rank payloads by
 NODE = "node/"   # the fusion keys of the two-level node rounds
 
 

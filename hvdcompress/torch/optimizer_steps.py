@@ -7,6 +7,7 @@ the clips are Horovod's (:mod:`hvdcompress.torch.clipping`).
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Optional, Sequence
 
 import horovod.torch as hvd
@@ -26,10 +27,14 @@ class OptimizerSteps(FrontEnd):
 
     def __init__(self, opt: Any):
         super().__init__(opt._driver)
-        self.opt = opt
+        self._opt = weakref.ref(opt)   # no cycle: a replaced optimizer is freed at once (its hooks go quiet)
         self.scaler = opt._scaler
         self.buckets = opt._buckets
         self._apart: dict = {}   # p -> Horovod's sparse allreduce handle
+
+    @property
+    def opt(self) -> Any:
+        return self._opt()
 
     def name(self, p: torch.Tensor) -> str:
         return self.opt._parameter_names[p]

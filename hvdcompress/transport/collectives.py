@@ -28,7 +28,14 @@ from typing import Any
 from ..contract.compressor import Compressor, TensorInfo
 from ..ops.facade import Tensor
 
-COLLECTIVES = ("auto", "allgather", "alltoall")
+#: The collectives a round's payloads travel by, in the order one round launches them: summable
+#: payloads by allreduce, per-rank payloads by allgather or by the compressed allreduce's
+#: all-to-all. A new collective is added here, in :class:`Collectives` and in its adapters.
+WIRE_COLLECTIVES = ("allreduce", "allgather", "alltoall")
+#: How per-rank payloads may travel: each tensor's choice (``choose_collective``, the cost model)
+PAYLOAD_COLLECTIVES = WIRE_COLLECTIVES[1:]
+#: The ``collective=`` argument of every front end: 'auto' or one of the above
+COLLECTIVES = ("auto", *PAYLOAD_COLLECTIVES)
 
 
 class Collectives(ABC):

@@ -10,10 +10,12 @@ under FSDP2 (``fully_shard`` on each child module and on the model) with SGD (lr
 * ``dense``: FSDP's own reduce-scatter (float32);
 * ``bf16``: FSDP's bf16 communication (``MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)``,
   FSDP2's form of the ``bf16_compress_hook``);
-* ``int8``, ``onebit_ef``, ``topk_ef`` (5%): :func:`hvdcompress.torch.fsdp.compress`.
+* ``int8``, ``onebit_ef``, ``topk_ef`` (5%): :func:`hvdcompress.torch.fsdp.compress`;
+* ``int8_ag``: int8 on the reduce-scatter and on the parameters' all-gathers
+  (``fsdp.compress(..., all_gather=Int8())``); its bytes are every collective's.
 
 ``--hsdp`` (issue 54): HSDP instead, 2 replicas x P/2 shards (``fully_shard(..., mesh=(replicate,
-shard))``), AdamW (lr 0.002, betas 0.9, 0.95, no clip), methods ``dense`` (FSDP's own HSDP), ``int8``,
+shard))``), AdamW (lr 0.002, betas 0.9 and ``--beta2``, no clip), methods ``dense`` (FSDP's own HSDP), ``int8``,
 ``onebit_ef_adam`` and ``topk_ef_adam`` (1%; both with FrozenAdam): the replicate all-reduce compressed
 (:mod:`hvdcompress.torch.hsdp`); bytes are those across the replicate dimension
 (``state.cross_node_bytes``; dense HSDP's measured with ``set_all_reduce_hook``).
@@ -36,13 +38,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "examples")]
-METHODS = ("dense", "bf16", "int8", "onebit_ef", "topk_ef")
+METHODS = ("dense", "bf16", "int8", "int8_ag", "onebit_ef", "topk_ef")
 HSDP_METHODS = ("dense", "int8", "onebit_ef_adam", "topk_ef_adam")
 
 
 def compression(method: str):
     import hvdcompress as hc
-    return {"int8": hc.Int8(), "onebit_ef": hc.ErrorFeedback(hc.OneBit()),
+    return {"int8": hc.Int8(), "int8_ag": hc.Int8(), "onebit_ef": hc.ErrorFeedback(hc.OneBit()),
             "topk_ef": hc.ErrorFeedback(hc.TopK(0.05)),
             "onebit_ef_adam": {"compressor": "onebit", "ef": "vanilla", "adam": "frozen"},
             "topk_ef_adam": {"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"}}.get(method)
@@ -60,7 +62,7 @@ def hsdp_run(model, method: str, args):
     for child in model.children():
         fully_shard(child, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.adam_lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(model.parameters(), lr=args.adam_lr, betas=(0.9, args.beta2))
     sizes: list = []
     if compression(method) is None:
         for m in [model, *model.children()]:
@@ -77,6 +79,7 @@ def worker(args) -> None:
     from lm_train import build_model, lm_loss, load_corpus, sample_batch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    import hvdcompress as hc
     from hvdcompress.torch import fsdp
 
     dist.init_process_group("gloo")
@@ -96,7 +99,9 @@ def worker(args) -> None:
             for child in model.children():
                 fully_shard(child, mp_policy=policy)
             fully_shard(model, mp_policy=policy)
-            state = fsdp.compress(model, compression=compression(method), block=args.block) if compression(method) else None
+            gather = {"all_gather": hc.Int8()} if method == "int8_ag" else {}
+            state = fsdp.compress(model, compression=compression(method), block=args.block, **gather) \
+                if compression(method) else None
             opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         gen = torch.Generator().manual_seed(args.seed + rank)
         dense_step = 4 * sum(p.numel() for p in model.parameters())   # the unsharded gradients (DTensor: global numel)
@@ -132,7 +137,7 @@ def sweep(args) -> dict:
     for np_ in args.nps:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--methods", args.methods,
                "--steps", str(args.steps), "--seed", str(args.seed), "--block", str(args.block)] + \
-            (["--hsdp"] if args.hsdp else [])
+            ["--beta2", str(args.beta2)] + (["--hsdp"] if args.hsdp else [])
         res = launch(cmd, np_, args.rate, timeout=args.timeout, echo=False, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if not res.ok:
             raise SystemExit(f"fsdp_bench: np {np_} failed:\n{res.outputs[res.failed_rank][-4000:]}")
@@ -155,6 +160,7 @@ def main() -> None:
     ap.add_argument("--methods", default=None, help="comma-separated, from " + ",".join(METHODS)
                     + "; with --hsdp from " + ",".join(HSDP_METHODS))
     ap.add_argument("--hsdp", action="store_true", help="HSDP, 2 replicas x P/2 shards, AdamW (module doc)")
+    ap.add_argument("--beta2", type=float, default=0.95, help="AdamW's beta2 under --hsdp (beta1 0.9)")
     ap.add_argument("--block", type=int, default=4096, help="elements per compressed block (fsdp.compress's block=)")
     ap.add_argument("--nps", default="2,4", type=lambda s: [int(v) for v in s.split(",")])
     ap.add_argument("--rate", default="100mbit")

@@ -16,6 +16,7 @@ One launch per backend runs every case of tests/hvd/torch_diloco.py on 2 ranks: 
   conserves mass: Σ over syncs and ranks of Δ = Σ over syncs of 2·g + Σ over ranks of e;
 * checkpoints taken mid-interval (one rank's, and gathered) resume on the same bits;
 * bytes: dense is what every-step data parallelism sends over the same steps;
+* ``check_replicas=1``: a rank whose anchor drifts is named on every rank after the next sync;
 * ranks that disagree on sync_every, the compressor or the starting parameters fail on every
   rank at construction; bad arguments raise ValueErrors naming them (in this process);
 * examples/diloco_train.py trains, in the Horovod launch.
@@ -183,6 +184,13 @@ def test_checkpoints_resume_on_the_same_bits(cases):
 def test_ranks_that_disagree_fail_on_every_rank(cases, case, word):
     for rec in cases[case]:
         assert rec["error"] is not None and f"ranks disagree on {word}" in rec["error"], rec["error"]
+
+
+def test_a_replica_that_drifts_is_named_on_every_rank_after_the_sync(cases):
+    errors = [r["error"] for r in cases["replicas_differ"]]
+    assert all(e is not None for e in errors), errors
+    assert all("0.bias" in e for e in errors), errors   # the tensor nudged (the first by name)
+    assert [r["syncs"] for r in cases["replicas_differ"]] == [2, 2]   # raised at the second sync
 
 
 def test_the_example_trains_and_its_ranks_agree(cases):

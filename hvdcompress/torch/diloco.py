@@ -80,18 +80,23 @@ class DiLoCo:
     (a Compressor or a dict for :func:`hvdcompress.from_params`; None:
     :data:`~hvdcompress.step.diloco.DEFAULT_COMPRESSION`; dense: ``hvdcompress.NoCompression()``). ``outer_lr``,
     ``outer_momentum``, ``nesterov``: the outer SGD. ``collective``: the engine's, as on the
-    other front ends. Parameters that do not require a gradient are not synced.
+    other front ends. ``check_replicas``: every that many syncs, compare every rank's
+    parameters after the sync (they must be the same bits) and raise
+    :class:`hvdcompress.ReplicaMismatch` on every rank, naming the tensor, if they are not
+    (:mod:`hvdcompress.step.replicas`). Parameters that do not require a gradient are not synced.
     """
 
     def __init__(self, inner_optimizer: torch.optim.Optimizer, named_parameters: Optional[Iterable] = None,
                  sync_every: int = 50, compression: Union[Compressor, Mapping, str, None] = None,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, nesterov: bool = True,
-                 process_group: Any = None, process_set: Any = None, collective: str = "auto"):
+                 process_group: Any = None, process_set: Any = None, collective: str = "auto",
+                 check_replicas: Optional[int] = None):
         if not isinstance(inner_optimizer, torch.optim.Optimizer):
             raise ValueError(f"{WHO}: inner_optimizer={inner_optimizer!r}: allowed: a torch.optim.Optimizer")
         settings = outer_settings(WHO, sync_every, outer_lr, outer_momentum, nesterov)
         options = parse_options(DEFAULT_COMPRESSION if compression is None else compression,
-                                op="average", average_op="average", sum_op="sum", collective=collective)
+                                op="average", average_op="average", sum_op="sum", collective=collective,
+                                check_replicas=check_replicas)
         compressor = check_outer_compressor(WHO, options.compressor)
         self.inner = inner_optimizer
         params = [p for group in inner_optimizer.param_groups for p in group["params"]]
@@ -141,6 +146,7 @@ class DiLoCo:
         with torch.no_grad():
             for name, anchor in self._sync.sync(current):
                 self._params[name].copy_(anchor.view_as(self._params[name]))
+        self._driver.check_replicas(lambda: [(n, self._params[n].detach()) for n in sorted(self._params)])
 
     total_bytes = property(lambda self: self._sync.total_bytes, doc=(
         "ByteCount since construction: ``sent``, this rank's payloads of the outer syncs; ``dense``, "

@@ -162,12 +162,28 @@ def disagree(case: str, **differing) -> None:
         result(RANK, case=case, error=str(e))
 
 
+def replicas_differ() -> None:
+    """check_replicas=1: rank 1's anchor is nudged before the second sync; every rank must raise."""
+    model = mlp()
+    opt = diloco(model, {"compressor": "topk", "k": 0.1, "ef": "vanilla"}, check_replicas=1)
+    train(model, opt, 0, 2)   # the first sync: replicas identical, the check passes
+    if RANK == 1:
+        with torch.no_grad():
+            opt._sync.outer[sorted(opt._sync.outer)[0]]["anchor"][0] += 1.0
+    try:
+        train(model, opt, 2, 4)
+        result(RANK, case="replicas_differ", error=None, syncs=opt.steps // 2)
+    except hc.ReplicaMismatch as e:
+        result(RANK, case="replicas_differ", error=str(e), syncs=opt.steps // 2)
+
+
 group = {} if BACKEND == "horovod" else {"process_group": dist.new_group([0, 1])}
 linear("linear_nesterov", outer_lr=0.7, outer_momentum=0.9, nesterov=True)
 linear("linear_plain", outer_lr=1.0, outer_momentum=0.5, nesterov=False)
 adamw("adamw_dense", hc.NoCompression(), **group)
 adamw("adamw_topk", {"compressor": "topk", "k": 0.05, "ef": "vanilla"})
 resume()
+replicas_differ()
 disagree("disagree_sync_every", sync_every=2 + RANK)
 disagree("disagree_compression", compression={"compressor": "topk", "k": 0.05 * (1 + RANK), "ef": "vanilla"})
 disagree("disagree_parameters", perturb=True)

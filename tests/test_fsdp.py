@@ -41,7 +41,7 @@ def by_case(records) -> dict:
 @pytest.fixture(scope="module")
 def two():
     return by_case(torchrun(2, WORKER, ["--cases", ",".join(TWO), "--train", "fsdp1,fsdp2",
-                                        "--resume", "fsdp1,fsdp2"], timeout=600))
+                                        "--resume", "fsdp1,fsdp2", "--amp"], timeout=600))
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +179,27 @@ def test_checkpoint_resumes_on_the_same_bits(two, version):
 def test_bytes_per_step_are_counted_once(two):
     for case in TWO:
         assert two[case][0]["bytes"]["steps"] == 3
+
+
+def test_scaler_gives_the_unscaled_run_and_an_overflow_skips_the_step_everywhere(two):
+    plain, scaled, overflow = (two[f"amp:{label}"] for label in ("plain", "scaled", "overflow"))
+    for rank in (0, 1):
+        # a power-of-two scale unscales exactly: the same bits as the run without a scaler
+        assert [s["params"] for s in scaled[rank]["steps"]] == [s["params"] for s in plain[rank]["steps"]]
+        assert [s["residual"] for s in scaled[rank]["steps"]] == [s["residual"] for s in plain[rank]["steps"]]
+        steps = overflow[rank]["steps"]
+        at = 3   # tests/fsdp/worker.py OVERFLOW_AT: rank 1's loss inf; every rank skips
+        assert steps[at - 1]["params"] == scaled[rank]["steps"][at - 1]["params"]
+        assert steps[at]["params"] == steps[at - 1]["params"], "the overflow step moved the parameters"
+        assert steps[at]["residual"] == steps[at - 1]["residual"], "the overflow step kept its residuals"
+        assert steps[at]["scale"] == steps[at - 1]["scale"] / 2
+        assert steps[at + 1]["params"] != steps[at]["params"]   # training goes on
+    assert overflow[0]["steps"][-1]["scale"] == overflow[1]["steps"][-1]["scale"]
+
+
+def test_scaler_needs_the_optimizer_it_steps():
+    with pytest.raises(ValueError, match="scaler=.*optimizer=None"):
+        fsdp.CompressionState(compression=hc.Int8(), scaler=torch.amp.GradScaler("cpu"))
 
 
 def test_another_world_size_pools_each_units_mass():

@@ -49,7 +49,7 @@ from ..transport.collectives import check_collective
 from .clipping import clip_gradients, clip_local_gradients
 from .dist_collectives import DistCollectives, node_groups, whole_group
 from .fusion import bucket_tensors
-from .grad_scaler import GradScalerLink, enabled_scaler
+from .grad_scaler import enabled_scaler, scaler_link
 from .momentum_takeover import hook_optimizer, takes_over
 from .tensors import CONVERSIONS, OPS, adam_update, local, state_layout, tensor_info
 
@@ -92,10 +92,6 @@ class CompressionState(FrontEnd):
             raise ValueError(f"compression={compressor!r} with optimizer=None: FrozenAdam "
                              "replaces the optimizer's step; pass optimizer=the torch.optim.Adam "
                              "or AdamW that steps the DDP model")
-        if scaler is not None and optimizer is None:
-            raise ValueError(f"scaler={scaler!r} with optimizer=None: the scaler's skip of an "
-                             "overflow step is kept per optimizer; pass optimizer=the optimizer "
-                             "that scaler.step(...) steps")
         self.process_group = process_group
         self.optimizer = optimizer
         self._takes_over = optimizer is not None and takes_over(compressor, optimizer)
@@ -113,7 +109,7 @@ class CompressionState(FrontEnd):
         self.buckets = {b.name: b for b in self._fused.values()}
         if self._named:   # else numbered at the first step (the agreement describes them then)
             self.driver.describe((n, p.shape, p.dtype) for p, n in self._names.items())
-        self.scaler = GradScalerLink(scaler, optimizer) if scaler is not None else None
+        self.scaler = scaler_link(scaler, optimizer)
         self.driver.guard = None if self.scaler is None else self.scaler.guard
 
     exchange = property(lambda self: self.driver.engine, doc="the exchange engine (built at first use)")

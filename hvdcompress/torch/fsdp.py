@@ -11,12 +11,10 @@ FSDP2 (``fully_shard``)::
     fully_shard(layer) for each layer; fully_shard(model)
     state = fsdp.compress(model, compression=ErrorFeedback(OneBit()))
 
-The fourth front end of the step driver (:mod:`hvdcompress.step.driver`): each FSDP unit's flat
-gradient goes through :class:`hvdcompress.engines.reduce_scatter.ReduceScatterExchange` (each rank
-compresses the P chunks block by block, with error feedback per unit, chunk, block and rank; one
-all-to-all; this rank's chunk decoded and summed in float32 into the shard), then divided as FSDP
-would (FSDP1: the hook owns the average; FSDP2: ``op`` AVG or SUM, FSDP's pre/post factors
-around it). Which compressors fit: :func:`hvdcompress.engines.reduce_scatter.check_sharded`.
+A front end of the step driver (:mod:`hvdcompress.step.driver`): each FSDP unit's flat gradient
+goes through :class:`hvdcompress.engines.reduce_scatter.ReduceScatterExchange`, then is divided as
+FSDP would (FSDP1: the hook averages; FSDP2: ``op`` AVG or SUM, FSDP's pre/post factors around
+it). Which compressors fit: :func:`hvdcompress.engines.reduce_scatter.check_sharded`.
 
 Units are named by FSDP2's module paths (``compress``), or for FSDP1, whose hook is not told
 which unit it reduces, ``unit<k>`` in the order of the backward pass (the same on every rank and
@@ -55,6 +53,7 @@ from ..step.driver import StepDriver
 from ..step.options import parse_options
 from . import fsdp_gather, hsdp
 from .dist_collectives import DistCollectives, node_groups, whole_group
+from .grad_scaler import enabled_scaler, scaler_link
 from .tensors import CONVERSIONS, OPS
 
 __all__ = ["CompressionState", "reduce_scatter_hook", "compress"]
@@ -75,17 +74,21 @@ class CompressionState:
     groups of :func:`hvdcompress.torch.ddp.node_groups`). ``total_bytes`` / ``last_step_bytes``:
     this rank's dense versus sent gradient bytes (:class:`~hvdcompress.engines.accounting.ByteCount`);
     ``total_bytes`` adds ``all_gather_bytes``, the parameters' (:mod:`hvdcompress.torch.fsdp_gather`).
+    ``scaler`` (with ``optimizer``, which it steps): each unit's gradient unscaled before compression;
+    an overflow on any rank puts the state back and skips the step everywhere (step.loss_scale).
     """
 
     def __init__(self, process_group: Optional[Any] = None,
                  compression: Union[Compressor, Mapping, None] = None, block: int = 4096,
                  check_replicas: Optional[int] = None, intra_node: Union[Compressor, Mapping, None] = None,
-                 ranks_per_node: Optional[int] = None):
+                 ranks_per_node: Optional[int] = None, scaler: Optional[torch.amp.GradScaler] = None,
+                 optimizer: Optional[torch.optim.Optimizer] = None):
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
             raise ValueError(f"block={block!r}: allowed: an integer >= 1 (elements per compressed block)")
         self.options = parse_options(compression, op="average", average_op="average", sum_op="sum",
                                      check_replicas=check_replicas, intra_node=intra_node,
-                                     ranks_per_node=ranks_per_node, **whole_group(process_group))
+                                     ranks_per_node=ranks_per_node, scaler=enabled_scaler(scaler),
+                                     scaler_types=(torch.amp.GradScaler,), **whole_group(process_group))
         self.compressor = check_sharded(self.options.compressor)
         self.process_group = process_group
         self.block = block
@@ -96,8 +99,11 @@ class CompressionState:
         self._open = False       # a step (backward pass) is under way
         self._pending: dict = {}   # unit -> its pooled state from a checkpoint at another world size
         self.all_gather_bytes = ByteCount()   # compress(all_gather=): the parameters' all-gathers
+        self.scaler = scaler_link(self.options.scaler, optimizer)
+        self.driver.guard = None if self.scaler is None else self.scaler.guard
 
     comm = property(lambda self: self.driver.comm)
+
 
     def _engine(self) -> Any:
         intra = self.options.intra_node
@@ -124,6 +130,8 @@ class CompressionState:
                           for k, v in laid_out(self._pending.pop(name), grad.numel(), driver.comm.world,
                                                self.block).items()})
         x = grad.reshape(-1)
+        if self.scaler is not None:
+            self.scaler.unscale_tensor(x)
         info = TensorInfo(name=name, numel=x.numel(), world=driver.comm.world, rank=driver.comm.rank,
                           shape=(x.numel(),))
         driver.start([driver.engine.compress(name, driver.outgoing(x, state, info), state, info)])
@@ -147,8 +155,9 @@ class CompressionState:
         backward pass by itself; call it after a reduce-scatter run outside one)."""
         if self._open:
             self._open, self._units = False, 0
+            skipped = self.scaler is not None and self.scaler.settle(self.comm, self.scaler.launch(self.comm))
             self.driver.end_exchange()
-            self.driver.end_update()
+            self.driver.end_update(skipped)
 
     def _device(self) -> torch.device:
         backend = dist.get_backend(self.process_group)
@@ -208,10 +217,8 @@ class CompressionState:
 
 
 def reduce_scatter_hook(state: CompressionState, grad: torch.Tensor, output: Optional[torch.Tensor] = None) -> None:
-    """FSDP1 communication hook: ``model.register_comm_hook(state, reduce_scatter_hook)`` on the
-    root FSDP instance, before the first forward. Sharded strategies call it with the unit's
-    padded flat gradient and the shard to fill (the average over ranks); NO_SHARD with the
-    gradient alone, averaged in place."""
+    """FSDP1 communication hook (``model.register_comm_hook(state, reduce_scatter_hook)`` on the root,
+    before the first forward): the unit's padded flat gradient into its shard (NO_SHARD: in place)."""
     state.hook(grad, output)
 
 
@@ -244,15 +251,16 @@ def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, No
              process_group: Optional[Any] = None, block: int = 4096, check_replicas: Optional[int] = None,
              intra_node: Union[Compressor, Mapping, None] = None, ranks_per_node: Optional[int] = None,
              optimizer: Optional[torch.optim.Optimizer] = None,
-             collective: str = "auto", all_gather: Union[Compressor, Mapping, None] = None
-             ) -> Union[CompressionState, hsdp.HSDPState]:
+             collective: str = "auto", all_gather: Union[Compressor, Mapping, None] = None,
+             scaler: Optional[torch.amp.GradScaler] = None) -> Union[CompressionState, hsdp.HSDPState]:
     """Install a compressed reduce-scatter on every ``FSDPModule`` under ``module`` (``fully_shard``
     applied first); return their shared :class:`CompressionState` (arguments as its).
 
     HSDP (``fully_shard`` on a ``("replicate", "shard")`` mesh): the all-reduce across replicas
     compressed instead, FSDP's reduce-scatter left dense (:mod:`hvdcompress.torch.hsdp`:
     ``compression``, ``optimizer``, ``collective`` and ``check_replicas`` as the DDP hook's).
-    ``all_gather``: Int8() or Int4() quantises FULL_SHARD's parameter all-gathers (module doc)."""
+    ``all_gather``: Int8() or Int4() quantises FULL_SHARD's parameter all-gathers (module doc).
+    ``scaler``: a ``torch.amp.GradScaler``, with ``optimizer`` (the one it steps), on both."""
     from torch.distributed.fsdp import FSDPModule
     _refuse_hybrid_shard(module)
     if hsdp.is_hsdp(module):
@@ -261,16 +269,17 @@ def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, No
         if any(v is not None for v in given.values()) or block != 4096:
             raise ValueError(f"compress: {given} / block={block} with HSDP: the replicate all-reduce runs over "
                              "the mesh's replicate group as a flat exchange; leave them at their defaults")
-        return hsdp.compress(module, compression, optimizer, collective, check_replicas)
-    if optimizer is not None or collective != "auto":
-        raise ValueError("compress: optimizer= and collective= are HSDP's (the replicate all-reduce); "
-                         "the compressed reduce-scatter of FULL_SHARD takes neither")
+        return hsdp.compress(module, compression, optimizer, collective, check_replicas, scaler)
+    if (optimizer is not None and scaler is None) or collective != "auto":
+        raise ValueError("compress: optimizer= (without scaler=) and collective= are HSDP's (the replicate "
+                         "all-reduce); the compressed reduce-scatter of FULL_SHARD takes neither")
     gather_codec = fsdp_gather.codec(module, all_gather)
     units = [(name or "root", m) for name, m in module.named_modules() if isinstance(m, FSDPModule)]
     if not units:
         raise ValueError(f"compress: no FSDPModule under {type(module).__name__}; apply "
                          "torch.distributed.fsdp.fully_shard to it (and its layers) first")
-    state = CompressionState(process_group, compression, block, check_replicas, intra_node, ranks_per_node)
+    state = CompressionState(process_group, compression, block, check_replicas, intra_node, ranks_per_node,
+                             scaler, optimizer)
     for name, m in units:
         m.set_custom_reduce_scatter(CompressedReduceScatter(state, name))
     fsdp_gather.install(units, gather_codec, state.all_gather_bytes)

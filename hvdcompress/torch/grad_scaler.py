@@ -101,6 +101,16 @@ class GradScalerLink:
         return overflow
 
 
+def scaler_link(scaler: Any, optimizer: Optional[torch.optim.Optimizer]) -> Optional[GradScalerLink]:
+    """A hook front end's ``scaler=`` (None: none) for the ``optimizer`` that ``scaler.step`` steps."""
+    if scaler is None:
+        return None
+    if optimizer is None:
+        raise ValueError(f"scaler={scaler!r} with optimizer=None: the scaler's skip of an overflow step "
+                         "is kept per optimizer; pass optimizer=the optimizer that scaler.step(...) steps")
+    return GradScalerLink(scaler, optimizer)
+
+
 def inside_grad_scaler() -> bool:
     """Whether the running ``step()`` was called by an enabled ``torch.amp.GradScaler``: one of
     the few frames above it is a GradScaler method (Optimizer's profiling wrapper sits between)."""

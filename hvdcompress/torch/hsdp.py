@@ -85,10 +85,10 @@ class HSDPState(CompressionState):
     def __init__(self, module: torch.nn.Module, replicate_group: Any, shards: int,
                  compression: Union[Compressor, Mapping, None] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, collective: str = "auto",
-                 check_replicas: Optional[int] = None):
+                 check_replicas: Optional[int] = None, scaler: Optional[torch.amp.GradScaler] = None):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         super().__init__(replicate_group, compression, optimizer, collective, named_parameters=named,
-                         check_replicas=check_replicas)
+                         check_replicas=check_replicas, scaler=scaler)
         self._shards = shards
         self._fsdp_dense = 0   # bytes FSDP's all-reduce would have sent, since construction
         for _, p in named:   # the model keeps the state alive: its replicas never silently drift apart
@@ -161,10 +161,11 @@ def take_replicate_all_reduce(module: torch.nn.Module) -> tuple:
 
 def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, None] = None,
              optimizer: Optional[torch.optim.Optimizer] = None, collective: str = "auto",
-             check_replicas: Optional[int] = None) -> HSDPState:
+             check_replicas: Optional[int] = None, scaler: Optional[torch.amp.GradScaler] = None) -> HSDPState:
     """Compress the replicate all-reduce of an FSDP2 HSDP ``module`` (``fully_shard`` applied to
     its layers and itself on a ``("replicate", "shard")`` mesh, before its first forward);
     returns the :class:`HSDPState`. ``optimizer``: the one stepping ``module`` (SGD: the
-    momentum take-over; Adam/AdamW: needed by FrozenAdam)."""
+    momentum take-over; Adam/AdamW: needed by FrozenAdam; needed by ``scaler``, a
+    ``torch.amp.GradScaler`` handled as by the DDP hook)."""
     group, shards = take_replicate_all_reduce(module)
-    return HSDPState(module, group, shards, compression, optimizer, collective, check_replicas)
+    return HSDPState(module, group, shards, compression, optimizer, collective, check_replicas, scaler)

@@ -24,6 +24,7 @@ from hvdrun import write_result  # noqa: E402
 
 import hvdcompress as hc  # noqa: E402
 from hvdcompress.torch import fsdp  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 BLOCK = 256
 COMPRESSIONS = {
@@ -112,11 +113,49 @@ def full_params(model) -> list:
     return out
 
 
+OVERFLOW_AT = 3   # the --amp run's step at which rank 1's loss is inf
+
+
+def amp_run(rank: int, scaled: bool, overflow: bool) -> dict:
+    """FSDP2 with onebit + EF, SGD with momentum, 6 steps; with ``scaled`` a GradScaler (power-of-
+    two scale: unscaling is exact) given to fsdp.compress; with ``overflow`` rank 1's loss is
+    inf at OVERFLOW_AT. Every step's parameter shard, error-feedback checksum and scale."""
+    net = mlp()
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2) if scaled else None
+    amp = {} if scaler is None else {"optimizer": opt, "scaler": scaler}
+    state = fsdp.compress(net, compression=COMPRESSIONS["onebit_ef"](), block=BLOCK, **amp)
+    steps = []
+    for step in range(6):
+        x, y = batch(rank, step)
+        loss = nn.functional.cross_entropy(net(x), y)
+        if overflow and step == OVERFLOW_AT and rank == 1:
+            loss = loss * float("inf")
+        opt.zero_grad()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        residual = sum(float(v.double().abs().sum()) for st in state.state_dict()["tensors"].values()
+                       for k, v in st.items() if k.endswith("residual"))
+        steps.append({"params": full_params(net), "residual": residual,
+                      "scale": None if scaler is None else scaler.get_scale()})
+    return {"steps": steps}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="")
     parser.add_argument("--train", default="")
     parser.add_argument("--resume", default="")
+    parser.add_argument("--amp", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -152,6 +191,9 @@ def main() -> None:
         state.load_state_dict(saved["hook"])
         train(model, 2, rank, start=2, opt=opt)
         write_result(rank, {"case": f"resume:{version}", "straight": straight, "resumed": full_params(model)})
+    if args.amp:
+        for label, scaled, overflow in (("plain", False, False), ("scaled", True, False), ("overflow", True, True)):
+            write_result(rank, {"case": f"amp:{label}", **amp_run(rank, scaled, overflow)})
     dist.destroy_process_group()
 
 

@@ -116,6 +116,18 @@ def test_checkpoint_resumes_on_the_same_bits(runs, case):
         np.testing.assert_array_equal(f32(record["resumed"]), f32(record["straight"]), err_msg=f"rank {rank}")
 
 
+def test_scaler_gives_the_unscaled_run_and_an_overflow_skips_everywhere(runs):
+    at = 3   # tests/fsdp/hsdp_worker.py OVERFLOW_AT
+    for rank in range(4):
+        scaled = runs["amp"][rank]["steps"]
+        assert [s["shards"] for s in scaled] == runs["topk_ef"][rank]["shards"]   # exact unscaling
+        steps = runs["amp_overflow"][rank]["steps"]
+        assert steps[at - 1]["shards"] == scaled[at - 1]["shards"]
+        assert steps[at]["shards"] == steps[at - 1]["shards"], f"rank {rank}: the overflow step moved the shards"
+        assert steps[at]["scale"] == steps[at - 1]["scale"] / 2
+        assert steps[at + 1]["shards"] != steps[at]["shards"]
+
+
 def test_replica_check_raises_on_every_rank(runs):
     for rank in range(4):
         message = runs["replicas_differ"][rank]["message"]

@@ -271,8 +271,8 @@ def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, No
                              "the mesh's replicate group as a flat exchange; leave them at their defaults")
         return hsdp.compress(module, compression, optimizer, collective, check_replicas, scaler)
     if (optimizer is not None and scaler is None) or collective != "auto":
-        raise ValueError("compress: optimizer= (without scaler=) and collective= are HSDP's (the replicate "
-                         "all-reduce); the compressed reduce-scatter of FULL_SHARD takes neither")
+        raise ValueError("compress: optimizer= and collective= are HSDP's (the replicate all-reduce); the "
+                         "compressed reduce-scatter of FULL_SHARD takes optimizer= only with scaler=")
     gather_codec = fsdp_gather.codec(module, all_gather)
     units = [(name or "root", m) for name, m in module.named_modules() if isinstance(m, FSDPModule)]
     if not units:

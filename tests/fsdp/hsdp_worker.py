@@ -147,6 +147,30 @@ def refusal(mesh) -> str:
     return "no error"
 
 
+OVERFLOW_AT = 3   # the amp_overflow case's step at which rank 1's loss is inf
+
+
+def amp(mesh, rank: int, steps: range, overflow: bool) -> list:
+    """CASES' topk_ef (SGD) with a GradScaler given to fsdp.compress (power-of-two scale: exact
+    unscaling); with ``overflow`` rank 1's loss is inf at OVERFLOW_AT. Shards and scale per step."""
+    model = hsdp_model(mesh)
+    opt = optimizer("sgd", model)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
+    fsdp.compress(model, compression=CASES["topk_ef"][0], optimizer=opt, scaler=scaler)
+    out = []
+    for step in steps:
+        x, y = batch(rank, step)
+        loss = nn.functional.cross_entropy(model(x), y)
+        if overflow and step == OVERFLOW_AT and rank == 1:
+            loss = loss * float("inf")
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        out.append({"shards": shards(model), "scale": scaler.get_scale()})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
@@ -185,6 +209,8 @@ def main() -> None:
         state.load_state_dict(saved[2])
         resumed = train(model, opt, rank, range(len(half), args.steps))[-1]
         write_result(rank, {"case": f"resume:{case}", "straight": straight, "resumed": resumed})
+    for case, overflow in (("amp", False), ("amp_overflow", True)):
+        write_result(rank, {"case": case, "steps": amp(mesh, rank, steps, overflow)})
     write_result(rank, {"case": "refusal", "message": refusal(mesh)})
     model, opt, state = build(mesh, FROZEN, "adamw", 1)
     train(model, opt, rank, range(1))

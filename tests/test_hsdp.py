@@ -128,6 +128,38 @@ def test_scaler_gives_the_unscaled_run_and_an_overflow_skips_everywhere(runs):
         assert steps[at + 1]["shards"] != steps[at]["shards"]
 
 
+def test_clip_after_the_exchange_is_torchs_clip_of_the_global_gradient(runs):
+    for rank in range(4):
+        clip = runs["clip"][rank]
+        for step, (got, want) in enumerate(zip(clip["after"], clip["reference"])):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=f"rank {rank}, step {step}")
+
+
+def test_clip_before_compression_clips_each_replicas_whole_gradient_on_every_rank(runs):
+    """ErrorFeedback(NoCompression()) carries a state, so each replica's gradient (every shard of
+    it, across the shard group) is clipped to CLIP * sqrt(R) before the exchange, then averaged."""
+    clip, replicas = 0.05, 2   # tests/fsdp/hsdp_worker.py CLIP; the mesh (2 replicas x 2 shards)
+    records = [runs["clip"][rank]["before"] for rank in range(4)]   # rank = replica * 2 + shard
+    for step in range(STEPS):
+        handed = [{n: np.array(v, np.float64) for n, v in records[rank][step]["handed"].items()} for rank in range(4)]
+        coef = []
+        for r in range(replicas):
+            norm = math.sqrt(sum(float((g ** 2).sum()) for rank in (2 * r, 2 * r + 1) for g in handed[rank].values()))
+            coef.append(min(1.0, clip * math.sqrt(replicas) / (norm + 1e-6)))
+        assert min(coef) < 1.0, f"step {step}: the clip did not act ({coef})"
+        for rank in range(4):
+            shard = rank % 2
+            for name, got in records[rank][step]["average"].items():
+                want = (coef[0] * handed[shard][name] + coef[1] * handed[2 + shard][name]) / replicas
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-8, err_msg=f"rank {rank}, step {step}, {name}")
+
+
+def test_clip_is_refused_under_full_shard():
+    net = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="clip_grad_norm=1.0 is HSDP's"):
+        fsdp.compress(net, compression={"compressor": "int8"}, clip_grad_norm=1.0)
+
+
 def test_replica_check_raises_on_every_rank(runs):
     for rank in range(4):
         message = runs["replicas_differ"][rank]["message"]

@@ -2,26 +2,30 @@
 from __future__ import annotations
 
 import warnings
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 
 from ..step.clipping import local_clip_limit, state_carrier, what_it_keeps
 
 
-def clip_gradients(grads: Sequence[torch.Tensor], limit: float, scale: float = 1.0) -> Optional[torch.Tensor]:
+def clip_gradients(grads: Sequence[torch.Tensor], limit: float, scale: float = 1.0,
+                   norm_of: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> Optional[torch.Tensor]:
     """Scale ``grads`` in place by ``scale``, then so that their global L2 norm is at most ``limit``;
     the coefficient applied (a device scalar; None without gradients).
 
     Same formula as ``torch.nn.utils.clip_grad_norm_`` (coefficient ``limit / (norm + 1e-6)``
     clamped to 1), computed on the device without reading the norm on the host; sparse
-    gradients count with their (coalesced) values.
+    gradients count with their (coalesced) values. ``norm_of(local)``: the norm of a model
+    whose gradients other ranks hold parts of, from this rank's part's norm (sharded training).
     """
     if not grads:
         return None
     norms = [torch.linalg.vector_norm(g.coalesce().values() if g.is_sparse else g, dtype=torch.float32)
              for g in grads]
     total = torch.linalg.vector_norm(torch.stack(norms))
+    if norm_of is not None:
+        total = norm_of(total)
     coef = torch.clamp(limit / (total * scale + 1e-6), max=1.0) * scale
     for g in grads:
         g.mul_(coef.to(g.dtype))
@@ -29,11 +33,12 @@ def clip_gradients(grads: Sequence[torch.Tensor], limit: float, scale: float = 1
 
 
 def clip_local_gradients(grads: Sequence[torch.Tensor], clip_grad_norm: float, world: int,
-                         average: bool = True, scale: float = 1.0) -> None:
+                         average: bool = True, scale: float = 1.0,
+                         norm_of: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
     """:func:`clip_gradients` to :func:`~hvdcompress.step.clipping.local_clip_limit` (c·sqrt(N) for
     op=Average, c/sqrt(N) for Sum), after ``scale`` (the driver's ``clip_scale()``): a rank's own
     gradients, before compression."""
-    clip_gradients(grads, local_clip_limit(clip_grad_norm, world, average), scale)
+    clip_gradients(grads, local_clip_limit(clip_grad_norm, world, average), scale, norm_of)
 
 
 class GradientWatch:

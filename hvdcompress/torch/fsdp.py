@@ -252,7 +252,8 @@ def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, No
              intra_node: Union[Compressor, Mapping, None] = None, ranks_per_node: Optional[int] = None,
              optimizer: Optional[torch.optim.Optimizer] = None,
              collective: str = "auto", all_gather: Union[Compressor, Mapping, None] = None,
-             scaler: Optional[torch.amp.GradScaler] = None) -> Union[CompressionState, hsdp.HSDPState]:
+             scaler: Optional[torch.amp.GradScaler] = None, clip_grad_norm: Optional[float] = None
+             ) -> Union[CompressionState, hsdp.HSDPState]:
     """Install a compressed reduce-scatter on every ``FSDPModule`` under ``module`` (``fully_shard``
     applied first); return their shared :class:`CompressionState` (arguments as its).
 
@@ -260,16 +261,21 @@ def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, No
     compressed instead, FSDP's reduce-scatter left dense (:mod:`hvdcompress.torch.hsdp`:
     ``compression``, ``optimizer``, ``collective`` and ``check_replicas`` as the DDP hook's).
     ``all_gather``: Int8() or Int4() quantises FULL_SHARD's parameter all-gathers (module doc).
-    ``scaler``: a ``torch.amp.GradScaler``, with ``optimizer`` (the one it steps), on both."""
+    ``scaler``: a ``torch.amp.GradScaler``, with ``optimizer`` (the one it steps), on both;
+    ``clip_grad_norm``: HSDP's (clipped as the DDP hook clips, on each replica's whole gradient)."""
     from torch.distributed.fsdp import FSDPModule
-    _refuse_hybrid_shard(module)
+    hsdp.refuse_hybrid_shard(module)
     if hsdp.is_hsdp(module):
         given = {"process_group": process_group, "intra_node": intra_node, "ranks_per_node": ranks_per_node,
                  "all_gather": all_gather}
         if any(v is not None for v in given.values()) or block != 4096:
             raise ValueError(f"compress: {given} / block={block} with HSDP: the replicate all-reduce runs over "
                              "the mesh's replicate group as a flat exchange; leave them at their defaults")
-        return hsdp.compress(module, compression, optimizer, collective, check_replicas, scaler)
+        return hsdp.compress(module, compression, optimizer, collective, check_replicas, scaler, clip_grad_norm)
+    if clip_grad_norm is not None:
+        raise ValueError(f"compress: clip_grad_norm={clip_grad_norm!r} is HSDP's: under FULL_SHARD no rank sees the "
+                         "whole gradient before the first unit's reduce-scatter; clip the exchanged shards with "
+                         "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) before optimizer.step()")
     if (optimizer is not None and scaler is None) or collective != "auto":
         raise ValueError("compress: optimizer= and collective= are HSDP's (the replicate all-reduce); the "
                          "compressed reduce-scatter of FULL_SHARD takes optimizer= only with scaler=")
@@ -285,15 +291,3 @@ def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, No
     fsdp_gather.install(units, gather_codec, state.all_gather_bytes)
     return state
 
-
-def _refuse_hybrid_shard(module: torch.nn.Module) -> None:
-    """FSDP1's hybrid strategies refuse communication hooks: name the FSDP2 route."""
-    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
-    hybrid = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
-    for m in module.modules():
-        if isinstance(m, FullyShardedDataParallel) and m.sharding_strategy in hybrid:
-            raise ValueError(f"compress: FSDP1 with sharding_strategy={m.sharding_strategy.name}: FSDP1's "
-                             "hybrid strategies take no communication hook. Use FSDP2's HSDP: mesh = "
-                             "init_device_mesh(device, (replicas, shards), mesh_dim_names=('replicate', 'shard')); "
-                             "fully_shard(layer, mesh=mesh) for each layer, then fully_shard(model, mesh=mesh); "
-                             "then fsdp.compress(model, compression=..., optimizer=opt)")

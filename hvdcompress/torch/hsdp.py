@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from ..contract.compressor import Compressor
 from ..engines.accounting import ByteCount
+from .clipping import clip_gradients, clip_local_gradients
 from .ddp import CompressionState
 from .tensors import local
 
@@ -75,21 +76,24 @@ class HSDPState(CompressionState):
     """The DDP hook's state over ``replicate_group``, fed each parameter's local gradient shard
     of ``module`` (an FSDP2 HSDP model whose replicate all-reduce :func:`take_replicate_all_reduce`
     took over) at its post-accumulate-grad hook. ``shards``: the shard dimension's size (for
-    :attr:`cross_node_bytes`). Other arguments as :class:`~hvdcompress.torch.ddp.CompressionState`'s.
+    :attr:`cross_node_bytes`); ``shard_group``: its process group. ``clip_grad_norm``: as the DDP
+    hook's, on the replica's whole gradient: the norm's square summed over the shard group (one
+    scalar all-reduce inside the node). Other arguments as :class:`~hvdcompress.torch.ddp.CompressionState`'s.
 
     ``total_bytes`` / ``last_step_bytes``: this rank's dense versus sent bytes of the compressed
     all-reduce (the only collective the state compresses); :attr:`cross_node_bytes`: what
     crosses the replicate dimension, ``dense`` being what FSDP's own all-reduce sends there.
     """
 
-    def __init__(self, module: torch.nn.Module, replicate_group: Any, shards: int,
+    def __init__(self, module: torch.nn.Module, replicate_group: Any, shards: int, shard_group: Any,
                  compression: Union[Compressor, Mapping, None] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, collective: str = "auto",
-                 check_replicas: Optional[int] = None, scaler: Optional[torch.amp.GradScaler] = None):
+                 check_replicas: Optional[int] = None, scaler: Optional[torch.amp.GradScaler] = None,
+                 clip_grad_norm: Optional[float] = None):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         super().__init__(replicate_group, compression, optimizer, collective, named_parameters=named,
-                         check_replicas=check_replicas, scaler=scaler)
-        self._shards = shards
+                         check_replicas=check_replicas, scaler=scaler, clip_grad_norm=clip_grad_norm)
+        self._shards, self._shard_group = shards, shard_group
         self._fsdp_dense = 0   # bytes FSDP's all-reduce would have sent, since construction
         for _, p in named:   # the model keeps the state alive: its replicas never silently drift apart
             p.register_post_accumulate_grad_hook(self._accumulated)
@@ -112,9 +116,36 @@ class HSDPState(CompressionState):
         self._fsdp_dense += rows * math.prod(p.shape[1:]) * grad.element_size()
         self.reduce(_Shard([p], [grad]))
 
+    def _replica_norm(self, local_norm: torch.Tensor) -> torch.Tensor:
+        """The replica's gradient norm from this rank's shards' norm (the shard group's sum of squares)."""
+        square = local_norm.square()
+        dist.all_reduce(square, group=self._shard_group)
+        return square.sqrt()
+
+    def clip_local(self, keys: list, scale: float) -> None:
+        clip_local_gradients([self._pairs[k][1] for k in keys], self.options.clip_grad_norm,
+                             self.comm.world, scale=scale, norm_of=self._replica_norm)
+
+    def clip_mean(self, keys: list) -> Any:
+        return clip_gradients([self._pairs[k][1] for k in keys], self.options.clip_grad_norm,
+                              norm_of=self._replica_norm)
+
     def _end_backward(self) -> None:
         if self._buckets:   # empty when a launch failed (the step was dropped)
             self.reduce(_Shard([], [], last=True))
+
+
+def refuse_hybrid_shard(module: torch.nn.Module) -> None:
+    """FSDP1's hybrid strategies refuse communication hooks: name the FSDP2 route."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    hybrid = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+    for m in module.modules():
+        if isinstance(m, FullyShardedDataParallel) and m.sharding_strategy in hybrid:
+            raise ValueError(f"compress: FSDP1 with sharding_strategy={m.sharding_strategy.name}: FSDP1's "
+                             "hybrid strategies take no communication hook. Use FSDP2's HSDP: mesh = "
+                             "init_device_mesh(device, (replicas, shards), mesh_dim_names=('replicate', 'shard')); "
+                             "fully_shard(layer, mesh=mesh) for each layer, then fully_shard(model, mesh=mesh); "
+                             "then fsdp.compress(model, compression=..., optimizer=opt)")
 
 
 def is_hsdp(module: torch.nn.Module) -> bool:
@@ -129,7 +160,7 @@ def is_hsdp(module: torch.nn.Module) -> bool:
 def take_replicate_all_reduce(module: torch.nn.Module) -> tuple:
     """Stop FSDP2's all-reduce over the replicate dimension on every ``FSDPModule`` under
     ``module`` (its groups' mesh info becomes the shard dimension's: module doc); returns (the
-    replicate process group, the number of shards). A ``ValueError`` when the groups are not all
+    replicate process group, the number of shards, the shard process group). A ``ValueError`` when the groups are not all
     HSDP over one replicate group, sharded on dim 0."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, HSDPMeshInfo
@@ -156,16 +187,18 @@ def take_replicate_all_reduce(module: torch.nn.Module) -> tuple:
         if g.post_forward_mesh_info is old:   # reshard_after_forward=True: the same mesh after forward
             g.post_forward_mesh_info = new
         g.mesh_info = new
-    return infos[0].replicate_process_group, infos[0].shard_mesh_size
+    return infos[0].replicate_process_group, infos[0].shard_mesh_size, infos[0].shard_process_group
 
 
 def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, None] = None,
              optimizer: Optional[torch.optim.Optimizer] = None, collective: str = "auto",
-             check_replicas: Optional[int] = None, scaler: Optional[torch.amp.GradScaler] = None) -> HSDPState:
+             check_replicas: Optional[int] = None, scaler: Optional[torch.amp.GradScaler] = None,
+             clip_grad_norm: Optional[float] = None) -> HSDPState:
     """Compress the replicate all-reduce of an FSDP2 HSDP ``module`` (``fully_shard`` applied to
     its layers and itself on a ``("replicate", "shard")`` mesh, before its first forward);
     returns the :class:`HSDPState`. ``optimizer``: the one stepping ``module`` (SGD: the
     momentum take-over; Adam/AdamW: needed by FrozenAdam; needed by ``scaler``, a
     ``torch.amp.GradScaler`` handled as by the DDP hook)."""
-    group, shards = take_replicate_all_reduce(module)
-    return HSDPState(module, group, shards, compression, optimizer, collective, check_replicas, scaler)
+    group, shards, shard_group = take_replicate_all_reduce(module)
+    return HSDPState(module, group, shards, shard_group, compression, optimizer, collective, check_replicas,
+                     scaler, clip_grad_norm)

@@ -171,6 +171,65 @@ def amp(mesh, rank: int, steps: range, overflow: bool) -> list:
     return out
 
 
+CLIP = 0.05
+
+
+class Handed:
+    """Every parameter's shard gradient as FSDP handed it over (a hook registered before the
+    state's), and after the backward pass the averages: per step, name -> list."""
+
+    def __init__(self):
+        self.steps: list = []
+        self.model = None
+
+    def prepare(self, model) -> None:
+        self.model = model
+        for name, p in model.named_parameters():
+            p.register_post_accumulate_grad_hook(
+                lambda p, name=name: self.steps[-1]["handed"].__setitem__(name, p.grad.to_local().reshape(-1).tolist()))
+
+    def before(self) -> None:
+        self.steps.append({"handed": {}})
+
+    def after(self) -> None:
+        self.steps[-1]["average"] = {n: p.grad.to_local().reshape(-1).tolist() for n, p in self.model.named_parameters()}
+
+
+def clipped(mesh, rank: int, steps: range) -> dict:
+    """clip_grad_norm=CLIP: NoCompression (clipped after the exchange) against FSDP's own HSDP with
+    torch's clip_grad_norm_ on the DTensors; ErrorFeedback(NoCompression()) (a state: clipped
+    before) with what FSDP handed over and the averages recorded."""
+    out = {}
+    model, opt, _ = build(mesh, "dense", "sgd")
+    reference = []
+    for step in steps:
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        reference.append(shards(model))
+    out["reference"] = reference
+    model = hsdp_model(mesh)
+    opt = optimizer("sgd", model)
+    fsdp.compress(model, compression=hc.NoCompression(), optimizer=opt, clip_grad_norm=CLIP)
+    out["after"] = train(model, opt, rank, steps)
+    handed = Handed()
+    model = hsdp_model(mesh)
+    opt = optimizer("sgd", model)
+    handed.prepare(model)
+    fsdp.compress(model, compression=hc.ErrorFeedback(hc.NoCompression()), optimizer=opt, clip_grad_norm=CLIP)
+    for step in steps:
+        x, y = batch(rank, step)
+        handed.before()
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        handed.after()
+        opt.step()
+    out["before"] = handed.steps
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
@@ -209,6 +268,7 @@ def main() -> None:
         state.load_state_dict(saved[2])
         resumed = train(model, opt, rank, range(len(half), args.steps))[-1]
         write_result(rank, {"case": f"resume:{case}", "straight": straight, "resumed": resumed})
+    write_result(rank, {"case": "clip", **clipped(mesh, rank, steps)})
     for case, overflow in (("amp", False), ("amp_overflow", True)):
         write_result(rank, {"case": case, "steps": amp(mesh, rank, steps, overflow)})
     write_result(rank, {"case": "refusal", "message": refusal(mesh)})

@@ -3,8 +3,8 @@
 * The toy front end (tests/toy_front_end.py, plain torch tensors over the simulator) is under
   150 lines and is what tests/test_ddp.py compares the DDP hook's launched ranks with, bit for
   bit, on every DDP case; here it is checked against numpy on two simulated ranks.
-* The torch front ends run the contract's sequence, not one of their own: they subclass it
-  and override none of its steps.
+* The torch front ends (the Horovod optimizer, the DDP hook, HSDP, FSDP's reduce-scatter) run
+  the contract's sequence, not one of their own: they subclass it and override none of its steps.
 * The order: with a compressor that carries state, the local clip runs at ``wait()`` over every
   gradient in name order before anything is compressed or sent; without, each gradient is
   sent at ``ready()`` and Horovod's clip of the mean runs after the last round is written.
@@ -21,18 +21,21 @@ from toy_front_end import ToyFrontEnd
 
 import hvdcompress as hc
 from hvdcompress.step.frontend import FrontEnd
+from hvdcompress.torch import fsdp
 from hvdcompress.torch.ddp import CompressionState
+from hvdcompress.torch.hsdp import HSDPState
 from hvdcompress.torch.optimizer_steps import OptimizerSteps
 
 HERE = Path(__file__).parent
-SEQUENCE = ("ready", "wait", "updated", "_send", "_compress", "_group_entries")
+SEQUENCE = ("ready", "drain", "wait", "updated", "_send", "_compress", "_group_entries")
 
 
 def test_the_toy_front_end_is_small():
     assert len((HERE / "toy_front_end.py").read_text().splitlines()) < 150
 
 
-@pytest.mark.parametrize("front_end", [ToyFrontEnd, CompressionState, OptimizerSteps])
+@pytest.mark.parametrize("front_end", [ToyFrontEnd, CompressionState, HSDPState, fsdp.CompressionState,
+                                       OptimizerSteps])
 def test_front_ends_fill_the_contract_and_keep_its_sequence(front_end):
     assert issubclass(front_end, FrontEnd)
     for step in SEQUENCE:

@@ -10,6 +10,7 @@ complete. The order of one step is this module's, for all of them::
     ready(keys)     # keys whose gradients are complete, as the framework hands them over
                     #   unscaled (a loss scaler), then compressed and launched now, or held
                     #   until :meth:`wait` when the clip comes first (it needs every norm)
+    drain()         # optional, mid-step: every launched round finished and written back now
     wait()          # the held keys clipped together in name order, scaled by the driver's
                     #   clip_scale(), and launched; incomplete groups launched (or refused);
                     #   the ranks' overflow flag sent; every round finished and written back,
@@ -135,8 +136,7 @@ class FrontEnd(ABC):
         self.incomplete(self.driver.completion.leftovers())
         driver = self.driver
         overflow = self.scaler.launch(driver.comm) if self.scaler is not None else None
-        for entry in driver.finish(self.out_of):
-            self.write(entry)
+        self.drain()
         self.received()
         skipped = overflow is not None and self.scaler.settle(driver.comm, overflow)
         keys, self._sent = sorted(self._sent, key=self.name), []
@@ -144,6 +144,12 @@ class FrontEnd(ABC):
             driver.clipped_after(self.clip_mean(keys))
         driver.end_exchange()
         return skipped
+
+    def drain(self) -> None:
+        """Finish every launched round now and write it back, in launch order (a front end whose
+        framework waits for each collective, FSDP's reduce-scatter; :meth:`wait` calls it too)."""
+        for entry in self.driver.finish(self.out_of):
+            self.write(entry)
 
     def updated(self, skipped: bool = False, named: Optional[Callable[[], Sequence[tuple]]] = None) -> None:
         """The optimizer's update is done: the compressor's step count (unless ``skipped``),

@@ -50,16 +50,18 @@ from ..engines.reduce_scatter import (
 from ..engines.selection import select_engine
 from ..state import store as state_store
 from ..step.driver import StepDriver
+from ..step.frontend import FrontEnd
 from ..step.options import parse_options
 from . import fsdp_gather, hsdp
 from .dist_collectives import DistCollectives, node_groups, whole_group
+from .fsdp_reduce_scatter import CompressedReduceScatter
 from .grad_scaler import enabled_scaler, scaler_link
 from .tensors import CONVERSIONS, OPS
 
 __all__ = ["CompressionState", "reduce_scatter_hook", "compress"]
 
 
-class CompressionState:
+class CompressionState(FrontEnd):
     """The state of :func:`reduce_scatter_hook` and of :func:`compress`'s reduce-scatters: the
     compressor, its state per unit, chunk and block, and the driver. May be built before
     ``init_process_group`` (nothing collective runs until the first reduce-scatter).
@@ -92,12 +94,13 @@ class CompressionState:
         self.compressor = check_sharded(self.options.compressor)
         self.process_group = process_group
         self.block = block
-        self.driver = StepDriver(self.options, OPS, self._engine, lambda: DistCollectives(process_group),
-                                 "hvdcompress.torch.fsdp.CompressionState")
+        super().__init__(StepDriver(self.options, OPS, self._engine, lambda: DistCollectives(process_group),
+                                    "hvdcompress.torch.fsdp.CompressionState"))
         self.driver.describe([("block", (block,), "")])   # units are known at their reduce-scatter only
         self._units = 0          # FSDP1: units reduced so far in this backward pass
         self._open = False       # a step (backward pass) is under way
         self._pending: dict = {}   # unit -> its pooled state from a checkpoint at another world size
+        self._io: dict = {}        # unit -> (flat gradient, output shard, scale) of this step
         self.all_gather_bytes = ByteCount()   # compress(all_gather=): the parameters' all-gathers
         self.scaler = scaler_link(self.options.scaler, optimizer)
         self.driver.guard = None if self.scaler is None else self.scaler.guard
@@ -129,15 +132,36 @@ class CompressionState:
             state.update({k: torch.from_numpy(v).to(grad.device) if isinstance(v, np.ndarray) else v
                           for k, v in laid_out(self._pending.pop(name), grad.numel(), driver.comm.world,
                                                self.block).items()})
-        x = grad.reshape(-1)
-        if self.scaler is not None:
-            self.scaler.unscale_tensor(x)
-        info = TensorInfo(name=name, numel=x.numel(), world=driver.comm.world, rank=driver.comm.rank,
-                          shape=(x.numel(),))
-        driver.start([driver.engine.compress(name, driver.outgoing(x, state, info), state, info)])
-        driver.finish(lambda e: output.reshape(-1))
+        self._io[name] = (grad.reshape(-1), output, scale)
+        self.ready([name])
+        self.drain()   # FSDP waits for its reduce-scatter
+
+    # ---- the front-end contract (hvdcompress.step.frontend): keys are unit names -----------------
+    def name(self, unit: str) -> str:
+        return unit
+
+    def gradient(self, unit: str) -> torch.Tensor:
+        return self._io[unit][0]
+
+    def info(self, unit: str) -> TensorInfo:
+        x = self._io[unit][0]
+        return TensorInfo(name=unit, numel=x.numel(), world=self.comm.world, rank=self.comm.rank, shape=(x.numel(),))
+
+    def unscale(self, unit: str) -> None:
+        self.scaler.unscale_tensor(self._io[unit][0])
+
+    def out_of(self, entry: Any) -> torch.Tensor:
+        return self._io[entry.key][1].reshape(-1)
+
+    def write(self, entry: Any) -> None:
+        _, output, scale = self._io[entry.key]
         if scale != 1.0:
             output.mul_(scale)
+
+    def clip_local(self, units: list, scale: float) -> None:
+        raise AssertionError("FULL_SHARD takes no clip_grad_norm")   # refused by compress
+
+    clip_mean = clip_local
 
     def _begin(self) -> None:
         """The step's first reduce-scatter: the rank agreement (once), the counters' check, and
@@ -155,9 +179,8 @@ class CompressionState:
         backward pass by itself; call it after a reduce-scatter run outside one)."""
         if self._open:
             self._open, self._units = False, 0
-            skipped = self.scaler is not None and self.scaler.settle(self.comm, self.scaler.launch(self.comm))
-            self.driver.end_exchange()
-            self.driver.end_update(skipped)
+            self.updated(self.wait())   # the overflow flags, the bytes, the counters
+            self._io.clear()
 
     def _device(self) -> torch.device:
         backend = dist.get_backend(self.process_group)
@@ -220,31 +243,6 @@ def reduce_scatter_hook(state: CompressionState, grad: torch.Tensor, output: Opt
     """FSDP1 communication hook (``model.register_comm_hook(state, reduce_scatter_hook)`` on the root,
     before the first forward): the unit's padded flat gradient into its shard (NO_SHARD: in place)."""
     state.hook(grad, output)
-
-
-class CompressedReduceScatter:
-    """FSDP2's reduce-scatter communication (``FSDPModule.set_custom_reduce_scatter``) for one
-    module, through ``state``: ``allocate`` plain buffers; ``__call__`` the compressed
-    reduce-scatter, synchronous, with ``op`` AVG (divided by the group's size) or SUM."""
-
-    def __init__(self, state: CompressionState, name: str):
-        self.state = state
-        self.name = name
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
-                 op: Any, async_op: bool = False) -> None:
-        if op == dist.ReduceOp.AVG:
-            scale = 1.0 / group.size()
-        elif op == dist.ReduceOp.SUM:
-            scale = 1.0
-        else:
-            raise ValueError(f"FSDP2 asked module '{self.name}' for a reduce-scatter with op={op}: the "
-                             "compressed reduce-scatter runs AVG and SUM; leave set_gradient_divide_factor "
-                             "at its default (or at the world size)")
-        self.state.reduce_scatter(self.name, input_tensor, output_tensor, scale)
 
 
 def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, None] = None,

@@ -98,7 +98,10 @@ def launch_elastic(work: Path, command: list, discovery: Path, timeout: int, dur
     hosts.write_text("localhost:2\n")
     cmd = ["-np", "2", "--min-np", "2", "--max-np", "4",
            "--network-interface", "lo", "--host-discovery-script", str(discovery), *command]
+    # Gloo's rendezvous waits 30 s by default: two elastic launches at once on 2 loaded cores
+    # miss it at a reset ("Wait timeout after 30 seconds for key(s)"), so it is given 120 s
     env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
            RESULTS_ENV: str(results), "HVDCOMPRESS_HOSTS": str(hosts),
            "HVDCOMPRESS_TEST_STACKS_AT": str(time.time() + timeout - 20)}
     log = work / "horovodrun.log"

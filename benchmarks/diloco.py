@@ -1,7 +1,7 @@
 """DiLoCo on the language model: bits/byte and bytes against data-parallel AdamW, same tokens.
 
 The LM task of ``convergence.py --task lm`` (examples/lm_train.py's model, text, batches and
-validation), trained with AdamW at betas (0.9, 0.95) on 2 ranks, each rank a site, under
+validation), trained with AdamW at betas (0.9, 0.95) on 2 ranks (``--sites N``: N), each rank a site, under
 ``horovodrun --gloo`` on localhost, all methods in one launch::
 
     .venv/bin/python benchmarks/diloco.py --model transformer --steps 200 --sync-every 25 \
@@ -120,6 +120,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  add_help=False)
     ap.add_argument("--methods", type=lambda s: s.split(","), default=["dp", "diloco-dense", "diloco-int8-ef"])
+    ap.add_argument("--sites", type=int, default=2, help="ranks, each a site (horovodrun -np)")
     ap.add_argument("--sync-every", type=int, default=50)
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--outer-momentum", type=float, default=0.9)
@@ -152,10 +153,10 @@ def main(argv=None) -> None:
     flags = ["--worker", "--methods", ",".join(args.methods), "--sync-every", str(args.sync_every),
              "--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum), *rest]
     try:
-        launch = run_script(Path(__file__), np=2, args=flags, timeout=args.timeout)
+        launch = run_script(Path(__file__), np=args.sites, args=flags, timeout=args.timeout)
     except LaunchError as e:
         raise SystemExit(f"diloco: {e}")
-    rows = {r["method"]: [r, other] for r, other in zip(*launch.results)}
+    rows = {r["method"]: list(per_rank) for per_rank in zip(*launch.results) for r in per_rank[:1]}
     dense_per_step = next(r[0]["bytes"]["dense"] / r[0]["bytes"]["steps"] for m, r in rows.items() if m != "dp")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ compressed as one. Keys handed over together whose groups are complete are launc
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Hashable, Optional, Sequence
+from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
 
 from ..adam.settings import AdamSettings
 from ..contract.compressor import TensorInfo
@@ -40,14 +40,15 @@ class FrontEnd(ABC):
     loss scaler, :attr:`scaler`; with ``fusion=``, :attr:`buckets`) and implement the abstract
     members; the sequence (:meth:`ready`, :meth:`wait`, :meth:`updated`) is not overridden."""
 
+    #: with ``scaler=``: ``launch(comm)``/``settle(comm, handle)`` (step.loss_scale's link)
+    scaler: Any = None
+    #: fused buckets by name (``fusion=``): a group of that name is compressed as one (read only)
+    buckets: Mapping = {}
+
     def __init__(self, driver: StepDriver):
         self.driver = driver
         self._held: list = []   # batches of keys held for the clip before compression
         self._sent: list = []   # keys compressed (or sent apart) this step
-    #: with ``scaler=``: ``unscale``/``launch(comm)``/``settle(comm, handle)`` (step.loss_scale's link)
-    scaler: Any = None
-    #: fused buckets by name (``fusion=``): a group of that name is compressed as one
-    buckets: dict = {}
 
     # ---- what the framework fills in -------------------------------------------------------------
     @abstractmethod
@@ -133,8 +134,8 @@ class FrontEnd(ABC):
             self.clip_local(sorted((k for batch in held for k in batch), key=self.name), self.driver.clip_scale())
             for batch in held:
                 self._send(batch)
-        self.incomplete(self.driver.completion.leftovers())
         driver = self.driver
+        self.incomplete(driver.completion.leftovers())
         overflow = self.scaler.launch(driver.comm) if self.scaler is not None else None
         self.drain()
         self.received()

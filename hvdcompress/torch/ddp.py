@@ -201,12 +201,16 @@ class CompressionState(FrontEnd):
             if total is not None and total is not grad:
                 grad.copy_(total)
 
+    #: the norm of the whole model's gradient from this rank's part's (None: this rank holds all of it)
+    _norm_of: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+
     def clip_local(self, keys: list, scale: float) -> None:
         clip_local_gradients([self._pairs[k][1] for k in keys], self.options.clip_grad_norm,
-                             self.comm.world, scale=scale)
+                             self.comm.world, scale=scale, norm_of=self._norm_of)
 
     def clip_mean(self, keys: list) -> Any:
-        return clip_gradients([self._pairs[k][1] for k in keys], self.options.clip_grad_norm)
+        return clip_gradients([self._pairs[k][1] for k in keys], self.options.clip_grad_norm,
+                              norm_of=self._norm_of)
 
     def incomplete(self, leftovers: list) -> None:
         if leftovers:

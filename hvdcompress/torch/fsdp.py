@@ -107,7 +107,6 @@ class CompressionState(FrontEnd):
 
     comm = property(lambda self: self.driver.comm)
 
-
     def _engine(self) -> Any:
         intra = self.options.intra_node
         return select_engine(self.compressor, OPS, self.driver.comm, intra_node=intra, sharded=True, block=self.block,
@@ -159,9 +158,10 @@ class CompressionState(FrontEnd):
             output.mul_(scale)
 
     def clip_local(self, units: list, scale: float) -> None:
-        raise AssertionError("FULL_SHARD takes no clip_grad_norm")   # refused by compress
+        raise AssertionError("FULL_SHARD takes no clip_grad_norm")   # never: its options have none
 
-    clip_mean = clip_local
+    def clip_mean(self, units: list) -> Any:
+        raise AssertionError("FULL_SHARD takes no clip_grad_norm")
 
     def _begin(self) -> None:
         """The step's first reduce-scatter: the rank agreement (once), the counters' check, and

@@ -44,7 +44,6 @@ import torch.distributed as dist
 
 from ..contract.compressor import Compressor
 from ..engines.accounting import ByteCount
-from .clipping import clip_gradients, clip_local_gradients
 from .ddp import CompressionState
 from .tensors import local
 
@@ -116,19 +115,12 @@ class HSDPState(CompressionState):
         self._fsdp_dense += rows * math.prod(p.shape[1:]) * grad.element_size()
         self.reduce(_Shard([p], [grad]))
 
-    def _replica_norm(self, local_norm: torch.Tensor) -> torch.Tensor:
-        """The replica's gradient norm from this rank's shards' norm (the shard group's sum of squares)."""
+    def _norm_of(self, local_norm: torch.Tensor) -> torch.Tensor:
+        """The replica's gradient norm from this rank's shards' norm (the shard group's sum of
+        squares): what the DDP hook's clips read (its ``clip_local`` / ``clip_mean``)."""
         square = local_norm.square()
         dist.all_reduce(square, group=self._shard_group)
         return square.sqrt()
-
-    def clip_local(self, keys: list, scale: float) -> None:
-        clip_local_gradients([self._pairs[k][1] for k in keys], self.options.clip_grad_norm,
-                             self.comm.world, scale=scale, norm_of=self._replica_norm)
-
-    def clip_mean(self, keys: list) -> Any:
-        return clip_gradients([self._pairs[k][1] for k in keys], self.options.clip_grad_norm,
-                              norm_of=self._replica_norm)
 
     def _end_backward(self) -> None:
         if self._buckets:   # empty when a launch failed (the step was dropped)

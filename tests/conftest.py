@@ -48,12 +48,15 @@ HVD_SCRIPTS = HERE / "hvd"
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "examples"))  # hvdrun: the launcher
 
+import zygote  # noqa: E402
 from hvdrun import RESULTS_ENV, LaunchError, read_results, run_script, start_horovodrun  # noqa: E402
 
 # Repository root on the ranks' path; TensorFlow's C++ INFO/WARNING lines out of the stderr tails.
 RANK_ENV = {"PYTHONPATH": str(HERE.parent), "TF_CPP_MIN_LOG_LEVEL": "2"}
 # horovodrun from a fork server (examples/hvdrun.py start_horovodrun): 3-4 s less per launch
 os.environ.setdefault("HVDRUN_FORK", "1")
+# torch ranks forked from a server that imported torch once (tests/zygote.py): ~4 s of CPU less per rank
+os.environ.setdefault(zygote.ENABLE, "1")
 
 
 def pytest_configure(config):
@@ -63,9 +66,9 @@ def pytest_configure(config):
 def run_horovod(script: str, np: int = 2, args=(), timeout: int = 300, env=None) -> list:
     """Run tests/hvd/<script> (or a path) under ``horovodrun -np N --gloo``; return its records
     (each a dict with ``rank``)."""
+    argv, env = zygote.command(HVD_SCRIPTS / script, list(args), {**RANK_ENV, **(env or {})})
     try:
-        launch = run_script(HVD_SCRIPTS / script, np=np, args=args, timeout=timeout,
-                            env={**RANK_ENV, **(env or {})})
+        launch = run_script(argv[0], np=np, args=argv[1:], timeout=timeout, env=env)
     except LaunchError as e:
         pytest.fail(str(e), pytrace=False)
     records = launch.records
@@ -135,9 +138,9 @@ def run_elastic(work: Path, script: Path, timeout: int) -> list:
 def run_horovod_failing(script: str, np: int = 2, args=(), timeout: int = 120, env=None) -> str:
     """Run a script that is expected to fail; return every rank's output (the test asserts on
     it). A time-out is not the expected failure: it fails the test."""
+    argv, env = zygote.command(HVD_SCRIPTS / script, list(args), {**RANK_ENV, **(env or {})})
     try:
-        run_script(HVD_SCRIPTS / script, np=np, args=args, timeout=timeout,
-                   env={**RANK_ENV, **(env or {})})
+        run_script(argv[0], np=np, args=argv[1:], timeout=timeout, env=env)
     except LaunchError as e:
         if e.timed_out:
             pytest.fail(str(e), pytrace=False)

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zygote
 from hvdrun import RESULTS_ENV, read_results
 from simulator import run_nodes, run_ranks
 
@@ -67,8 +68,9 @@ def torchrun(np_: int, script: Path, args: list, timeout: float = 180) -> list:
         log_path = Path(results) / "launch.log"
         env = {**os.environ, RESULTS_ENV: results, "PYTHONPATH": str(HERE.parent),
                "OMP_NUM_THREADS": str(THREADS), "PYTHONWARNINGS": "ignore", "PYTHONFAULTHANDLER": "1"}
+        argv, env = zygote.command(script, list(args), env)
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc_per_node={np_}", str(script), *args]
+                   f"--nproc_per_node={np_}", *argv]
         with open(log_path, "w") as log:
             proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)

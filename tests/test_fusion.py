@@ -24,7 +24,7 @@ from hvdcompress.engines.fusion import (
     compress_bucket,
     totals,
 )
-from hvdcompress.engines.two_level import TwoLevelExchange
+from hvdcompress.engines.two_level import two_level
 from hvdcompress.ops.torch_ops import TorchOps
 from hvdcompress.step.options import parse_options
 
@@ -193,7 +193,7 @@ def test_a_fused_bucket_through_two_levels_is_one_tensor_of_its_concatenation():
     bucket = buckets(tensors(), 10 ** 6)[0]
 
     def engine(node, cross):
-        return TwoLevelExchange(hc.ErrorFeedback(hc.OneBit()), hc.FP16(), OPS, node, cross)
+        return two_level(hc.ErrorFeedback(hc.OneBit()), hc.FP16(), OPS, lambda: (node, cross))
 
     def body(world, node, cross):
         fused, plain = engine(node, cross), engine(node, cross)

@@ -14,7 +14,7 @@ from test_exchange import onebit
 import hvdcompress as hc
 from hvdcompress.contract.compressor import TensorInfo
 from hvdcompress.engines.exchange import Exchange
-from hvdcompress.engines.two_level import TwoLevelExchange
+from hvdcompress.engines.two_level import two_level as two_level_engine
 from hvdcompress.ops.torch_ops import TorchOps
 from hvdcompress.step.options import check_intra_node, parse_options
 from hvdcompress.transport import process_sets as psets
@@ -56,7 +56,7 @@ def run(nodes: int, per_node: int, sizes: list, steps: int, make, integer: bool 
 
 
 def two_level(compressor, intra, collective="auto"):
-    return lambda world, node, cross: TwoLevelExchange(compressor, intra, OPS, node, cross,
+    return lambda world, node, cross: two_level_engine(compressor, intra, OPS, lambda: (node, cross),
                                                        collective=collective)
 
 
@@ -170,7 +170,7 @@ def test_collectives_of_one_step_and_state_keys():
     (segments of the compressed allreduce at 4 nodes: 250-element shards, large enough for it
     to send fewer bytes than the allgather), in the tensor's own state dict."""
     def body(world, node, cross):
-        engine = TwoLevelExchange(hc.ErrorFeedback(hc.OneBit()), hc.FP16(), OPS, node, cross)
+        engine = two_level_engine(hc.ErrorFeedback(hc.OneBit()), hc.FP16(), OPS, lambda: (node, cross))
         state = {}
         info = TensorInfo(name="w", numel=1000, world=16, shape=(1000,), rank=world.rank)
         engine.finish(engine.start([engine.compress("w", torch.ones(1000), state, info)]))
@@ -225,7 +225,7 @@ def test_multi_round_compressors_across_nodes(compressor):
     rank ends with the same result, and the shard (rows 16 of a 32 x 64 matrix for PowerSGD)
     crosses nodes compressed."""
     def body(world, node, cross):
-        engine = TwoLevelExchange(compressor, hc.FP16(), OPS, node, cross)
+        engine = two_level_engine(compressor, hc.FP16(), OPS, lambda: (node, cross))
         state, out = {}, []
         for step in range(2):
             info = TensorInfo(name="m", numel=2048, world=4, shape=(32, 64), rank=world.rank, momentum=0.9)

@@ -10,10 +10,9 @@ One tensor's step through an engine::
 ``compressor`` is what the engine compresses with, ``comm`` the collectives of its process set
 (the agreement's ranks), ``collective`` the per-rank payloads' collective ('auto', 'allgather',
 'alltoall'), ``plan`` the per-tensor collective plan (name -> numel, collective, payload bytes,
-wire bytes). The flat :class:`~hvdcompress.engines.exchange.Exchange`, the two-level
-:class:`~hvdcompress.engines.two_level.TwoLevelExchange` and the sharded
-:class:`~hvdcompress.engines.reduce_scatter.ReduceScatterExchange` /
-:class:`~hvdcompress.engines.reduce_scatter.TwoLevelReduceScatter` implement it;
+wire bytes). The flat :class:`~hvdcompress.engines.exchange.Exchange`, the sharded
+:class:`~hvdcompress.engines.reduce_scatter.ReduceScatterExchange` and the two-level composer of
+either, :class:`~hvdcompress.engines.two_level.TwoLevel`, implement it;
 :func:`hvdcompress.engines.selection.select_engine` picks one, for every front end.
 """
 from __future__ import annotations

@@ -18,9 +18,9 @@ tensor's compressor and collective itself; :attr:`Exchange.busy_s` counts the se
 spends in the engine, which it compares with its prediction.
 
 Each multi-round algorithm (PowerSGD, CSC) keeps its rounds in :attr:`Packet.resume`; the
-engine runs them in turn. Each :class:`Send` of a round may name its own process set: the
-two-level exchange (:mod:`hvdcompress.engines.two_level`) runs the node level over one and the shard's
-exchange between nodes over another, in the same rounds. The result of each entry is the sum over ranks of what their
+engine runs them in turn; the two-level composer (:mod:`hvdcompress.engines.two_level`) runs the
+compressed allreduce's two halves apart (:meth:`Exchange.arrivals`, ``_segment_sum``,
+``_share_segment``) around another engine's exchange between nodes. The result of each entry is the sum over ranks of what their
 payloads stand for, times ``scale`` (predivide / P for an average).
 """
 from __future__ import annotations
@@ -77,7 +77,7 @@ class Exchange(Engine):
 
     #: Whether a segment of the compressed allreduce may be a summable packet (decoded and summed
     #: like any other): no for the flat exchange, where summable payloads take the allreduce;
-    #: yes for the intra-node level of :class:`hvdcompress.engines.two_level.TwoLevelExchange` (fp16).
+    #: yes for the intra-node level of :class:`hvdcompress.engines.two_level.TwoLevel` (fp16).
     summable_segments: bool = False
     #: Whether :attr:`TensorInfo.dense` sends the tensor as it is (allreduce): yes for a flat
     #: exchange; the two-level node level always reduce-scatters (its cross level honours it).
@@ -221,41 +221,39 @@ class Exchange(Engine):
         return self._launch(sends, number, entries[0].info.name if entries else "empty")
 
     def _launch(self, sends: list, number: int, label: str) -> Round:
-        """One grouped call per (comm, collective), comms in order of first use (the same on
-        every rank, so synchronous adapters such as TF's call them in the same order)."""
-        comms: list = []
-        for s in sends:
-            if not any((s.comm or self.comm) is c for c in comms):
-                comms.append(s.comm or self.comm)
+        """One grouped call per collective, in :data:`WIRE_COLLECTIVES`' order (the same on every
+        rank, so synchronous adapters such as TF's call them in the same order)."""
         handles = {}
-        for position, comm in enumerate(comms):
-            suffix = "" if comm is self.comm else f".c{position}"
-            for collective in WIRE_COLLECTIVES:
-                tensors = [t for s in sends if (s.comm or self.comm) is comm and s.collective == collective
-                           for t in s.tensors]
-                if tensors:
-                    tag = f"hvdc.{label}.r{number}{suffix}.{collective}"
-                    handles[(position, collective)] = (comm, launch_alltoall(self.ops, comm, tensors, tag)
-                                                       if collective == "alltoall" else
-                                                       getattr(comm, collective)(tensors, tag))
+        for collective in WIRE_COLLECTIVES:
+            tensors = [t for s in sends if s.collective == collective for t in s.tensors]
+            if tensors:
+                tag = f"hvdc.{label}.r{number}.{collective}"
+                handles[collective] = launch_alltoall(self.ops, self.comm, tensors, tag) \
+                    if collective == "alltoall" else getattr(self.comm, collective)(tensors, tag)
         return Round(sends, handles, number)
 
     @_busy
     def finish(self, flight: Round, out_of: Callable[[Entry], Optional[Tensor]] = lambda e: None) -> list:
         """Wait for a round, run the following rounds, decode every entry into
         ``out_of(entry)`` (a flat buffer to decode into, or None), scale it; return the entries."""
-        outputs = {key: iter(wait(self.ops, comm, h)) for key, (comm, h) in flight.handles.items()}
-        positions = {id(comm): position for (position, _), (comm, _) in flight.handles.items()}
         follow = []
-        for send in flight.sends:
-            stream = outputs[(positions[id(send.comm or self.comm)], send.collective)]
-            received = [next(stream) for _ in send.tensors]
+        for send, received in self.arrivals(flight):
             nxt = (send.then or self.after_round)(send.entry, received, send.collective, out_of)
             if nxt is not None:
                 follow.append(nxt)
         if follow:
             self.finish(self._launch(follow, flight.number + 1, follow[0].entry.info.name), out_of)
         return [s.entry for s in flight.sends]
+
+    def arrivals(self, flight: Round) -> list:
+        """Wait for a round: each send with what came back for it, ``(send, received)``, in
+        the round's order."""
+        outputs = {collective: iter(wait(self.ops, self.comm, h)) for collective, h in flight.handles.items()}
+        arrived = []
+        for send in flight.sends:
+            stream = outputs[send.collective]
+            arrived.append((send, [next(stream) for _ in send.tensors]))
+        return arrived
 
     def after_round(self, entry: Entry, received: list, collective: str, out_of) -> Optional[Send]:
         """What follows a round of an entry: its next send, or its decoded total (None).

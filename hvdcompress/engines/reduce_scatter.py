@@ -84,6 +84,7 @@ class ShardEntry:
     key: Any
     info: TensorInfo
     dtype: str
+    state: MutableMapping
     blocks: list = field(default_factory=list)
     total: Optional[Tensor] = None
 
@@ -109,25 +110,35 @@ class ReduceScatterExchange(Engine):
     def _cuts(self, length: int) -> list:
         return [min(self.block, length - start) for start in range(0, length, self.block)]
 
+    def _block_info(self, info: TensorInfo, chunk: int, index: int, width: int) -> TensorInfo:
+        return TensorInfo(name=f"{info.name}#c{chunk}b{index}", numel=width, world=self.comm.world,
+                          rank=self.comm.rank, shape=(width,))
+
+    def init_state(self, x: Tensor, state: MutableMapping, info: TensorInfo) -> None:
+        """Every block's compressor state (``c<chunk>.b<block>.``), where it is missing."""
+        for j in range(self.comm.world):
+            for b, width in enumerate(self._cuts(info.numel // self.comm.world)):
+                sub = PrefixedState(state, f"c{j}.b{b}.")
+                if not len(sub):
+                    self.compressor.init_state(self.ops, self.ops.zeros(width, like=x), sub,
+                                               self._block_info(info, j, b, width))
+
     def compress(self, key: Any, x: Tensor, state: MutableMapping, info: TensorInfo) -> ShardEntry:
         """Compress the P chunks of ``x`` (``info.numel`` = P·L elements), block by block."""
         ops, world = self.ops, self.comm.world
         if info.numel % world:
             raise ValueError(f"'{info.name}': a flat gradient of {info.numel} elements does not cut "
                              f"into {world} equal chunks (the sharded front end pads it)")
-        entry = ShardEntry(key, info, ops.dtype(x))
+        entry = ShardEntry(key, info, ops.dtype(x), state)
         flat = x if entry.dtype == "float32" else ops.cast(x, "float32")
         length = info.numel // world
+        cuts = self._cuts(length)
+        self.init_state(flat, state, info)
         sent = 0
         for j, chunk in enumerate(ops.split(flat, [length] * world)):
-            cuts = self._cuts(length)
             for b, piece in enumerate(ops.split(chunk, cuts) if len(cuts) > 1 else [chunk]):
-                binfo = TensorInfo(name=f"{info.name}#c{j}b{b}", numel=cuts[b], world=world, rank=self.comm.rank,
-                                   shape=(cuts[b],))
-                sub = PrefixedState(state, f"c{j}.b{b}.")
-                if not len(sub):
-                    self.compressor.init_state(ops, piece, sub, binfo)
-                packet = self.compressor.compress(ops, piece, sub, binfo)
+                binfo = self._block_info(info, j, b, cuts[b])
+                packet = self.compressor.compress(ops, piece, PrefixedState(state, f"c{j}.b{b}."), binfo)
                 if packet.resume is not None:
                     raise RuntimeError(f"{self.compressor!r} produced a multi-round packet")
                 tensors = [ops.cast(t, "int16") if self.compact and ops.dtype(t) == "int32" else t
@@ -151,11 +162,18 @@ class ReduceScatterExchange(Engine):
         for entry, handle in flights:
             mine = [(b.packet.ctx, b.info, b.tensors) for b in entry.blocks if b.chunk == me]
             flat = summed_segment(self.compressor, ops, wait(ops, self.comm, handle), mine, self.comm.world, widen)
-            out = out_of(entry)
-            entry.total = ops.into(out, flat if out is None or ops.dtype(out) == "float32"
-                                   else ops.cast(flat, ops.dtype(out)))
+            entry.total = self.written(out_of(entry), flat)
             done.append(entry)
         return done
+
+    def written(self, out: Optional[Tensor], flat: Tensor) -> Tensor:
+        """The float32 sum ``flat`` into ``out`` (None: ``flat`` itself), in ``out``'s dtype."""
+        return self.ops.into(out, flat if out is None or self.ops.dtype(out) == "float32"
+                             else self.ops.cast(flat, self.ops.dtype(out)))
+
+    def scatter(self, flights: list) -> list:
+        """:meth:`finish` without a buffer: each entry with this rank's summed chunk (float32)."""
+        return [(entry, entry.total) for entry in self.finish(flights)]
 
     def end_step(self) -> None:
         self.last_step_bytes = self.step_bytes
@@ -210,49 +228,3 @@ def laid_out(pooled: Mapping[str, Any], numel: int, world: int, block: int) -> d
     for base, value in pooled["shared"].items():
         out.update({f"c{j}.b{b}.{base}": value for j in range(world) for b in range(len(cuts))})
     return out
-
-
-class TwoLevelReduceScatter(Engine):
-    """Two-level compressed reduce-scatter (ZeRO++'s qgZ pattern) over N nodes of L ranks, rank
-    n·L + l on node n: first inside the node, over the fast link, with the mild ``node`` engine
-    (local rank l receives, summed over the node, the chunks of every rank with local index l:
-    chunks n'·L + l for every node n'); then across nodes, among the ranks of local index l, with
-    the aggressive ``cross`` engine (node n receives chunk n·L + l summed over the nodes). Bytes
-    between nodes shrink by L besides the compression; ``total_bytes`` counts those (dense: the
-    whole gradient). States under ``node.`` and ``cross.``."""
-
-    collective = "alltoall"
-
-    def __init__(self, node: ReduceScatterExchange, cross: ReduceScatterExchange):
-        self.node, self.cross = node, cross
-        self.comm = node.comm   # the agreement's ranks_per_node
-        self.compressor = cross.compressor
-        self.last_step_bytes, self.total_bytes, self.plan = ByteCount(), ByteCount(), cross.plan
-
-    def compress(self, key: Any, x: Tensor, state: MutableMapping, info: TensorInfo) -> Any:
-        ops, per_node, nodes = self.node.ops, self.node.comm.world, self.cross.comm.world
-        chunks = ops.split(x, [info.numel // (per_node * nodes)] * (per_node * nodes))
-        ordered = ops.concat([chunks[n * per_node + l] for l in range(per_node) for n in range(nodes)])
-        node_info = TensorInfo(name=info.name, numel=info.numel, world=per_node, rank=self.node.comm.rank,
-                               shape=(info.numel,))
-        return self.node.compress(key, ordered, PrefixedState(state, "node."), node_info), state, info
-
-    def start(self, entries: list) -> list:
-        return [(self.node.start([entry]), state, info) for entry, state, info in entries]
-
-    def finish(self, flights: list, out_of: Any = lambda e: None) -> list:
-        done = []
-        for flight, state, info in flights:
-            entry = self.node.finish(flight)[0]   # this local rank's chunks summed over the node
-            numel = self.node.ops.numel(entry.total)
-            cross_info = TensorInfo(name=info.name, numel=numel, world=self.cross.comm.world,
-                                    rank=self.cross.comm.rank, shape=(numel,))
-            sub = self.cross.compress(entry.key, entry.total, PrefixedState(state, "cross."), cross_info)
-            done += self.cross.finish(self.cross.start([sub]), out_of)
-        return done
-
-    def end_step(self) -> None:
-        self.node.end_step()
-        self.cross.end_step()
-        self.last_step_bytes = ByteCount(self.node.last_step_bytes.dense, self.cross.last_step_bytes.sent, 1)
-        self.total_bytes.merge(self.last_step_bytes)

@@ -11,8 +11,8 @@ from ..transport.collectives import Collectives
 from ..transport.process_sets import registered_node_sets
 from .contract import Engine
 from .exchange import Exchange
-from .reduce_scatter import ReduceScatterExchange, TwoLevelReduceScatter
-from .two_level import TwoLevelExchange
+from .reduce_scatter import ReduceScatterExchange
+from .two_level import two_level
 
 
 def select_engine(compressor: Compressor, ops: Ops, comm: Collectives, *,
@@ -30,16 +30,12 @@ def select_engine(compressor: Compressor, ops: Ops, comm: Collectives, *,
     :class:`hvdcompress.step.options.Options`' (checked there)."""
     if intra_node is not None and node_comms is None:
         raise ValueError(f"intra_node={intra_node!r}: the front end gave no node collectives")
+    if intra_node is not None:
+        return two_level(compressor, intra_node, ops, node_comms, sharded=sharded, average=average,
+                         predivide=predivide, collective=collective, everyone=everyone, block=block)
     if sharded:
-        if intra_node is None:
-            return ReduceScatterExchange(compressor, ops, comm, block)
-        node, cross = node_comms()
-        return TwoLevelReduceScatter(ReduceScatterExchange(intra_node, ops, node, block),
-                                     ReduceScatterExchange(compressor, ops, cross, block))
-    if intra_node is None:
-        return Exchange(compressor, ops, comm, average, predivide, collective)
-    node, cross = node_comms()
-    return TwoLevelExchange(compressor, intra_node, ops, node, cross, average, predivide, collective, everyone)
+        return ReduceScatterExchange(compressor, ops, comm, block)
+    return Exchange(compressor, ops, comm, average, predivide, collective)
 
 
 def build_exchange(hvd: Any, collectives: Callable[[Any], Collectives], process_set: Any,
@@ -47,7 +43,7 @@ def build_exchange(hvd: Any, collectives: Callable[[Any], Collectives], process_
                    ranks_per_node: Optional[int] = None, average: bool = True,
                    predivide: float = 1.0, collective: str = "auto") -> Engine:
     """The engine a framework wrapper runs: the flat :class:`Exchange` over ``process_set`` when
-    ``intra_node`` is None, else the :class:`TwoLevelExchange` over this rank's node and
+    ``intra_node`` is None, else the :class:`~hvdcompress.engines.two_level.TwoLevel` over this rank's node and
     cross-node process sets (registered, see :func:`registered_node_sets`). ``hvd`` is the
     framework's Horovod module, ``collectives(process_set)`` its adapter; the arguments are
     :class:`hvdcompress.step.options.Options`' (checked there)."""

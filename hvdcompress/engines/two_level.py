@@ -1,157 +1,232 @@
-"""Two-level compression (BytePS, Bagua): mild compression inside a node, the aggressive
-compressor only between nodes, on the exchange engine (:mod:`hvdcompress.engines.exchange`).
+"""Two-level compression (BytePS, Bagua, ZeRO++'s qgZ): mild compression inside a node, the
+aggressive compressor only between nodes. One composer, :class:`TwoLevel`, for the allreduce of
+data parallelism and the reduce-scatter of sharded training.
 
 P ranks on N nodes of L ranks each (rank ``r`` on node ``r // L`` with local rank ``r % L``, as
-horovodrun places them). The ranks of one node form a node-local process set; the ranks with
+the launchers place them). The ranks of one node form a node-local process set; the ranks with
 the same local rank on different nodes form a cross-node set (L sets of N ranks). One step for a
-tensor of n elements, m = ⌈n / L⌉::
+tensor of n elements::
 
-    x_r  padded to L·m, cut into L shards x_r[j]                                      (every rank r)
-    node reduce-scatter: shard j, compressed with the mild ``intra_node`` compressor C₁, goes to
-        local rank j (all-to-all); local rank j decodes and sums:  s_j = Σ_{r in node} D₁(C₁(x_r[j]))
-    cross-node exchange of s_j with the aggressive compressor C₂ over the cross-node set, by
-        whichever collective the engine picks for m elements at N ranks (DGC's allgather, the
-        compressed allreduce, CSC's and PowerSGD's rounds, ...):  t_j = Σ_{nodes} D₂(C₂(s_j))
-    node all-gather of C₁'(t_j) (C₁'s server side: its own residual where C₁ keeps one), decode,
-        concatenate, cut to n, times predivide / P (op=Average: the global sum / P)
+    node level, reduce-scatter: x_r cut into L shards, shard j compressed with the mild C₁ goes to
+        local rank j (one all-to-all), which decodes and sums it:  s_j = Σ_{r in node} D₁(C₁(x_r[j]))
+    cross level: s_j through the aggressive C₂'s engine over the cross-node set (N ranks)
+    node level, all-gather (allreduce only): C₁'s server side of the cross level's result to
+        every local rank, decoded, concatenated, cut to n, times predivide / P
 
-Bytes per rank: inside the node (fast links) 2(L-1)/L · B₁ for a payload of B₁ = |C₁(x)|; between
-nodes only the shard's payload |C₂(s_j)| ≈ |C₂(x)| / L, sent by the engine's cost model for N
-ranks: inter-node bytes divide by L compared with the flat exchange of C₂ over P ranks, and the
-collective's growth with the number of ranks is in N, not P. The price: two more latency-bound
-rounds inside the node, and the node all-gather of C₁-compressed shards (with ``FP16`` the
-result is rounded to fp16, as Horovod's fp16 compression rounds its sum).
+The two node levels (:class:`NodeExchange`, :class:`NodeReduceScatter`) differ in what a shard
+is and whether it comes back:
 
-With ``NoCompression`` on both levels the result is the flat allreduce's up to the order of the
-float additions ((r0 + r1) + (r2 + r3) instead of Horovod's ring order): bit-exact when the sums
-are exact (integer-valued gradients), to float rounding otherwise.
+- **allreduce** (:class:`NodeExchange`): shard j is the j-th of L contiguous pieces (m = ⌈n/L⌉,
+  zero-padded); the cross level is a flat :class:`Exchange` of C₂ at N ranks (whichever collective
+  it picks for m elements: DGC's allgather, the compressed allreduce, CSC's and PowerSGD's
+  rounds); the node all-gather brings the total back. The shard is named ``<tensor>#shard<j>``
+  (identical on the ranks that exchange it). A compressor that takes the optimizer's momentum
+  over (DGC, CSC, ``Momentum``) applies it to the node-summed shard, u ← μ·u + s_j (momentum is
+  linear: the sum of the L ranks' momenta), with weight decay for the L ranks it stands for
+  (the parameter shard times L); a matrix whose rows L divides keeps its shape for its rows
+  (PowerSGD compresses it). States: C₁'s under ``seg<j>.`` / ``sum.``, C₂'s under ``cross.``.
+- **reduce-scatter** (:class:`NodeReduceScatter`, the flat gradient of a sharded unit, P·c
+  elements): rank n·L + l must end with chunk n·L + l summed over every rank, so the chunks are
+  reordered first (local rank l receives chunks n'·L + l of every node n'); the cross level, a
+  :class:`ReduceScatterExchange` of C₂ among the ranks of local index l, leaves node n with chunk
+  n·L + l. Nothing comes back. States: C₁'s under ``node.c<j>.b<b>.``, C₂'s under ``cross.``.
 
-State and momentum: C₂'s per-tensor state (residuals, DGC's momentum and velocity) is the state
-of the shard this rank owns, kept in the tensor's own state dict under ``cross.`` (so checkpoints
-keep it), with the shard named ``<tensor>#shard<j>`` (identical on the ranks that exchange it). A
-compressor that takes the optimizer's momentum over (DGC, CSC, ``Momentum``) applies it to the
-node-summed shard: u ← μ·u + s_j (momentum is linear, so this is the sum of the L ranks'
-momenta), and weight decay for the L ranks the shard stands for (the parameter shard is handed
-over times L: s_j + L·λ·w_j). DGC's own ``clip_norm`` then clips the node-summed shard by the
-number of nodes N. Size thresholds of C₂ (DGC's and CSC's ``min_numel``: smaller tensors go
-dense) see the shard's m = n / L elements. C₁'s state (if any) lives under ``seg<j>.`` and ``sum.``.
+Bytes per rank: inside the node 2(L-1)/L · |C₁(x)| (allreduce; (L-1)/L for the reduce-scatter);
+between nodes only the shard's payload |C₂(s_j)| ≈ |C₂(x)| / L, the collective's growth with the
+number of ranks in N, not P. The price: two more latency-bound rounds inside the node, and with
+``FP16`` the result rounded to fp16, as Horovod's fp16 compression rounds its sum. With
+``NoCompression`` on both levels the allreduce is the flat one up to the order of the float
+additions ((r0 + r1) + (r2 + r3) instead of a ring's): bit-exact when the sums are exact.
 
 The node and cross-node process sets, and registering them: :mod:`hvdcompress.transport.process_sets`.
 """
 from __future__ import annotations
 
-from typing import Optional
+import logging
+from typing import Any, Callable, MutableMapping, Optional, Tuple
 
 from ..contract.compressor import Compressor, TensorInfo
 from ..ops.facade import Ops, Tensor
+from ..state.prefixed import PrefixedState
 from ..transport.collectives import Collectives, wire_bytes
 from ..transport.exit_guard import guard_exit
+from ..transport.rounds import Round
 from .accounting import ByteCount
-from .exchange import Entry, Exchange, PrefixedState, Send
+from .contract import Engine
+from .exchange import Entry, Exchange
+from .reduce_scatter import ReduceScatterExchange, ShardEntry
+
+log = logging.getLogger("hvdcompress")
 
 
-class TwoLevelExchange(Exchange):
-    """The exchange engine over two process sets (see the module doc for the algorithm).
+class NodeExchange(Exchange):
+    """The allreduce's node level: the compressed allreduce's two halves over the node, apart
+    (:meth:`scatter`, then :meth:`gather`), every tensor through the all-to-all (fp16 and full
+    precision shards are decoded and summed like any other), averaged over ``nodes`` · L ranks."""
 
-    The node level is the engine's compressed allreduce over ``node`` with the mild
-    ``intra_node`` compressor (``self.compressor``; summable fp16 / full-precision shards are
-    decoded and summed like any other); between its reduce-scatter and its all-gather, the
-    node-summed shard goes through ``self.cross``, a flat :class:`Exchange` of ``compressor``
-    over ``cross``, which picks its collective for the shard's size at N ranks (``collective``:
-    'auto', 'allgather' or 'alltoall', as for the flat exchange).
+    summable_segments = True
+    honours_dense = False   # the cross level honours TensorInfo.dense
+
+    def __init__(self, compressor: Compressor, ops: Ops, comm: Collectives, nodes: int,
+                 average: bool = True, predivide: float = 1.0):
+        super().__init__(compressor, ops, comm, average, predivide, log_plan=False)
+        self.nodes = nodes
+
+    @property
+    def ranks(self) -> int:
+        return self.comm.world * self.nodes
+
+    def collective_for(self, info: TensorInfo, like: Tensor) -> str:
+        return "alltoall"
+
+    def shard_name(self, name: str) -> str:
+        return f"{name}#shard{self.comm.rank}"
+
+    def shard_length(self, info: TensorInfo) -> int:
+        return -(-info.numel // self.comm.world)
+
+    def shard_param(self, info: TensorInfo) -> Optional[Tensor]:
+        """This rank's shard of the parameter, times L (weight decay for the node's L ranks)."""
+        if info.param is None:
+            return None
+        return self.segments(info.param, info.numel, self.comm.world)[self.comm.rank] * float(self.comm.world)
+
+    def scatter(self, flight: Round) -> list:
+        """Wait for the all-to-all: each entry with its shard summed over the node."""
+        return [(send.entry, self._segment_sum(send.entry, received)) for send, received in self.arrivals(flight)]
+
+    def gather(self, shards: list, out_of: Callable[[Entry], Optional[Tensor]]) -> None:
+        """All-gather each entry's reduced shard (C₁'s server side) and decode its total."""
+        sends = [self._share_segment(entry, shard) for entry, shard in shards]
+        if sends:
+            self.finish(self._launch(sends, 1, sends[0].entry.info.name), out_of)
+
+
+class NodeReduceScatter(ReduceScatterExchange):
+    """The reduce-scatter's node level: the unit's chunks reordered so that local rank l
+    receives, summed over the node, chunk n'·L + l of every node n' (module doc)."""
+
+    def __init__(self, compressor: Compressor, ops: Ops, comm: Collectives, nodes: int, block: int = 4096):
+        super().__init__(compressor, ops, comm, block)
+        self.nodes = nodes
+
+    def _node_info(self, info: TensorInfo) -> TensorInfo:
+        return TensorInfo(name=info.name, numel=info.numel, world=self.comm.world, rank=self.comm.rank,
+                          shape=(info.numel,))
+
+    def init_state(self, x: Tensor, state: MutableMapping, info: TensorInfo) -> None:
+        super().init_state(x, PrefixedState(state, "node."), self._node_info(info))
+
+    def compress(self, key: Any, x: Tensor, state: MutableMapping, info: TensorInfo) -> ShardEntry:
+        ops, per_node, nodes = self.ops, self.comm.world, self.nodes
+        chunks = ops.split(x, [info.numel // (per_node * nodes)] * (per_node * nodes))
+        ordered = ops.concat([chunks[n * per_node + j] for j in range(per_node) for n in range(nodes)])
+        entry = super().compress(key, ordered, PrefixedState(state, "node."), self._node_info(info))
+        entry.state = state
+        return entry
+
+    def shard_name(self, name: str) -> str:
+        return name
+
+    def shard_length(self, info: TensorInfo) -> int:
+        return info.numel // self.comm.world
+
+    def shard_param(self, info: TensorInfo) -> None:
+        return None   # no take-over runs sharded (check_sharded)
+
+    def gather(self, shards: list, out_of: Callable[[Any], Optional[Tensor]]) -> None:
+        """Nothing comes back: each entry's shard into ``out_of(entry)``, in its dtype."""
+        for entry, shard in shards:
+            entry.total = self.written(out_of(entry), shard)
+
+
+class TwoLevel(Engine):
+    """The engine over two process sets (module doc): ``node`` (:class:`NodeExchange` or
+    :class:`NodeReduceScatter`, the mild compressor) and ``cross`` (an :class:`Exchange` or a
+    :class:`ReduceScatterExchange` of the aggressive ``compressor``, summing: the node level
+    scales). ``everyone``: the global set's collectives, for the exit barrier (exit_guard).
 
     ``last_step_bytes`` / ``total_bytes``: the dense bytes of this rank's gradients versus the
     bytes it sends between nodes; ``last_node_bytes`` / ``total_node_bytes``: the payloads it
-    sends inside the node.
-    """
+    sends inside the node. ``plan``: the node level's, per tensor; :meth:`plan_table` both."""
 
-    summable_segments = True
-    honours_dense = False
-
-    def __init__(self, compressor: Compressor, intra_node: Compressor, ops: Ops, node: Collectives,
-                 cross: Collectives, average: bool = True, predivide: float = 1.0,
-                 collective: str = "auto", everyone: Optional[Collectives] = None):
-        super().__init__(intra_node, ops, node, average, predivide)
-        self.everyone = everyone   # the global set's collectives: the exit barrier (exit_guard)
-        # this engine logs the plan of both levels
-        self.cross = Exchange(compressor, ops, cross, average=False, collective=collective,
-                              log_plan=False)
-        self.collective = self.cross.collective
-        self.last_node_bytes = ByteCount()
-        self.total_node_bytes = ByteCount()
+    def __init__(self, node: Any, cross: Any, everyone: Optional[Collectives] = None):
+        self.node, self.cross, self.everyone = node, cross, everyone
+        self.compressor, self.intra_node = cross.compressor, node.compressor
+        self.ops, self.comm, self.collective, self.plan = node.ops, node.comm, cross.collective, node.plan
+        self.last_step_bytes, self.total_bytes = ByteCount(), ByteCount()
+        self.last_node_bytes, self.total_node_bytes = ByteCount(), ByteCount()
+        self._logged = False
 
     @property
     def ranks(self) -> int:
         return self.comm.world * self.cross.comm.world
 
+    @property
+    def step_bytes(self) -> ByteCount:
+        """This step's bytes between nodes so far (a front end adds what it sends apart)."""
+        return self.cross.step_bytes
+
     def collective_for(self, info: TensorInfo, like: Tensor) -> str:
         return "alltoall"   # the node's reduce-scatter, whatever the intra-node compressor
 
     def describe(self) -> str:
-        return (f"{self.compressor.name} within nodes of {self.comm.world}, "
-                f"{self.cross.compressor.name} across {self.cross.comm.world} nodes")
+        return (f"{self.intra_node.name} within nodes of {self.comm.world}, "
+                f"{self.compressor.name} across {self.cross.comm.world} nodes")
 
-    # ---- the shard this rank owns ----------------------------------------------------------------
-    def _cross_info(self, info: TensorInfo, length: int) -> TensorInfo:
-        """The shard's info for the aggressive compressor: named by the local rank (the same on
-        every rank of the cross-node set), the cross set's world and rank, the optimizer's
-        momentum settings, and the parameter shard times L (weight decay for L ranks). A matrix
-        whose rows L divides keeps its shape for its shard of rows (PowerSGD compresses it);
-        any other shard is a vector."""
-        me, per_node = self.comm.rank, self.comm.world
-        param = None
-        if info.param is not None and self.cross.compressor.takes_over_momentum:
-            param = self.segments(info.param, info.numel, per_node)[me] * float(per_node)
+    def _cross_info(self, info: TensorInfo) -> TensorInfo:
+        """The shard's info for the aggressive compressor: the cross set's world and rank, the
+        optimizer's settings, the parameter shard for a take-over, a matrix's shape for its rows."""
+        per_node, length = self.comm.world, self.node.shard_length(info)
         rows = info.shape[0] if len(info.shape) >= 2 else 0
         shape = (rows // per_node, *info.shape[1:]) if rows and rows % per_node == 0 else (length,)
-        return TensorInfo(name=f"{info.name}#shard{me}", numel=length, world=self.cross.comm.world,
+        param = self.node.shard_param(info) if self.compressor.takes_over_momentum else None
+        return TensorInfo(name=self.node.shard_name(info.name), numel=length, world=self.cross.comm.world,
                           shape=shape, rank=self.cross.comm.rank, param=param,
                           momentum=info.momentum, nesterov=info.nesterov,
                           weight_decay=info.weight_decay, dense=info.dense, mild=info.mild)
 
-    def init_state(self, x: Tensor, state, info: TensorInfo) -> None:
-        """The node level's state (``seg<j>.``, ``sum.``) and the shard's (``cross.``)."""
+    def init_state(self, x: Tensor, state: MutableMapping, info: TensorInfo) -> None:
+        """Both levels' state for one tensor (the node level's, and the shard's under ``cross.``)."""
         if info.numel == 0:
             return
         if self.everyone is not None:
             guard_exit(self.everyone, self.ops.zeros(1, like=x))
-        super().init_state(x, state, info)
-        length = -(-info.numel // self.comm.world)
-        self.cross.init_state(self.ops.zeros(length, like=x), PrefixedState(state, "cross."),
-                              self._cross_info(info, length))
+        self.node.init_state(x, state, info)
+        self.cross.init_state(self.ops.zeros(self.node.shard_length(info), like=x),
+                              PrefixedState(state, "cross."), self._cross_info(info))
 
-    def _reduce_segment(self, entry: Entry, received: list) -> Send:
-        """After the node's all-to-all: sum this rank's shard over the node, then run the
-        shard's cross-node exchange (its rounds ride in this entry's sends, over ``cross``);
-        its total goes on to the node's all-gather."""
-        shard = self._segment_sum(entry, received)
-        inner = self.cross.compress(entry.key, shard, PrefixedState(entry.state, "cross."),
-                                    self._cross_info(entry.info, self.ops.numel(shard)))
-        return self._relay(entry, Send(inner, inner.packet.tensors, inner.collective))
+    def compress(self, key: Any, x: Tensor, state: MutableMapping, info: TensorInfo) -> Any:
+        self.init_state(x, state, info)
+        return self.node.compress(key, x, state, info)
 
-    def _relay(self, entry: Entry, send: Send) -> Send:
-        """``send`` of the cross-node exchange, carried by ``entry`` over the cross-node set."""
-        def then(_: Entry, received: list, collective: str, out_of) -> Send:
-            nxt = (send.then or self.cross.after_round)(send.entry, received, collective, lambda e: None)
-            if nxt is not None:
-                return self._relay(entry, nxt)
-            return self._share_segment(entry, send.entry.total)
-        return Send(entry, send.tensors, send.collective, then, self.cross.comm)
+    def start(self, entries: list) -> Any:
+        return self.node.start(entries)
 
-    # ---- bookkeeping -----------------------------------------------------------------------------
+    def finish(self, flight: Any, out_of: Callable[[Any], Optional[Tensor]] = lambda e: None) -> list:
+        """The node's reduce-scatter, every shard's cross level, the node's all-gather (allreduce)."""
+        shards = self.node.scatter(flight)
+        entries = [entry for entry, _ in shards]
+        crossing = [self.cross.compress(i, shard, PrefixedState(entry.state, "cross."), self._cross_info(entry.info))
+                    for i, (entry, shard) in enumerate(shards)]
+        crossed = self.cross.finish(self.cross.start(crossing)) if crossing else []
+        self.node.gather([(entries[c.key], c.total) for c in crossed], out_of)
+        return entries
+
     def end_step(self) -> None:
         """Close the step: inter-node bytes into ``last_step_bytes``, the node's into
-        ``last_node_bytes``; log both levels' plan once (global rank 0)."""
-        node = self.step_bytes
-        self.last_node_bytes = node
-        self.total_node_bytes.merge(node)
-        self.step_bytes = ByteCount(dense=node.dense, sent=self.cross.step_bytes.sent, steps=1)
+        ``last_node_bytes``; both compressors' step; log both levels' plan once (rank 0 of both)."""
+        self.node.end_step()
         self.cross.end_step()
-        self.compressor.on_step()
-        super().end_step()
-
-    def _logs_plan(self) -> bool:
-        return self.comm.rank == 0 and self.cross.comm.rank == 0
+        self.last_node_bytes = self.node.last_step_bytes
+        self.total_node_bytes.merge(self.last_node_bytes)
+        self.last_step_bytes = ByteCount(self.last_node_bytes.dense, self.cross.last_step_bytes.sent, 1)
+        self.total_bytes.merge(self.last_step_bytes)
+        self.intra_node.on_step()
+        if not self._logged and self.plan:
+            self._logged = True
+            if self.comm.rank == 0 and self.cross.comm.rank == 0:
+                log.info("hvdcompress exchange plan (P=%d, %s):\n%s", self.ranks, self.describe(), self.plan_table())
 
     def plan_table(self) -> str:
         """Per tensor: the node level's payload, and the shard's collective, payload and wire
@@ -159,7 +234,7 @@ class TwoLevelExchange(Exchange):
         rows = ["tensor | numel | node payload B | cross collective | cross payload B | "
                 "inter-node wire B/rank | flat dense wire B/rank"]
         for name, (numel, _, sent, _) in sorted(self.plan.items()):
-            shard = self.cross.plan.get(f"{name}#shard{self.comm.rank}")
+            shard = self.cross.plan.get(self.node.shard_name(name))
             if shard is None:
                 continue
             _, collective, cross_sent, cross_wire = shard
@@ -167,3 +242,17 @@ class TwoLevelExchange(Exchange):
             rows.append(f"{name} | {numel} | {sent} | {collective} | {cross_sent} | "
                         f"{cross_wire:.0f} | {dense:.0f}")
         return "\n".join(rows)
+
+
+def two_level(compressor: Compressor, intra_node: Compressor, ops: Ops,
+              node_comms: Callable[[], Tuple[Collectives, Collectives]], *, sharded: bool = False,
+              average: bool = True, predivide: float = 1.0, collective: str = "auto",
+              everyone: Optional[Collectives] = None, block: int = 4096) -> TwoLevel:
+    """The two-level engine of the allreduce (``sharded=False``) or the reduce-scatter."""
+    node, cross = node_comms()
+    if sharded:
+        return TwoLevel(NodeReduceScatter(intra_node, ops, node, cross.world, block),
+                        ReduceScatterExchange(compressor, ops, cross, block), everyone)
+    return TwoLevel(NodeExchange(intra_node, ops, node, cross.world, average, predivide),
+                    Exchange(compressor, ops, cross, average=False, collective=collective, log_plan=False),
+                    everyone)

@@ -1,7 +1,7 @@
 """How one tensor is exchanged, as the engine does it: its rounds' costs, bytes and codec time.
 
 ``level`` is ``flat`` (:class:`hvdcompress.engines.exchange.Exchange` over all P ranks) or
-``two-level`` (:class:`hvdcompress.engines.two_level.TwoLevelExchange`: node reduce-scatter with the
+``two-level`` (:class:`hvdcompress.engines.two_level.TwoLevel`: node reduce-scatter with the
 mild ``intra_node`` compressor, the aggressive compressor on the node-summed shard between the
 N nodes, node all-gather). ``collective`` is what per-rank payloads take, ``allgather`` or
 ``alltoall`` (the compressed allreduce); summable payloads take the allreduce whatever it is,

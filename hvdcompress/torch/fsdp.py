@@ -71,7 +71,7 @@ class CompressionState(FrontEnd):
     group FSDP shards over (None: the default group); ``block``: elements per compressed block
     (:mod:`hvdcompress.engines.reduce_scatter`: one scale or selection per block); ``check_replicas``:
     compare the compressor's counters every N steps. ``intra_node`` / ``ranks_per_node``: the
-    two-level reduce-scatter (:class:`~hvdcompress.engines.reduce_scatter.TwoLevelReduceScatter`: ``intra_node``
+    two-level reduce-scatter (:class:`~hvdcompress.engines.two_level.TwoLevel`: ``intra_node``
     a mild compressor inside the node, ``compression`` between nodes; default group only; the node
     groups of :func:`hvdcompress.torch.ddp.node_groups`). ``total_bytes`` / ``last_step_bytes``:
     this rank's dense versus sent gradient bytes (:class:`~hvdcompress.engines.accounting.ByteCount`);

@@ -28,16 +28,15 @@ class Entry:
 
 
 class Send(NamedTuple):
-    """What one entry sends in a round: ``tensors`` through ``collective`` over ``comm`` (None:
-    the engine's own); ``then(entry, received, collective, out_of)`` takes what came back and
-    returns the entry's next :class:`Send`, or None when its total is set (None: the engine's
-    default, :meth:`Exchange.after_round`). A two-level exchange sends over two process sets."""
+    """What one entry sends in a round: ``tensors`` through ``collective``;
+    ``then(entry, received, collective, out_of)`` takes what came back and returns the entry's
+    next :class:`Send`, or None when its total is set (None: the engine's default,
+    :meth:`Exchange.after_round`)."""
 
     entry: Entry
     tensors: list
     collective: str
     then: Optional[Callable] = None
-    comm: Optional[Collectives] = None
 
 
 class FusedAlltoall(NamedTuple):
@@ -51,11 +50,10 @@ class FusedAlltoall(NamedTuple):
 
 @dataclass
 class Round:
-    """A launched round: what each entry sends, the handles of the collectives (keyed by
-    (comm position in the round, collective)) with their comm."""
+    """A launched round: what each entry sends, the handle of each collective."""
 
     sends: list           # [Send]
-    handles: dict         # (comm position, collective) -> (comm, handle)
+    handles: dict         # collective -> handle
     number: int
 
 

@@ -1,15 +1,17 @@
-"""Torch ranks forked from a process that imported torch once: 3-4 s of CPU less per rank.
+"""Ranks forked from a server that imported the framework once: ~5 s of CPU less per rank.
 
-Every rank of a multi-process test is a fresh Python process that imports torch and Horovod
-(about 4 s of CPU on these machines, most of a short launch's work: a 16-rank launch spends a
-minute importing). With ``HVDC_ZYGOTE=1`` (the tests set it) the launchers start, as each rank,
-``python tests/zygote.py run SCRIPT ARGS...``: a client of ~30 ms that hands its argv, its
-environment, its working directory and its stdin/stdout/stderr (as file descriptors, over a Unix
-socket) to a server that imported torch and ``horovod.torch`` once. The server forks; the child
-takes the client's environment and streams, runs the script as ``__main__`` (``runpy``), runs
-the exit handlers registered since the fork (Horovod's shutdown, the exit barrier) and exits;
-the client exits with the child's status. Everything a launch does stays real: horovodrun or
-torchrun, one process per rank, ``hvd.init()`` / ``init_process_group`` in the child.
+Every rank of a multi-process test is a fresh Python process that imports its framework (torch
+with ``torch._dynamo``, which the first optimizer imports, and ``horovod.torch``: about 5 s of CPU
+here; TensorFlow and ``horovod.tensorflow``: about 6 s), most of a short launch's work. With
+``HVDC_ZYGOTE=1`` (the tests set it) the launchers start, as each rank, ``python tests/zygote.py
+run SCRIPT ARGS...``: a client of ~30 ms that hands its argv, its environment, its working
+directory and its stdin/stdout/stderr (file descriptors, over a Unix socket) to a server that
+imported :data:`PRELOAD` (not hvdcompress: each rank imports the code under test itself). The
+server forks; the child takes the client's environment and streams, runs the script as
+``__main__`` (``runpy``), runs the exit handlers registered since the fork (Horovod's shutdown,
+the exit barrier) and exits; the client exits with the child's status. Everything a launch does
+stays real: horovodrun or torchrun, one process per rank, ``hvd.init()`` or
+``init_process_group`` in the child.
 
 What a fresh interpreter reads at start-up is redone in the child: ``PYTHONPATH`` (``sys.path``),
 ``OMP_NUM_THREADS`` (``torch.set_num_threads``), ``PYTHONUNBUFFERED``, ``PYTHONWARNINGS``,
@@ -38,34 +40,46 @@ from pathlib import Path
 ENABLE = "HVDC_ZYGOTE"
 SOCKETS = "HVDC_ZYGOTE_SOCKETS"   # the servers' socket paths, ':'-separated (set for the ranks)
 HERE = Path(__file__).resolve()
-_servers: list = []
+_servers: dict = {}   # kind -> the socket paths of its two servers
 
 
 # ---- launcher side -------------------------------------------------------------------------------
+#: what each kind of server imports before it forks (a script that names TensorFlow gets "tf")
+PRELOAD = {
+    "torch": ["torch", "torch._dynamo", "torch.distributed.algorithms.ddp_comm_hooks",
+              "torch.distributed.fsdp", "horovod.torch", "numpy"],
+    "tf": ["tensorflow", "horovod.tensorflow", "numpy"],
+}
+
+
 def command(script: str | os.PathLike, args: list, env: dict) -> tuple[list, dict]:
     """``(argv after the interpreter, env)`` that runs ``script args`` as a rank: through the
-    servers when ``HVDC_ZYGOTE=1`` and the script does not use TensorFlow, else as it is."""
-    if os.environ.get(ENABLE) != "1" or "tensorflow" in Path(script).read_text():
+    servers of its kind when ``HVDC_ZYGOTE=1``, else as it is."""
+    if os.environ.get(ENABLE) != "1":
         return [str(script), *map(str, args)], env
-    if not _servers:
-        _start(env)
-    return [str(HERE), "run", str(script), *map(str, args)], {**env, SOCKETS: ":".join(p for p, _ in _servers)}
+    kind = "tf" if "tensorflow" in Path(script).read_text() else "torch"
+    if kind not in _servers:
+        _servers[kind] = _start(kind, env)
+    return [str(HERE), "run", str(script), *map(str, args)], {**env, SOCKETS: ":".join(_servers[kind])}
 
 
-def _start(env: dict) -> None:
-    """Start the two servers (hash seeds 1 and 2), wait for their sockets (60 s at most)."""
-    work = Path(tempfile.mkdtemp(prefix="hvdc-zygote-"))
+def _start(kind: str, env: dict) -> list:
+    """Start two servers of ``kind`` (hash seeds 1 and 2); their socket paths, once they listen
+    (60 s at most)."""
+    work = Path(tempfile.mkdtemp(prefix=f"hvdc-zygote-{kind}-"))
+    started = []
     for seed in (1, 2):
         path = work / f"server{seed}.sock"
         server_env = {**os.environ, **env, "PYTHONHASHSEED": str(seed), "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen([sys.executable, str(HERE), "serve", str(path), str(os.getpid())],
-                                env=server_env, stdin=subprocess.DEVNULL, start_new_session=True)
-        _servers.append((str(path), proc))
+        started.append((str(path), subprocess.Popen(
+            [sys.executable, str(HERE), "serve", kind, str(path), str(os.getpid())],
+            env=server_env, stdin=subprocess.DEVNULL, start_new_session=True)))
     deadline = time.monotonic() + 60
-    while not all(Path(p).exists() for p, _ in _servers):
-        if time.monotonic() > deadline or any(proc.poll() is not None for _, proc in _servers):
-            raise RuntimeError(f"the rank servers of tests/zygote.py did not start within 60 s in {work}")
+    while not all(Path(p).exists() for p, _ in started):
+        if time.monotonic() > deadline or any(proc.poll() is not None for _, proc in started):
+            raise RuntimeError(f"the {kind} rank servers of tests/zygote.py did not start within 60 s in {work}")
         time.sleep(0.1)
+    return [p for p, _ in started]
 
 
 # ---- rank side: the client -----------------------------------------------------------------------
@@ -95,11 +109,12 @@ def _receive(conn: socket.socket) -> tuple:
     return json.loads(data[4:4 + size]), fds
 
 
-def serve(path: str, parent: int) -> None:
-    """Import the frameworks, then fork one child per client until ``parent`` is gone."""
-    import horovod.torch  # noqa: F401
-    import numpy  # noqa: F401
-    import torch  # noqa: F401
+def serve(kind: str, path: str, parent: int) -> None:
+    """Import ``kind``'s modules, then fork one child per client until ``parent`` is gone."""
+    import importlib
+
+    for module in PRELOAD[kind]:
+        importlib.import_module(module)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".new")
@@ -162,7 +177,6 @@ def _child(conn: socket.socket, request: dict, fds: list) -> None:
     import warnings
 
     import numpy as np
-    import torch
 
     conn.close()
     atexit._clear()   # the server's handlers are not the rank's
@@ -183,8 +197,8 @@ def _child(conn: socket.socket, request: dict, fds: list) -> None:
     sys.path[:] = [os.path.dirname(os.path.abspath(script)), *extra,
                    *[p for p in sys.path[1:] if p not in extra and p != str(HERE.parent)]]
     sys.argv = list(request["argv"])
-    if env.get("OMP_NUM_THREADS", "").isdigit():
-        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    if env.get("OMP_NUM_THREADS", "").isdigit() and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
     if env.get("PYTHONWARNINGS"):
         warnings.simplefilter(env["PYTHONWARNINGS"])
     if env.get("PYTHONFAULTHANDLER"):
@@ -216,6 +230,6 @@ def _child(conn: socket.socket, request: dict, fds: list) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
-        serve(sys.argv[2], int(sys.argv[3]))
+        serve(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif sys.argv[1] == "run":
         sys.exit(client(sys.argv[2:]))

@@ -42,6 +42,11 @@ def test_front_ends_fill_the_contract_and_keep_its_sequence(front_end):
         assert getattr(front_end, step) is getattr(FrontEnd, step), f"{front_end.__name__} overrides {step}"
 
 
+def test_the_tensorflow_exchange_fills_the_contract_and_keeps_its_sequence():
+    from hvdcompress.tensorflow.steps import TapeSteps
+    test_front_ends_fill_the_contract_and_keep_its_sequence(TapeSteps)
+
+
 def test_a_front_end_that_leaves_a_member_out_cannot_be_built():
     class Partial(FrontEnd):
         def name(self, key):

@@ -179,6 +179,7 @@ def _child(conn: socket.socket, request: dict, fds: list) -> None:
     import numpy as np
 
     conn.close()
+    os.setsid()   # a session, hence a scheduling autogroup, of its own, as horovodrun gives each rank
     atexit._clear()   # the server's handlers are not the rank's
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for target, fd in enumerate(fds):

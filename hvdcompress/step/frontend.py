@@ -1,6 +1,7 @@
 """The front-end contract: one step's sequence, in code, that every front end fills in.
 
-A front end (the Horovod torch optimizer, the DDP hook; a toy one in tests/toy_front_end.py)
+A front end (the Horovod torch optimizer, the DDP hook, HSDP, FSDP's reduce-scatter, the
+TensorFlow exchange of the tape and Keras; a toy one in tests/toy_front_end.py)
 subclasses :class:`FrontEnd` and writes only what is its framework's: where a tensor's gradient
 is and what it is called (:meth:`~FrontEnd.name`, :meth:`~FrontEnd.gradient`,
 :meth:`~FrontEnd.info`), how gradients are clipped and written back (:meth:`~FrontEnd.clip_local`,
@@ -183,7 +184,8 @@ class FrontEnd(ABC):
         settings = self.settings(key)
         if not bucketed:
             return self.driver.compress(key, self.gradient(key), info, settings, info.param)
-        state = self.driver.states.tensor(info.name)
+        # a member's own state only holds the Adam take-over's moments: none is made without it
+        state = self.driver.states.tensor(info.name) if settings is not None else {}
         return key, self.driver.outgoing(self.gradient(key), state, info, settings, info.param), info
 
     def _group_entries(self, gid: Hashable, items: list) -> list:

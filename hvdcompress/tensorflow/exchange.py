@@ -1,8 +1,9 @@
 """The TensorFlow front end of the step driver (:mod:`hvdcompress.step.driver`): the exchange behind
 :func:`~hvdcompress.tensorflow.DistributedGradientTape` and the Keras ``DistributedOptimizer``.
 
-The algorithm of one step is the core's (the driver around :class:`hvdcompress.engines.exchange.Exchange`),
-the same as for torch; this module keeps what is TensorFlow's: variables as state
+The algorithm of one step is the core's, the same as for torch: the front-end contract's sequence
+(:mod:`hvdcompress.step.frontend`, filled by :class:`~hvdcompress.tensorflow.steps.TapeSteps`) around
+the step driver and its engine; this module keeps what is TensorFlow's: variables as state
 (:mod:`.state`), IndexedSlices, ``None`` gradients, graph mode, and Horovod's TF collectives.
 Only Horovod's collective ops are used, so this works with Keras 2 and Keras 3 alike.
 
@@ -32,7 +33,6 @@ import tensorflow as tf
 from ..adam.settings import AdamSettings
 from ..contract.compressor import TensorInfo
 from ..engines.fusion import bucket_info
-from ..engines.fusion import totals as fused_totals
 from ..engines.selection import build_exchange
 from ..ops.tf_ops import TFOps
 from ..step.clipping import local_clip_limit
@@ -43,6 +43,7 @@ from .gradients import clipped, gathered_slices, in_order, overflow_flag, scaled
 from .options import ExchangeOptions, exchange_options, is_loss_scale_optimizer  # noqa: F401 (the API)
 from .resume import apply_loaded
 from .state import compression_state
+from .steps import TapeSteps
 
 OPS = TFOps()
 
@@ -268,32 +269,13 @@ class GradientExchange:
         if flag is not None and any_overflow(OPS, driver.comm, tf.reshape(tf.cast(flag, tf.float32), [1])):
             return [tf.fill(tf.shape(g), tf.constant(np.nan, g.dtype)) for g in grads]
         settings = None if driver.adam is None else self.adam_settings()
-        clip = self.core.clip_grad_norm if driver.adam is not None else None
-        if clip is not None and driver.clips_before():   # FrozenAdam's compressed step (StepDriver)
-            grads = clipped([g * driver.clip_scale() for g in grads], self._local_limit())
-        totals: list = [None] * len(grads)
-        for bucket, bundle in bundles:
-            items = []
-            for i in bundle:
-                info = infos[i]
-                if params[i] is not None:
-                    info.param = tf.reshape(tf.convert_to_tensor(params[i]), [-1])
-                x = tf.reshape(grads[i], [-1])
-                items.append(driver.compress(i, x, info, settings, info.param) if bucket is None else
-                             (i, driver.outgoing(x, self.state.tensor(info.name) if settings else {}, info, settings, info.param), info))
-            driver.start(items if bucket is None else [driver.compress_bucket(bucket, items)])
-            for entry in driver.finish():
-                for i, total in fused_totals(OPS, entry):
-                    totals[i] = total
-        if clip is not None and not driver.clips_before():   # its v-step: Horovod's clip of the mean, kept
-            kappa = clip / max(float(tf.linalg.global_norm([t for t in totals if t is not None])), clip)
-            driver.clipped_after(kappa)
-            totals = [None if t is None else t * kappa for t in totals]
+        steps = TapeSteps(self, grads, params, infos, bundles, settings)
+        steps.run()
+        totals = steps.totals
         for i, total in enumerate(totals if driver.adam is not None else ()):
             if total is not None and params[i] is not None:
                 new = driver.adam.after_exchange(OPS, self.state.tensor(infos[i].name), infos[i].param, total, settings)
                 params[i].assign(tf.reshape(new, tf.shape(params[i])))
-        driver.end_update()
+        steps.updated()
         self.state.push()
-        driver.end_exchange()
         return [tf.reshape(tf.cast(t, g.dtype), tf.shape(g)) if t is not None else g for g, t in zip(grads, totals)]

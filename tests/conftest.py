@@ -107,6 +107,9 @@ def launch_elastic(work: Path, command: list, discovery: Path, timeout: int, dur
            "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
            RESULTS_ENV: str(results), "HVDCOMPRESS_HOSTS": str(hosts),
            "HVDCOMPRESS_TEST_STACKS_AT": str(time.time() + timeout - 20)}
+    if command[0] == sys.executable:   # the ranks forked from a server (tests/zygote.py)
+        argv, env = zygote.command(command[1], command[2:], env)
+        cmd = [*cmd[:-len(command)], sys.executable, *argv]
     log = work / "horovodrun.log"
     proc, deadline = start_horovodrun(cmd, env, log), time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:

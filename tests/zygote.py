@@ -25,6 +25,7 @@ when the process that started it (a pytest worker) is gone.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import select
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ENABLE = "HVDC_ZYGOTE"
 SOCKETS = "HVDC_ZYGOTE_SOCKETS"   # the servers' socket paths, ':'-separated (set for the ranks)
@@ -55,12 +57,21 @@ PRELOAD = {
 def command(script: str | os.PathLike, args: list, env: dict) -> tuple[list, dict]:
     """``(argv after the interpreter, env)`` that runs ``script args`` as a rank: through the
     servers of its kind when ``HVDC_ZYGOTE=1``, else as it is."""
-    if os.environ.get(ENABLE) != "1":
+    kind = _kind(Path(script))
+    if os.environ.get(ENABLE) != "1" or kind is None:
         return [str(script), *map(str, args)], env
-    kind = "tf" if "tensorflow" in Path(script).read_text() else "torch"
     if kind not in _servers:
         _servers[kind] = _start(kind, env)
     return [str(HERE), "run", str(script), *map(str, args)], {**env, SOCKETS: ":".join(_servers[kind])}
+
+
+def _kind(script: Path) -> Optional[str]:
+    """The server a script's ranks fork from: "tf" for one that names TensorFlow (or a tf_*.py
+    that runs others), "torch" for one that names torch, where that framework is installed;
+    None (a plain process) otherwise."""
+    text = script.read_text()
+    kind = "tf" if script.name.startswith("tf_") or "tensorflow" in text else "torch" if "torch" in text else None
+    return kind if kind is not None and importlib.util.find_spec(PRELOAD[kind][0]) is not None else None
 
 
 def _start(kind: str, env: dict) -> list:
@@ -111,8 +122,6 @@ def _receive(conn: socket.socket) -> tuple:
 
 def serve(kind: str, path: str, parent: int) -> None:
     """Import ``kind``'s modules, then fork one child per client until ``parent`` is gone."""
-    import importlib
-
     for module in PRELOAD[kind]:
         importlib.import_module(module)
 

@@ -68,9 +68,10 @@ def torchrun(np_: int, script: Path, args: list, timeout: float = 180) -> list:
         log_path = Path(results) / "launch.log"
         env = {**os.environ, RESULTS_ENV: results, "PYTHONPATH": str(HERE.parent),
                "OMP_NUM_THREADS": str(THREADS), "PYTHONWARNINGS": "ignore", "PYTHONFAULTHANDLER": "1"}
-        argv, env = zygote.command(script, list(args), env)
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc_per_node={np_}", *argv]
+        argv, env = zygote.command(script, list(args), env)   # the ranks, and torchrun itself, forked
+        launcher, env = zygote.module_command("torch.distributed.run", ["--standalone", f"--nproc_per_node={np_}",
+                                                                         *argv], env)
+        command = [sys.executable, *launcher]
         with open(log_path, "w") as log:
             proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)

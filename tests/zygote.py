@@ -20,8 +20,9 @@ seed cannot be: two servers with different seeds serve the even and the odd rank
 neighbouring ranks still iterate sets in different orders, as separate processes would.
 
 Bounds: the client's death (horovodrun's or torchrun's SIGTERM to the rank, the launcher's
-SIGKILL of strays) closes its socket, and the server kills the child at once; the server exits
-when the process that started it (a pytest worker) is gone.
+SIGKILL of strays, or its own parent's death: ``PR_SET_PDEATHSIG``) closes its socket, and the
+server kills the child at once; the server exits when the process that started it (a pytest
+worker) is gone.
 """
 from __future__ import annotations
 
@@ -65,6 +66,14 @@ def command(script: str | os.PathLike, args: list, env: dict) -> tuple[list, dic
     return [str(HERE), "run", str(script), *map(str, args)], {**env, SOCKETS: ":".join(_servers[kind])}
 
 
+def module_command(module: str, args: list, env: dict) -> tuple[list, dict]:
+    """:func:`command` for ``python -m module args`` (torchrun: ``torch.distributed.run``)."""
+    argv, env = command(importlib.util.find_spec(module).origin, args, env)
+    if argv[0] != str(HERE):
+        return ["-m", module, *map(str, args)], env
+    return [str(HERE), "run", "-m", module, *map(str, args)], env
+
+
 def _kind(script: Path) -> Optional[str]:
     """The server a script's ranks fork from: "tf" for one that names TensorFlow (or a tf_*.py
     that runs others), "torch" for one that names torch, where that framework is installed;
@@ -96,6 +105,8 @@ def _start(kind: str, env: dict) -> list:
 # ---- rank side: the client -----------------------------------------------------------------------
 def client(argv: list) -> int:
     """Hand this rank to a server (even ranks to the first, odd to the second); its exit status."""
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG: gone with the process that started it
     paths = os.environ[SOCKETS].split(":")
     rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("RANK", "0")))
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -201,12 +212,15 @@ def _child(conn: socket.socket, request: dict, fds: list) -> None:
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True, line_buffering=True)
     os.chdir(request["cwd"])
     os.environ.clear()
-    os.environ.update({k: v for k, v in env.items() if k != SOCKETS})
-    script = request["argv"][0]
+    os.environ.update(env)   # with SOCKETS: a launcher forked here (torchrun) forks its ranks too
+    argv = list(request["argv"])
+    module = argv[1] if argv[0] == "-m" else None   # python -m module: the directory first, as Python puts it
+    if module is not None:
+        argv = [importlib.util.find_spec(module).origin, *argv[2:]]
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [os.path.dirname(os.path.abspath(script)), *extra,
+    sys.path[:] = [os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0])), *extra,
                    *[p for p in sys.path[1:] if p not in extra and p != str(HERE.parent)]]
-    sys.argv = list(request["argv"])
+    sys.argv = argv
     if env.get("OMP_NUM_THREADS", "").isdigit() and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
     if env.get("PYTHONWARNINGS"):
@@ -217,7 +231,10 @@ def _child(conn: socket.socket, request: dict, fds: list) -> None:
     np.random.seed()
     code = 0
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module is not None:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if not isinstance(stop.code, (int, type(None))):

@@ -63,6 +63,25 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "horovod: runs real Horovod processes under horovodrun")
 
 
+LAUNCHERS = ("run_horovod(", "run_scripts(", "torchrun(", "run_cases(", "launch_elastic(", "run_elastic(")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The files that launch processes first, the most launches first (a stable sort, the same
+    on every xdist worker): under ``--dist loadfile`` the long files then start at once instead
+    of leaving one worker alone with the last of them."""
+    weight: dict = {}
+
+    def launches(item) -> int:
+        path = Path(str(item.fspath))
+        if path not in weight:
+            text = path.read_text()
+            weight[path] = sum(text.count(name) for name in LAUNCHERS)
+        return weight[path]
+
+    items.sort(key=lambda item: -launches(item))
+
+
 def run_horovod(script: str, np: int = 2, args=(), timeout: int = 300, env=None) -> list:
     """Run tests/hvd/<script> (or a path) under ``horovodrun -np N --gloo``; return its records
     (each a dict with ``rank``)."""

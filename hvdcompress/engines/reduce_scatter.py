@@ -115,12 +115,13 @@ class ReduceScatterExchange(Engine):
                           rank=self.comm.rank, shape=(width,))
 
     def init_state(self, x: Tensor, state: MutableMapping, info: TensorInfo) -> None:
-        """Every block's compressor state (``c<chunk>.b<block>.``), where it is missing."""
+        """Every block's compressor state (``c<chunk>.b<block>.``), where it is missing (float32,
+        whatever the gradient's dtype: blocks are compressed in float32)."""
         for j in range(self.comm.world):
             for b, width in enumerate(self._cuts(info.numel // self.comm.world)):
                 sub = PrefixedState(state, f"c{j}.b{b}.")
                 if not len(sub):
-                    self.compressor.init_state(self.ops, self.ops.zeros(width, like=x), sub,
+                    self.compressor.init_state(self.ops, self.ops.zeros(width, like=x, dtype="float32"), sub,
                                                self._block_info(info, j, b, width))
 
     def compress(self, key: Any, x: Tensor, state: MutableMapping, info: TensorInfo) -> ShardEntry:

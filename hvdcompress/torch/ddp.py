@@ -47,7 +47,7 @@ from ..step.names import check_names
 from ..step.options import parse_options
 from ..transport.collectives import check_collective
 from .clipping import clip_gradients, clip_local_gradients
-from .dist_collectives import DistCollectives, node_groups, whole_group
+from .dist_collectives import DistCollectives, node_collectives, node_groups, whole_group
 from .fusion import bucket_tensors
 from .grad_scaler import enabled_scaler, scaler_link
 from .momentum_takeover import hook_optimizer, takes_over
@@ -122,7 +122,7 @@ class CompressionState(FrontEnd):
     def _build_exchange(self) -> Engine:
         options = self.options
         return select_engine(options.compressor, OPS, self.comm, intra_node=options.intra_node,
-                             node_comms=lambda: tuple(map(DistCollectives, node_groups(options.ranks_per_node))),
+                             node_comms=lambda: node_collectives(options.ranks_per_node),
                              collective=options.collective)
 
     def _fusion_buckets(self) -> dict:

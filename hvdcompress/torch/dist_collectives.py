@@ -152,3 +152,8 @@ def whole_group(process_group: Any) -> dict:
     world = getattr(dist.group, "WORLD", None)
     return {"process_set": world if process_group is None else process_group, "global_set": world,
             "set_argument": ("process_group", "None")}
+
+
+def node_collectives(ranks_per_node: Optional[int] = None) -> tuple:
+    """:func:`node_groups`' two groups as :class:`DistCollectives` (the two-level engine's ``node_comms``)."""
+    return tuple(map(DistCollectives, node_groups(ranks_per_node)))

@@ -53,7 +53,7 @@ from ..step.driver import StepDriver
 from ..step.frontend import FrontEnd
 from ..step.options import parse_options
 from . import fsdp_gather, hsdp
-from .dist_collectives import DistCollectives, node_groups, whole_group
+from .dist_collectives import DistCollectives, node_collectives, whole_group
 from .fsdp_reduce_scatter import CompressedReduceScatter
 from .grad_scaler import enabled_scaler, scaler_link
 from .tensors import CONVERSIONS, OPS
@@ -110,7 +110,7 @@ class CompressionState(FrontEnd):
     def _engine(self) -> Any:
         intra = self.options.intra_node
         return select_engine(self.compressor, OPS, self.driver.comm, intra_node=intra, sharded=True, block=self.block,
-                             node_comms=lambda: tuple(map(DistCollectives, node_groups(self.options.ranks_per_node))))
+                             node_comms=lambda: node_collectives(self.options.ranks_per_node))
 
     last_step_bytes = property(lambda self: self.driver.last_step_bytes,
                                doc="this rank's dense versus sent bytes of the last step")

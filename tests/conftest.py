@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,7 +56,7 @@ from hvdrun import RESULTS_ENV, LaunchError, read_results, run_script, start_hor
 RANK_ENV = {"PYTHONPATH": str(HERE.parent), "TF_CPP_MIN_LOG_LEVEL": "2"}
 # horovodrun from a fork server (examples/hvdrun.py start_horovodrun): 3-4 s less per launch
 os.environ.setdefault("HVDRUN_FORK", "1")
-# torch ranks forked from a server that imported torch once (tests/zygote.py): ~4 s of CPU less per rank
+# ranks forked from a server that imported their framework once (tests/zygote.py): ~5 s of CPU less per rank
 os.environ.setdefault(zygote.ENABLE, "1")
 
 
@@ -82,12 +83,17 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: -launches(item))
 
 
+def _run_script(script: str, np: int, args, timeout: int, env) -> Any:
+    """:func:`hvdrun.run_script` of tests/hvd/<script> (or a path), its ranks from tests/zygote.py."""
+    argv, env = zygote.command(HVD_SCRIPTS / script, list(args), {**RANK_ENV, **(env or {})})
+    return run_script(argv[0], np=np, args=argv[1:], timeout=timeout, env=env)
+
+
 def run_horovod(script: str, np: int = 2, args=(), timeout: int = 300, env=None) -> list:
     """Run tests/hvd/<script> (or a path) under ``horovodrun -np N --gloo``; return its records
     (each a dict with ``rank``)."""
-    argv, env = zygote.command(HVD_SCRIPTS / script, list(args), {**RANK_ENV, **(env or {})})
     try:
-        launch = run_script(argv[0], np=np, args=argv[1:], timeout=timeout, env=env)
+        launch = _run_script(script, np, args, timeout, env)
     except LaunchError as e:
         pytest.fail(str(e), pytrace=False)
     records = launch.records
@@ -118,8 +124,6 @@ def launch_elastic(work: Path, command: list, discovery: Path, timeout: int, dur
     hosts, results = work / "hosts", work / "results"
     results.mkdir()
     hosts.write_text("localhost:2\n")
-    cmd = ["-np", "2", "--min-np", "2", "--max-np", "4",
-           "--network-interface", "lo", "--host-discovery-script", str(discovery), *command]
     # Gloo's rendezvous waits 30 s by default: two elastic launches at once on 2 loaded cores
     # miss it at a reset ("Wait timeout after 30 seconds for key(s)"), so it is given 120 s
     env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
@@ -128,7 +132,9 @@ def launch_elastic(work: Path, command: list, discovery: Path, timeout: int, dur
            "HVDCOMPRESS_TEST_STACKS_AT": str(time.time() + timeout - 20)}
     if command[0] == sys.executable:   # the ranks forked from a server (tests/zygote.py)
         argv, env = zygote.command(command[1], command[2:], env)
-        cmd = [*cmd[:-len(command)], sys.executable, *argv]
+        command = [sys.executable, *argv]
+    cmd = ["-np", "2", "--min-np", "2", "--max-np", "4",
+           "--network-interface", "lo", "--host-discovery-script", str(discovery), *command]
     log = work / "horovodrun.log"
     proc, deadline = start_horovodrun(cmd, env, log), time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
@@ -160,9 +166,8 @@ def run_elastic(work: Path, script: Path, timeout: int) -> list:
 def run_horovod_failing(script: str, np: int = 2, args=(), timeout: int = 120, env=None) -> str:
     """Run a script that is expected to fail; return every rank's output (the test asserts on
     it). A time-out is not the expected failure: it fails the test."""
-    argv, env = zygote.command(HVD_SCRIPTS / script, list(args), {**RANK_ENV, **(env or {})})
     try:
-        run_script(argv[0], np=np, args=argv[1:], timeout=timeout, env=env)
+        _run_script(script, np, args, timeout, env)
     except LaunchError as e:
         if e.timed_out:
             pytest.fail(str(e), pytrace=False)

@@ -187,17 +187,18 @@ class TwoLevel(Engine):
                           weight_decay=info.weight_decay, dense=info.dense, mild=info.mild)
 
     def init_state(self, x: Tensor, state: MutableMapping, info: TensorInfo) -> None:
-        """Both levels' state for one tensor (the node level's, and the shard's under ``cross.``)."""
+        """Both levels' state for one tensor (the node level's, and the shard's under ``cross.``),
+        for a front end that makes it ahead of the step (TensorFlow's variables); each level
+        makes its own at its first compression otherwise."""
         if info.numel == 0:
             return
-        if self.everyone is not None:
-            guard_exit(self.everyone, self.ops.zeros(1, like=x))
         self.node.init_state(x, state, info)
         self.cross.init_state(self.ops.zeros(self.node.shard_length(info), like=x),
                               PrefixedState(state, "cross."), self._cross_info(info))
 
     def compress(self, key: Any, x: Tensor, state: MutableMapping, info: TensorInfo) -> Any:
-        self.init_state(x, state, info)
+        if self.everyone is not None and info.numel:
+            guard_exit(self.everyone, self.ops.zeros(1, like=x))
         return self.node.compress(key, x, state, info)
 
     def start(self, entries: list) -> Any:

@@ -20,11 +20,9 @@ import tensorflow as tf
 from ..adam.settings import AdamSettings
 from ..contract.compressor import TensorInfo
 from ..engines.fusion import totals as fused_totals
-from ..ops.tf_ops import TFOps
+from ..step.driver import Completion
 from ..step.frontend import FrontEnd
 from .gradients import clipped
-
-OPS = TFOps()
 
 
 class TapeSteps(FrontEnd):
@@ -42,7 +40,7 @@ class TapeSteps(FrontEnd):
         self._bundles = [positions for _, positions in bundles]
         self._group = {i: b for b, positions in enumerate(self._bundles) for i in positions}
         self.buckets = {b: bucket for b, (bucket, _) in enumerate(bundles) if bucket is not None}
-        self.driver.completion.sizes = {b: len(positions) for b, positions in enumerate(self._bundles)}
+        self.driver.completion = Completion({b: len(positions) for b, positions in enumerate(self._bundles)})
 
     def run(self) -> bool:
         """The step's exchange: every bundle handed over in turn, then :meth:`wait`."""
@@ -69,7 +67,7 @@ class TapeSteps(FrontEnd):
         return self._group[i]
 
     def write(self, entry: Any) -> None:
-        for i, total in fused_totals(OPS, entry):
+        for i, total in fused_totals(self.driver.ops, entry):
             self.totals[i] = total
 
     def clip_local(self, keys: Sequence[int], scale: float) -> None:

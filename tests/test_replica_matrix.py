@@ -3,7 +3,7 @@
 * 2 ranks: every registered compressor x {SGD momentum, SGD Nesterov, AdamW} x {no clip,
   clip_grad_norm}, each of these 6 cases of a compressor with the next of {step(),
   synchronize() + skip_synchronize()} x {backward_passes_per_step 1, 2} in turn (so every
-  compressor meets all four, and every optimizer and clip setting meets all four), 20 steps
+  compressor meets all four, and every optimizer and clip setting meets all four), STEPS (10) steps
   each; decorated compressors, the Adam take-over (FrozenAdam, both placements); Horovod's own fp16 next to hvdcompress's FP16/BF16; the replica guard
   (check_replicas) catching a one-bit difference.
 * 3 ranks: the compressed allreduce (collective='alltoall' for every compressor that runs it),
@@ -25,7 +25,8 @@ from conftest import run_horovod
 import hvdcompress
 
 pytestmark = pytest.mark.horovod
-STEPS = 20
+STEPS = 10  # a rank-dependent order shows at the first step; 10 steps still carry residuals,
+#            momentum, the warm-up and freeze schedules set below, and the check_replicas=10 guard
 CLIP = 0.5
 
 
@@ -135,10 +136,8 @@ def test_guard_names_parameter_step_and_ranks_on_every_rank(two_ranks, how):
 ALLTOALL = [name for name in hvdcompress.available()
             if hvdcompress.from_params({"compressor": name}).supports_alltoall]
 # At 3 and 4 ranks on 2 cores every collective costs ~13 ms of scheduling, so these launches
-# fuse each step's tensors into one group (groups=1; the 2-rank matrix covers the default), pair
-# the options instead of crossing them, and run SHORT_STEPS steps (a rank-dependent order shows
-# at the first step; 10 steps still carry residuals, momentum and the check_replicas=10 guard).
-SHORT_STEPS = 10
+# fuse each step's tensors into one group (groups=1; the 2-rank matrix covers the default) and
+# pair the options instead of crossing them.
 THREE = ([dict(spec={"compressor": name}, optimizer=opt, clip=clip, mode="step", passes=1,
                collective="alltoall", groups=1)
           for name in ALLTOALL for opt, clip in (("nesterov", CLIP), ("adamw", None))]
@@ -155,7 +154,7 @@ THREE = ([dict(spec={"compressor": name}, optimizer=opt, clip=clip, mode="step",
 
 def test_compressed_allreduce_process_sets_and_sparse_embeddings_at_three_ranks():
     assert {"int8", "onebit", "bf16"} <= set(ALLTOALL)
-    results = launch(3, THREE, timeout=900, steps=SHORT_STEPS, process_sets=[[0, 2]])
+    results = launch(3, THREE, timeout=900, process_sets=[[0, 2]])
     check_identical(results, THREE, 3)
 
 
@@ -168,6 +167,6 @@ TWO_LEVEL = [dict(spec=spec, optimizer=opt, clip=clip, mode="step", passes=1, in
 
 
 def test_two_level_at_two_nodes_of_two():
-    results = launch(4, TWO_LEVEL, timeout=900, steps=SHORT_STEPS, ranks_per_node=2)
+    results = launch(4, TWO_LEVEL, timeout=900, ranks_per_node=2)
     check_identical(results, TWO_LEVEL, 4)
 

@@ -172,6 +172,23 @@ def parse_betas(text: str) -> tuple:
     return b1, b2
 
 
+class TimedCurve:
+    """Validation points ``(step, bits/byte)`` and, for each, the training seconds before it
+    (``times``: wall-clock since the start, the evaluations themselves left out), so that runs
+    with different evaluation schedules compare as loss against training time."""
+
+    def __init__(self, evaluate):
+        self.evaluate, self.points, self.times = evaluate, [], []
+        self._start, self._evaluating = time.perf_counter(), 0.0
+        self.record(0)
+
+    def record(self, step: int) -> None:
+        begun = time.perf_counter()
+        self.times.append(begun - self._start - self._evaluating)
+        self.points.append((step, self.evaluate()))
+        self._evaluating += time.perf_counter() - begun
+
+
 def train_lm(method: str, args, data) -> dict:
     """Train the language model of ``examples/lm_train.py`` with one method for ``args.steps``
     steps (the first ``args.stop_after`` of them when set), gradients clipped; validation bits/byte
@@ -216,8 +233,7 @@ def train_lm(method: str, args, data) -> dict:
                                        compression=compression, **optimizer_options(name))
         warmup, counter = hvc.SparsityScheduler(opt), opt
     gen = torch.Generator().manual_seed(args.seed + 1 + hvd.rank())  # same batches for every method
-    evaluate = lambda: validation_bits_per_byte(model, val_text, args.seq_len, args.val_bytes)
-    curve = [(0, evaluate())]
+    curve = TimedCurve(lambda: validation_bits_per_byte(model, val_text, args.seq_len, args.val_bytes))
     start, last = time.perf_counter(), args.stop_after or args.steps
     for step in range(1, last + 1):
         if args.schedule == "cosine":
@@ -234,10 +250,10 @@ def train_lm(method: str, args, data) -> dict:
         else:
             opt.step()
         if step % args.epoch_steps == 0 or step == last:
-            curve.append((step, evaluate()))
+            curve.record(step)
         if step % args.epoch_steps == 0 and not dense:
             warmup.step()
-    return {"method": method, "curve": curve, "final_bpb": curve[-1][1],
+    return {"method": method, "curve": curve.points, "times": curve.times, "final_bpb": curve.points[-1][1],
             "model": args.model, "optimizer": args.optimizer, "seconds": time.perf_counter() - start,
             "betas": list(parse_betas(args.betas)) if args.optimizer == "adamw" else None,
             "bytes": None if dense else counter.total_bytes.as_dict()}

@@ -17,15 +17,27 @@ run ends on a sync. The LM flags are ``convergence.py --task lm``'s (``--lr``, `
 ``--model``, ``--embed``, ``--steps``, ``--schedule``, ``--val-bytes``, ...), with its defaults
 but AdamW, betas 0.9,0.95, lr 0.002, clip 0.5. Writes ``results/diloco.json`` (``--json``) and
 prints final bits/byte, the difference to ``dp``, bytes sent over the run, the ratio to
-``dp``'s, and whether both ranks ended on the same parameters.
+``dp``'s, and whether both ranks ended on the same parameters. ``dp-<method>`` is data-parallel
+AdamW with one of ``convergence.py``'s compressed methods every step (``dp-onebit-ef-adam``: onebit
++ error feedback with the Adam take-over).
+
+**Time to the same loss** (``--rate 100mbit``; root): every rank in its own network namespace on a
+shaped link (:mod:`benchmarks.netem`), one site per emulated host. Every curve point carries the
+training seconds before it (evaluations left out, ``convergence.TimedCurve``); the table gives each
+method's seconds to reach the target bits/byte (``--target``; default: the highest final value of
+the methods, the loss every one of them reaches), linear between the two points around it, and
+``--plot PATH`` draws bits/byte against training seconds per method::
+
+    .venv/bin/python benchmarks/diloco.py --model transformer --steps 1000 --rate 100mbit \
+        --methods dp,dp-onebit-ef-adam,diloco-int8-ef --plot benchmarks/results/diloco_100mbit.png
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -80,8 +92,7 @@ def train_diloco(method: str, args, data) -> dict:
     opt = hvc.DiLoCo(inner, named_parameters=[(f"{method}.{n}", p) for n, p in model.named_parameters()],
                      compression=COMPRESSIONS[kind], **settings)
     gen = torch.Generator().manual_seed(args.seed + 1 + hvd.rank())  # convergence.py's batches
-    evaluate = lambda: validation_bits_per_byte(model, val_text, args.seq_len, args.val_bytes)
-    curve, start = [(0, evaluate())], time.perf_counter()
+    curve = convergence.TimedCurve(lambda: validation_bits_per_byte(model, val_text, args.seq_len, args.val_bytes))
     for step in range(1, args.steps + 1):
         if args.schedule == "cosine":
             for group in inner.param_groups:
@@ -94,8 +105,8 @@ def train_diloco(method: str, args, data) -> dict:
         if step == args.steps and step % opt.sync_every:
             opt.sync()   # end on a sync: the sites' parameters are one model again
         if step % opt.sync_every == 0 or step == args.steps:
-            curve.append((step, evaluate()))
-    return {"method": method, "curve": curve, "final_bpb": curve[-1][1], "seconds": time.perf_counter() - start,
+            curve.record(step)
+    return {"method": method, "curve": curve.points, "times": curve.times, "final_bpb": curve.points[-1][1],
             "sync_every": opt.sync_every, "bytes": opt.total_bytes.as_dict(),
             "checksum": parameter_checksum(model)}
 
@@ -109,8 +120,9 @@ def worker(args) -> None:
     hvd.init()
     data = load_corpus()
     for method in args.methods:
-        if method == "dp":
-            res = {**convergence.train_lm("hvd-dense", args, data), "method": "dp", "checksum": None}
+        if method == "dp" or method.startswith("dp-"):
+            name = "hvd-dense" if method == "dp" else method.removeprefix("dp-")
+            res = {**convergence.train_lm(name, args, data), "method": method, "checksum": None}
         else:
             res = train_diloco(method, args, data)
         write_result(hvd.rank(), res)
@@ -124,6 +136,12 @@ def parse_args(argv=None):
     ap.add_argument("--sync-every", type=int, default=50)
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--outer-momentum", type=float, default=0.9)
+    ap.add_argument("--rate", default=None, help="each site on an emulated link of this rate (benchmarks.netem: "
+                    "e.g. 100mbit, 1gbit; needs root); default: horovodrun on localhost")
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="with --rate: the links' one-way delay")
+    ap.add_argument("--target", type=float, default=None,
+                    help="bits/byte for the time-to-loss column (default: the highest final value)")
+    ap.add_argument("--plot", default=None, help="PNG: validation bits/byte against training seconds")
     ap.add_argument("--json", default=str(HERE / "results" / "diloco.json"))
     ap.add_argument("--timeout", type=float, default=3600.0, help="for the launch")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -132,16 +150,65 @@ def parse_args(argv=None):
     return argparse.Namespace(**{**vars(lm), **vars(ours)}), rest
 
 
-def print_table(rows: dict, dense_per_step: float) -> None:
+def seconds_to(times: list, curve: list, target: float):
+    """Training seconds at which ``curve`` first reaches ``target`` bits/byte, linear between the
+    two points around it; None if it never does."""
+    before = None
+    for t, (_, bpb) in zip(times, curve):
+        if bpb <= target:
+            if before is None:
+                return t
+            return before[0] + (t - before[0]) * (before[1] - target) / (before[1] - bpb)
+        before = (t, bpb)
+    return None
+
+
+def print_table(rows: dict, dense_per_step: float, target: float) -> None:
     dp = rows.get("dp")
-    print(f"\n{'method':<28}{'H':>5}{'bpb':>8}{'vs dp':>9}{'sent MB':>10}{'fewer':>9}  ranks equal")
+    print(f"\n{'method':<28}{'H':>5}{'bpb':>8}{'vs dp':>9}{'sent MB':>10}{'fewer':>9}{'train s':>9}"
+          f"{f's to {target:.3f}':>12}  ranks equal")
     for m, per_rank in rows.items():
         r = per_rank[0]
         sent = r["bytes"]["sent"] if r["bytes"] else dense_per_step * r["curve"][-1][0]
         diff = f"{r['final_bpb'] - dp[0]['final_bpb']:+9.3f}" if dp else f"{'-':>9}"
         same = "-" if r["checksum"] is None else str(len({q["checksum"] for q in per_rank}) == 1)
+        reach = seconds_to(r["times"], r["curve"], target)
         print(f"{m:<28}{r.get('sync_every') or 1:>5}{r['final_bpb']:>8.3f}{diff}{sent / 1e6:>10.2f}"
-              f"{dense_per_step * r['curve'][-1][0] / sent:>9.0f}  {same}")
+              f"{dense_per_step * r['curve'][-1][0] / sent:>9.0f}{r['times'][-1]:>9.1f}"
+              f"{'-' if reach is None else f'{reach:.1f}':>12}  {same}")
+
+
+def plot(rows: dict, target: float, title: str, path: str) -> None:
+    """Validation bits/byte against training seconds, one line per method (rank 0's clock)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for m, per_rank in rows.items():
+        r = per_rank[0]
+        ax.plot(r["times"], [bpb for _, bpb in r["curve"]], "k-" if m == "dp" else "-", label=m, lw=1.2)
+    ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:.3f}")
+    ax.set(xlabel="training seconds (evaluation excluded)", ylabel="validation bits/byte", title=title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def launch_ranks(args, flags: list) -> list:
+    """Every rank's records: ``horovodrun`` on localhost, or with ``--rate`` one emulated host per
+    site (:func:`benchmarks.netem.launch`)."""
+    if args.rate is None:
+        try:
+            return run_script(Path(__file__), np=args.sites, args=flags, timeout=args.timeout).results
+        except LaunchError as e:
+            raise SystemExit(f"diloco: {e}")
+    sys.path.insert(0, str(HERE.parent))
+    from benchmarks.netem import launch
+    res = launch([sys.executable, str(Path(__file__).resolve()), *flags], args.sites, args.rate, args.delay_ms,
+                 env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=args.timeout, echo=False)
+    if not res.ok:
+        raise SystemExit(f"diloco: rank {res.failed_rank} failed:\n{res.outputs[res.failed_rank][-4000:]}")
+    return res.results
 
 
 def main(argv=None) -> None:
@@ -152,16 +219,18 @@ def main(argv=None) -> None:
         return
     flags = ["--worker", "--methods", ",".join(args.methods), "--sync-every", str(args.sync_every),
              "--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum), *rest]
-    try:
-        launch = run_script(Path(__file__), np=args.sites, args=flags, timeout=args.timeout)
-    except LaunchError as e:
-        raise SystemExit(f"diloco: {e}")
-    rows = {r["method"]: list(per_rank) for per_rank in zip(*launch.results) for r in per_rank[:1]}
-    dense_per_step = next(r[0]["bytes"]["dense"] / r[0]["bytes"]["steps"] for m, r in rows.items() if m != "dp")
+    results = launch_ranks(args, flags)
+    rows = {r["method"]: list(per_rank) for per_rank in zip(*results) for r in per_rank[:1]}
+    dense_per_step = next(r[0]["bytes"]["dense"] / r[0]["bytes"]["steps"] for r in rows.values() if r[0]["bytes"])
+    target = args.target if args.target is not None else max(r[0]["final_bpb"] for r in rows.values())
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"argv": argv, "dense_bytes_per_step": dense_per_step, "rows": rows}, indent=1))
-    print_table(rows, dense_per_step)
+    out.write_text(json.dumps({"argv": argv, "dense_bytes_per_step": dense_per_step, "target": target,
+                               "rows": rows}, indent=1))
+    print_table(rows, dense_per_step, target)
+    if args.plot:
+        plot(rows, target, f"{args.model}, {args.sites} sites, {args.rate or 'localhost'}", args.plot)
+        print(f"diloco: wrote {args.plot}")
     print(f"diloco: wrote {out}")
 
 

@@ -121,11 +121,12 @@ class OuterSync:
         self.step = 0      # inner steps taken (checkpointed)
         self.counted = 0   # inner steps since construction (the bytes)
 
-    def agree(self, params: Sequence[Tuple[str, tuple, str]], like: Tensor) -> None:
+    def agree(self, params: Sequence[Tuple[str, tuple, str]], like: Tensor, parameters: bool = True) -> None:
         """Fail on every rank, naming the difference, if ranks differ in the tensors ``params``
-        (``(name, shape, dtype)`` of every synced tensor), the compressor, the outer settings or
-        the starting parameters (their checksums): a collective, at construction."""
-        anchors = [s["anchor"] for s in self.outer.values()]
+        (``(name, shape, dtype)`` of every synced tensor), the compressor, the outer settings or,
+        with ``parameters``, the starting parameters (their checksums): a collective, at
+        construction (and after an elastic rebuild)."""
+        anchors = [s["anchor"] for s in self.outer.values()] if parameters else []
         sums = [int(v) for v in self.ops.to_numpy(self.ops.checksums(anchors))] if anchors else []
         self.driver.agree(params, like, **self.settings.agreement(), parameters=sums)
 

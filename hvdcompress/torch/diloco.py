@@ -19,9 +19,17 @@ the site's process set, or DDP over the site's group): DiLoCo only calls its ``s
 Learning-rate schedulers step the inner optimizer (``DiLoCo`` is not a ``torch.optim.Optimizer``).
 The parameters must start equal on every rank (``hvd.broadcast_parameters``); the construction
 checks it, with the settings, on every rank.
+
+Elastic (``horovodrun --min-np/--max-np``, :class:`hvdcompress.torch.elastic.TorchState`): commit
+after each sync (``opt.synced``), so that a site joins or leaves at a sync. At a reset every site
+rebuilds the exchange for the new number of sites and takes the last commit's error feedback laid
+out for it; a joining site takes rank 0's anchor, outer momentum, step and inner optimizer state,
+and the parameters from rank 0 (the anchor: the commit was a sync). Under ``HOROVOD_ELASTIC`` the
+starting parameters are not compared at construction: a joining site's come from rank 0 then.
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
@@ -47,8 +55,9 @@ def _horovod_running() -> bool:
 
 def _backend(process_group: Any, process_set: Any, compressor: Compressor,
              collective: str) -> tuple:
-    """(engine factory, collectives factory, global ranks of the process set or None): the
-    flat exchange over Horovod's ``process_set``, or over torch.distributed's ``process_group``."""
+    """(engine factory, collectives factory, global ranks of the process set or None, why an
+    elastic reset cannot rebuild it or None): the flat exchange over Horovod's ``process_set``,
+    or over torch.distributed's ``process_group``."""
     if process_group is not None and process_set is not None:
         raise ValueError(f"{WHO}: process_group={process_group!r} and process_set={process_set!r}: "
                          "allowed: one of them (torch.distributed or Horovod), or neither")
@@ -61,14 +70,15 @@ def _backend(process_group: Any, process_set: Any, compressor: Compressor,
             raise ValueError(f"{WHO}: this rank (global {hvd.rank()}) is not in process_set={ps}: "
                              "build DiLoCo only on the ranks of the process set that syncs")
         return (lambda: build_exchange(hvd, HorovodCollectives, ps, compressor, OPS, collective=collective),
-                lambda: HorovodCollectives(ps), ranks_of(ps, hvd.global_process_set))
+                lambda: HorovodCollectives(ps), ranks_of(ps, hvd.global_process_set),
+                None if ps is hvd.global_process_set else "DiLoCo runs over a process set")
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError(f"{WHO}: no process group to sync over; allowed: after hvd.init() "
                          "(Horovod) or torch.distributed.init_process_group(...), or process_group=")
     from .dist_collectives import DistCollectives
     return (lambda: select_engine(compressor, OPS, DistCollectives(process_group), collective=collective),
-            lambda: DistCollectives(process_group), None)
+            lambda: DistCollectives(process_group), None, "DiLoCo runs over torch.distributed")
 
 
 class DiLoCo:
@@ -103,7 +113,7 @@ class DiLoCo:
         names = check_names(named_parameters, params)
         #: name -> parameter, every synced one (trainable, not empty)
         self._params = {names[p]: p for p in params if p.requires_grad and p.numel()}
-        engine, comm, ranks = _backend(process_group, process_set, compressor, options.collective)
+        engine, comm, ranks, self._blocker = _backend(process_group, process_set, compressor, options.collective)
         self._driver = StepDriver(options, OPS, engine, comm, WHO, ranks=ranks)
         for name in self._params:
             self._driver.states.tensor(name)
@@ -111,8 +121,23 @@ class DiLoCo:
             self._sync = OuterSync(self._driver, OPS, settings,
                                    ((n, p.detach().reshape(-1)) for n, p in self._params.items()),
                                    lambda t: t.detach().clone())
+        self._agree()
+
+    def _agree(self) -> None:
+        """The rank agreement (a collective): the tensors, the settings and, but under Horovod's
+        elastic mode (module doc), the starting parameters."""
+        elastic = self._blocker is None and os.environ.get("HOROVOD_ELASTIC") == "1"
         self._sync.agree([(n, tuple(p.shape), str(p.dtype)) for n, p in self._params.items()],
-                         torch.zeros(1, device=self._device()))
+                         torch.zeros(1, device=self._device()), parameters=not elastic)
+
+    def rebuild(self) -> None:
+        """Rebuild for Horovod's current world after ``hvd.shutdown(); hvd.init()`` at another
+        number of sites (an elastic reset, :mod:`hvdcompress.torch.elastic`): a new engine and
+        replica check, then the rank agreement, which a joining site makes in its constructor at
+        the same point. The error feedback is laid out for the new world by loading a gathered
+        :meth:`state_dict`."""
+        self._driver.rebuild(self._blocker)
+        self._agree()
 
     def _device(self) -> torch.device:
         """Where the agreement's bytes travel from: the parameters' device (NCCL's CUDA)."""
@@ -125,6 +150,8 @@ class DiLoCo:
     sync_every = property(lambda self: self._sync.settings.sync_every)
     steps = property(lambda self: self._sync.step, doc="inner steps taken (checkpointed)")
     compressor = property(lambda self: self._driver.compressor, doc="the outer sync's compressor")
+    synced = property(lambda self: self._sync.step % self._sync.settings.sync_every == 0,
+                      doc="whether the last step() ended on an outer sync (or none was taken yet)")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)

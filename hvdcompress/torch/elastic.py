@@ -37,16 +37,23 @@ What the compressed optimizer's state does at each event of ``hvd.elastic.run``:
 
 ``hvd.elastic.TorchState`` alone handles the wrapped optimizer but not the exchange: after a
 reset its plan would be the old world's, and the ranks would disagree on the collectives.
+
+A :class:`hvdcompress.torch.DiLoCo` given to ``TorchState`` (commit after each outer sync,
+``opt.synced``) is handled alike: the commit gathers its error feedback, a reset rebuilds its
+exchange for the new number of sites and lays the commit out for it, and ``sync()`` gives every
+site rank 0's anchor, outer momentum and step; a site that joins takes rank 0's inner optimizer
+state too, while the sites already there keep their own (each site's inner optimizer is its own).
 """
 from __future__ import annotations
 
 import copy
 
 import horovod.torch as hvd
-from horovod.torch.elastic.state import StateHandler
+from horovod.torch.elastic.state import StateHandler, get_handler_registry, set_handler_registry
 
 from ..step.elastic import SyncEveryReset
 from .checkpoints import broadcast_optimizer_state
+from .diloco import DiLoCo
 
 
 def _compressed(value) -> bool:
@@ -81,6 +88,31 @@ class CompressedOptimizerHandler(StateHandler):
         state["hvdcompress"] = own
         self.value.load_state_dict(state)
         self._saved = copy.deepcopy(state)   # a reset before the next commit starts from it again
+
+
+class DiLoCoHandler(CompressedOptimizerHandler):
+    """The elastic state handler of a :class:`hvdcompress.torch.DiLoCo` (see the module doc)."""
+
+    def __init__(self, optimizer):
+        super().__init__(optimizer)
+        self._joined = False   # False until this site holds a commit or a sync: it starts afresh
+
+    def save(self) -> None:
+        super().save()
+        self._joined = True
+
+    def sync(self) -> None:
+        state = hvd.broadcast_object(self._saved, root_rank=0, name="hvdc.elastic.diloco")
+        if self._joined:
+            state = {**state, "inner": self.value.inner.state_dict()}
+        self.value.load_state_dict(state)
+        self._saved, self._joined = copy.deepcopy(state), True
+
+
+# Horovod's TorchState picks a handler by type, in its registry's order, and keeps anything else
+# as a plain object (broadcast by pickling): a DiLoCo, not a torch Optimizer, is registered first.
+if not any(kind is DiLoCo for kind, _ in get_handler_registry()):
+    set_handler_registry([(DiLoCo, DiLoCoHandler), *get_handler_registry()])
 
 
 class TorchState(SyncEveryReset, hvd.elastic.TorchState):

@@ -24,8 +24,8 @@ AdamW with one of ``convergence.py``'s compressed methods every step (``dp-onebi
 **Time to the same loss** (``--rate 100mbit``; root): every rank in its own network namespace on a
 shaped link (:mod:`benchmarks.netem`), one site per emulated host. Every curve point carries the
 training seconds before it (evaluations left out, ``convergence.TimedCurve``); the table gives each
-method's seconds to reach the target bits/byte (``--target``; default: the highest final value of
-the methods, the loss every one of them reaches), linear between the two points around it, and
+method's seconds to reach the highest final bits/byte of the methods (the loss every one of them
+reaches) and any of ``--targets``, linear between the two points around it, and
 ``--plot PATH`` draws bits/byte against training seconds per method::
 
     .venv/bin/python benchmarks/diloco.py --model transformer --steps 1000 --rate 100mbit \
@@ -139,9 +139,10 @@ def parse_args(argv=None):
     ap.add_argument("--rate", default=None, help="each site on an emulated link of this rate (benchmarks.netem: "
                     "e.g. 100mbit, 1gbit; needs root); default: horovodrun on localhost")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="with --rate: the links' one-way delay")
-    ap.add_argument("--target", type=float, default=None,
-                    help="bits/byte for the time-to-loss column (default: the highest final value)")
+    ap.add_argument("--targets", type=lambda t: [float(v) for v in t.split(",")], default=[],
+                    help="bits/byte for time-to-loss columns, comma-separated, besides the highest final value")
     ap.add_argument("--plot", default=None, help="PNG: validation bits/byte against training seconds")
+    ap.add_argument("--report", default=None, help="a --json file of an earlier launch: its table and plot again")
     ap.add_argument("--json", default=str(HERE / "results" / "diloco.json"))
     ap.add_argument("--timeout", type=float, default=3600.0, help="for the launch")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -163,19 +164,19 @@ def seconds_to(times: list, curve: list, target: float):
     return None
 
 
-def print_table(rows: dict, dense_per_step: float, target: float) -> None:
+def print_table(rows: dict, dense_per_step: float, targets: list) -> None:
     dp = rows.get("dp")
     print(f"\n{'method':<28}{'H':>5}{'bpb':>8}{'vs dp':>9}{'sent MB':>10}{'fewer':>9}{'train s':>9}"
-          f"{f's to {target:.3f}':>12}  ranks equal")
+          + "".join(f"{f's to {t:.3f}':>12}" for t in targets) + "  ranks equal")
     for m, per_rank in rows.items():
         r = per_rank[0]
         sent = r["bytes"]["sent"] if r["bytes"] else dense_per_step * r["curve"][-1][0]
         diff = f"{r['final_bpb'] - dp[0]['final_bpb']:+9.3f}" if dp else f"{'-':>9}"
         same = "-" if r["checksum"] is None else str(len({q["checksum"] for q in per_rank}) == 1)
-        reach = seconds_to(r["times"], r["curve"], target)
+        reach = [seconds_to(r["times"], r["curve"], t) for t in targets]
         print(f"{m:<28}{r.get('sync_every') or 1:>5}{r['final_bpb']:>8.3f}{diff}{sent / 1e6:>10.2f}"
               f"{dense_per_step * r['curve'][-1][0] / sent:>9.0f}{r['times'][-1]:>9.1f}"
-              f"{'-' if reach is None else f'{reach:.1f}':>12}  {same}")
+              + "".join(f"{'-' if s is None else f'{s:.1f}':>12}" for s in reach) + f"  {same}")
 
 
 def plot(rows: dict, target: float, title: str, path: str) -> None:
@@ -188,6 +189,8 @@ def plot(rows: dict, target: float, title: str, path: str) -> None:
         r = per_rank[0]
         ax.plot(r["times"], [bpb for _, bpb in r["curve"]], "k-" if m == "dp" else "-", label=m, lw=1.2)
     ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:.3f}")
+    lowest = min(bpb for per_rank in rows.values() for _, bpb in per_rank[0]["curve"])
+    ax.set_ylim(lowest - 0.05, target + 0.8)
     ax.set(xlabel="training seconds (evaluation excluded)", ylabel="validation bits/byte", title=title)
     ax.legend()
     fig.tight_layout()
@@ -219,19 +222,23 @@ def main(argv=None) -> None:
         return
     flags = ["--worker", "--methods", ",".join(args.methods), "--sync-every", str(args.sync_every),
              "--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum), *rest]
-    results = launch_ranks(args, flags)
-    rows = {r["method"]: list(per_rank) for per_rank in zip(*results) for r in per_rank[:1]}
+    if args.report:
+        rows = json.loads(Path(args.report).read_text())["rows"]
+    else:
+        results = launch_ranks(args, flags)
+        rows = {r["method"]: list(per_rank) for per_rank in zip(*results) for r in per_rank[:1]}
     dense_per_step = next(r[0]["bytes"]["dense"] / r[0]["bytes"]["steps"] for r in rows.values() if r[0]["bytes"])
-    target = args.target if args.target is not None else max(r[0]["final_bpb"] for r in rows.values())
+    target = max(r[0]["final_bpb"] for r in rows.values())   # the loss every method reaches
     out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"argv": argv, "dense_bytes_per_step": dense_per_step, "target": target,
-                               "rows": rows}, indent=1))
-    print_table(rows, dense_per_step, target)
+    if not args.report:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"argv": argv, "dense_bytes_per_step": dense_per_step, "target": target,
+                                   "rows": rows}, indent=1))
+        print(f"diloco: wrote {out}")
+    print_table(rows, dense_per_step, [*args.targets, target])
     if args.plot:
         plot(rows, target, f"{args.model}, {args.sites} sites, {args.rate or 'localhost'}", args.plot)
         print(f"diloco: wrote {args.plot}")
-    print(f"diloco: wrote {out}")
 
 
 if __name__ == "__main__":

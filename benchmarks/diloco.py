@@ -26,7 +26,9 @@ shaped link (:mod:`benchmarks.netem`), one site per emulated host. Every curve p
 training seconds before it (evaluations left out, ``convergence.TimedCurve``); the table gives each
 method's seconds to reach the highest final bits/byte of the methods (the loss every one of them
 reaches) and any of ``--targets``, linear between the two points around it, and
-``--plot PATH`` draws bits/byte against training seconds per method::
+``--plot PATH`` draws bits/byte against training seconds per method. ``--slots S``: sites of S
+ranks (one emulated host each), data parallel inside a site with Horovod's dense allreduce over
+the site's process set, DiLoCo across the sites over the ranks of one local index::
 
     .venv/bin/python benchmarks/diloco.py --model transformer --steps 1000 --rate 100mbit \
         --methods dp,dp-onebit-ef-adam,diloco-int8-ef --plot benchmarks/results/diloco_100mbit.png
@@ -89,8 +91,11 @@ def train_diloco(method: str, args, data) -> dict:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                               betas=convergence.parse_betas(args.betas))
-    opt = hvc.DiLoCo(inner, named_parameters=[(f"{method}.{n}", p) for n, p in model.named_parameters()],
-                     compression=COMPRESSIONS[kind], **settings)
+    named = [(f"{method}.{n}", p) for n, p in model.named_parameters()]
+    site, across = site_sets(args.slots)
+    if site is not None:   # data parallel inside the site (dense), DiLoCo across the sites
+        inner = hvd.DistributedOptimizer(inner, named_parameters=named, process_set=site)
+    opt = hvc.DiLoCo(inner, named_parameters=named, compression=COMPRESSIONS[kind], process_set=across, **settings)
     gen = torch.Generator().manual_seed(args.seed + 1 + hvd.rank())  # convergence.py's batches
     curve = convergence.TimedCurve(lambda: validation_bits_per_byte(model, val_text, args.seq_len, args.val_bytes))
     for step in range(1, args.steps + 1):
@@ -100,8 +105,14 @@ def train_diloco(method: str, args, data) -> dict:
         x, y = sample_batch(train_text, args.batch, args.seq_len, gen)
         opt.zero_grad()
         lm_loss(model, x, y).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)   # each site its own
-        opt.step()
+        if site is None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)   # each site its own
+            opt.step()
+        else:   # Horovod's clipping pattern inside the site: clip the site's mean gradient
+            inner.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            with inner.skip_synchronize():
+                opt.step()
         if step == args.steps and step % opt.sync_every:
             opt.sync()   # end on a sync: the sites' parameters are one model again
         if step % opt.sync_every == 0 or step == args.steps:
@@ -111,13 +122,33 @@ def train_diloco(method: str, args, data) -> dict:
             "checksum": parameter_checksum(model)}
 
 
+def site_sets(slots: int) -> tuple:
+    """(this rank's site, this rank's ranks of the same local index across the sites) as Horovod
+    process sets, with sites of ``slots`` consecutive ranks (the netem launcher's hosts); (None,
+    None) for sites of one rank."""
+    import horovod.torch as hvd
+    if slots == 1:
+        return None, None
+    world, rank = hvd.size(), hvd.rank()
+    sets = {tuple(ps.ranks): ps for ps in SITE_SETS}
+    site = tuple(range(rank - rank % slots, rank - rank % slots + slots))
+    return sets[site], sets[tuple(range(rank % slots, world, slots))]
+
+
+SITE_SETS: list = []   # the process sets of --slots > 1, registered at hvd.init
+
+
 def worker(args) -> None:
     """In each Horovod rank: every method in turn; every rank reports each (its checksum)."""
     import horovod.torch as hvd
     import torch
     from lm_train import load_corpus
     torch.set_num_threads(1)
-    hvd.init()
+    world = int(os.environ["HOROVOD_SIZE"])
+    if args.slots > 1:
+        SITE_SETS.extend(hvd.ProcessSet(list(range(h, h + args.slots))) for h in range(0, world, args.slots))
+        SITE_SETS.extend(hvd.ProcessSet(list(range(i, world, args.slots))) for i in range(args.slots))
+    hvd.init(process_sets=SITE_SETS or None)
     data = load_corpus()
     for method in args.methods:
         if method == "dp" or method.startswith("dp-"):
@@ -132,7 +163,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  add_help=False)
     ap.add_argument("--methods", type=lambda s: s.split(","), default=["dp", "diloco-dense", "diloco-int8-ef"])
-    ap.add_argument("--sites", type=int, default=2, help="ranks, each a site (horovodrun -np)")
+    ap.add_argument("--sites", type=int, default=2, help="sites (emulated hosts with --rate)")
+    ap.add_argument("--slots", type=int, default=1, help="ranks per site (data parallel inside it, dense)")
     ap.add_argument("--sync-every", type=int, default=50)
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--outer-momentum", type=float, default=0.9)
@@ -202,13 +234,14 @@ def launch_ranks(args, flags: list) -> list:
     site (:func:`benchmarks.netem.launch`)."""
     if args.rate is None:
         try:
-            return run_script(Path(__file__), np=args.sites, args=flags, timeout=args.timeout).results
+            return run_script(Path(__file__), np=args.sites * args.slots, args=flags, timeout=args.timeout).results
         except LaunchError as e:
             raise SystemExit(f"diloco: {e}")
     sys.path.insert(0, str(HERE.parent))
     from benchmarks.netem import launch
-    res = launch([sys.executable, str(Path(__file__).resolve()), *flags], args.sites, args.rate, args.delay_ms,
-                 env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=args.timeout, echo=False)
+    res = launch([sys.executable, str(Path(__file__).resolve()), *flags], args.sites * args.slots, args.rate,
+                 args.delay_ms, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=args.timeout, echo=False,
+                 slots=args.slots)
     if not res.ok:
         raise SystemExit(f"diloco: rank {res.failed_rank} failed:\n{res.outputs[res.failed_rank][-4000:]}")
     return res.results
@@ -220,7 +253,7 @@ def main(argv=None) -> None:
     if args.worker:
         worker(args)
         return
-    flags = ["--worker", "--methods", ",".join(args.methods), "--sync-every", str(args.sync_every),
+    flags = ["--worker", "--methods", ",".join(args.methods), "--slots", str(args.slots), "--sync-every", str(args.sync_every),
              "--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum), *rest]
     if args.report:
         rows = json.loads(Path(args.report).read_text())["rows"]
@@ -237,7 +270,8 @@ def main(argv=None) -> None:
         print(f"diloco: wrote {out}")
     print_table(rows, dense_per_step, [*args.targets, target])
     if args.plot:
-        plot(rows, target, f"{args.model}, {args.sites} sites, {args.rate or 'localhost'}", args.plot)
+        plot(rows, target, f"{args.model}, {args.sites} sites of {args.slots} rank(s), {args.rate or 'localhost'}",
+             args.plot)
         print(f"diloco: wrote {args.plot}")
 
 

@@ -245,3 +245,26 @@ def test_bad_arguments_raise_naming_them(kwargs, words, monkeypatch):
 def test_the_inner_optimizer_must_be_one():
     with pytest.raises(ValueError, match="inner_optimizer=.*allowed: a torch.optim.Optimizer"):
         DiLoCo([torch.zeros(1)])
+
+
+def test_zero_grad_takes_an_inner_optimizer_without_arguments():
+    """A data-parallel inner optimizer (Horovod's DistributedOptimizer: ``zero_grad(self)``)."""
+    class HorovodLike:
+        def __init__(self):
+            self.calls = []
+
+        def zero_grad(self):
+            self.calls.append("none")
+
+    class Torchlike(HorovodLike):
+        def zero_grad(self, set_to_none=True):
+            self.calls.append(set_to_none)
+
+    opt = DiLoCo.__new__(DiLoCo)
+    opt.inner = HorovodLike()
+    opt.zero_grad()
+    assert opt.inner.calls == ["none"]
+    opt.inner = Torchlike()
+    opt.zero_grad(set_to_none=False)
+    opt.zero_grad()
+    assert opt.inner.calls == [False, True]

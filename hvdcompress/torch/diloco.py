@@ -154,7 +154,12 @@ class DiLoCo:
                       doc="whether the last step() ended on an outer sync (or none was taken yet)")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.inner.zero_grad(set_to_none=set_to_none)
+        """The inner optimizer's ``zero_grad``: Horovod's ``DistributedOptimizer`` takes no
+        argument (it sets the gradients to None, torch's default), so none is passed then."""
+        if set_to_none:
+            self.inner.zero_grad()
+        else:
+            self.inner.zero_grad(set_to_none=False)
 
     def step(self, closure: Optional[Callable] = None) -> Any:
         """The inner optimizer's step; then the outer sync when ``sync_every`` steps are done

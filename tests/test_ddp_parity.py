@@ -14,7 +14,6 @@ Gloo (tests/ddp/parity_worker.py, two launches):
 from __future__ import annotations
 
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest

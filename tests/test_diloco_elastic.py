@@ -12,10 +12,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import HVD_SCRIPTS, run_elastic
-from test_reshard import delivered, rank_states, whole
+from test_reshard import check_reset_states
 
 pytestmark = pytest.mark.horovod
 TIMEOUT_S = 400
@@ -53,20 +52,4 @@ def test_a_joining_site_takes_rank_0s_inner_state_and_the_others_keep_theirs(ela
 
 def test_error_feedback_follows_the_rule_at_each_reset(elastic):
     work, records = elastic
-    entries: dict = {}
-    for r in records:
-        if r["event"] == "entry":
-            entries.setdefault(r["batch"], []).append(r)
-    assert sorted((b, e[0]["old_world"], len(e)) for b, e in entries.items()) == [(6, 2, 3), (12, 3, 2)]
-    for batch, seen in entries.items():
-        old_world, new_world = seen[0]["old_world"], len(seen)
-        old = rank_states(lambda r: work / f"b{batch}.old.rank{r}.npz", old_world)
-        new = rank_states(lambda r: work / f"b{batch}.new.rank{r}.npz", new_world)
-        for name, n in SIZES.items():
-            want = delivered([st[name] for st in old], "residual", True, n)
-            got = delivered([st[name] for st in new], "residual", True, n)
-            assert np.abs(want).max() > 0, (batch, name)
-            assert np.all(np.abs(got - want) <= np.abs(want) * 2.0 ** -24 + 1e-30), \
-                (batch, name, np.abs(got - want).max())
-            for r in range(1, new_world):
-                np.testing.assert_array_equal(whole(new[r][name], "residual", n), whole(new[0][name], "residual", n))
+    check_reset_states(work, records, [(6, 2, 3), (12, 3, 2)], SIZES, {"residual"})

@@ -13,11 +13,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import HVD_SCRIPTS, run_elastic
 from horovod.common.exceptions import HostsUpdatedInterrupt
-from test_reshard import delivered, rank_states, whole
+from test_reshard import check_reset_states
 
 from hvdcompress.step.elastic import SyncEveryReset
 
@@ -53,24 +52,7 @@ def test_grows_and_shrinks_with_identical_replicas(elastic):
 
 def test_compressor_state_follows_the_rule_at_each_reset(elastic):
     work, records = elastic
-    entries = {}
-    for r in records:
-        if r["event"] == "entry":
-            entries.setdefault(r["batch"], []).append(r)
-    assert sorted((b, e[0]["old_world"], len(e)) for b, e in entries.items()) == [(5, 2, 3), (10, 3, 2)]
-    for batch, seen in entries.items():
-        old_world, new_world = seen[0]["old_world"], len(seen)
-        old = rank_states(lambda r: work / f"b{batch}.old.rank{r}.npz", old_world)
-        new = rank_states(lambda r: work / f"b{batch}.new.rank{r}.npz", new_world)
-        for name, n in SIZES.items():
-            for key in PER_RANK:
-                want = delivered([st[name] for st in old], key, True, n)
-                got = delivered([st[name] for st in new], key, True, n)
-                assert np.abs(want).max() > 0, (batch, name, key)
-                assert np.all(np.abs(got - want) <= np.abs(want) * 2.0 ** -24 + 1e-30), \
-                    (batch, name, key, np.abs(got - want).max())
-                for r in range(1, new_world):
-                    np.testing.assert_array_equal(whole(new[r][name], key, n), whole(new[0][name], key, n))
+    check_reset_states(work, records, [(5, 2, 3), (10, 3, 2)], SIZES, PER_RANK)
 
 
 @pytest.mark.parametrize("skip_sync", [True, False])

@@ -23,12 +23,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import external_compressor as ext
 import numpy as np
 import pytest
 from conftest import run_horovod
 from test_ddp import torchrun
 
-import external_compressor as ext
 import hvdcompress as hc
 from hvdcompress.registry import _REGISTRY
 from hvdcompress.torch import fsdp

@@ -45,6 +45,51 @@ def delivered(states: list, key: str, average: bool, n: int = N) -> np.ndarray:
     return total / world if average else total
 
 
+def load_states(path) -> dict:
+    """Tensor name -> {key: array} from a worker's npz (entries ``<tensor>/<key>``; a tensor's
+    name may hold slashes, a key does not)."""
+    out: dict = {}
+    with np.load(path) as z:
+        for k in z.files:
+            name, key = k.rsplit("/", 1)
+            out.setdefault(name, {})[key] = z[k]
+    return out
+
+
+def rank_states(path_of, world: int) -> list:
+    """Per rank, :func:`load_states` of ``path_of(rank)``."""
+    return [load_states(path_of(r)) for r in range(world)]
+
+
+def check_shares(old: list, new: list, name: str, key: str, n: int) -> np.ndarray:
+    """The rule after a change of world: the new ranks' ``key`` of tensor ``name`` (``n``
+    elements) delivers the old ranks' mass Σ_r e_r / P (T / P rounded once to float32: within
+    half an ulp) and every new rank holds the same share. Returns the old mass."""
+    want = delivered([st[name] for st in old], key, True, n)
+    got = delivered([st[name] for st in new], key, True, n)
+    assert np.all(np.abs(got - want) <= np.abs(want) * 2.0 ** -24 + 1e-30), (name, key, np.abs(got - want).max())
+    for r in range(1, len(new)):
+        np.testing.assert_array_equal(whole(new[r][name], key, n), whole(new[0][name], key, n))
+    return want
+
+
+def check_reset_states(work, records: list, resets: list, sizes: dict, keys) -> None:
+    """An elastic launch's resets (tests/hvd/common.save_reset_states wrote the states): the
+    entries after each reset are ``resets`` [(batch, old world, new world)], and at each one
+    every tensor's ``keys`` follow :func:`check_shares` with some mass to carry."""
+    entries: dict = {}
+    for r in records:
+        if r["event"] == "entry":
+            entries.setdefault(r["batch"], []).append(r)
+    assert sorted((b, e[0]["old_world"], len(e)) for b, e in entries.items()) == resets
+    for batch, seen in entries.items():
+        old = rank_states(lambda r: work / f"b{batch}.old.rank{r}.npz", seen[0]["old_world"])
+        new = rank_states(lambda r: work / f"b{batch}.new.rank{r}.npz", len(seen))
+        for name, n in sizes.items():
+            for key in sorted(keys):
+                assert np.abs(check_shares(old, new, name, key, n)).max() > 0, (batch, name, key)
+
+
 def flat_states(world: int) -> list:
     """Whole-tensor states: top-k + error feedback with Nesterov momentum, plus replicated
     FrozenAdam moments and a counter."""
@@ -166,19 +211,6 @@ def launches(tmp_path_factory):
     return work, records
 
 
-def rank_states(path_of, world: int) -> list:
-    """Per rank, tensor name -> {key: array}, from the script's npz files."""
-    out = []
-    for r in range(world):
-        per_tensor: dict = {}
-        with np.load(path_of(r)) as z:
-            for k in z.files:
-                name, key = k.split("/", 1)
-                per_tensor.setdefault(name, {})[key] = z[k]
-        out.append(per_tensor)
-    return out
-
-
 @pytest.mark.horovod
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("tag,world,new_world", [("a", 2, 3), ("b", 3, 2)], ids=["2to3", "3to2"])
@@ -190,13 +222,7 @@ def test_a_checkpoint_resumes_at_another_world_size(launches, case, tag, world, 
     for name, n in (FUSED if case.endswith("_fused") else SIZES).items():
         keys = {k.split(".")[-1] for st in old for k in st.get(name, {})}
         for key in keys & PER_RANK:
-            want = delivered([st[name] for st in old], key, True, n)
-            got = delivered([st[name] for st in new], key, True, n)
-            bound = np.abs(want) * 2.0 ** -24 + 1e-30   # T/P rounded once to float32
-            assert np.all(np.abs(got - want) <= bound), (name, key, np.abs(got - want).max())
-            carried += bool(np.abs(want).max() > 0)
-            for r in range(1, new_world):
-                np.testing.assert_array_equal(whole(new[r][name], key, n), whole(new[0][name], key, n))
+            carried += bool(np.abs(check_shares(old, new, name, key, n)).max() > 0)
             checked += 1
         for key in keys & {"adam.m", "adam.v"}:   # replicated: rank 0's, bit for bit
             for r in range(new_world):

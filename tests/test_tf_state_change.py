@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import run_elastic, run_horovod
+from test_reshard import check_reset_states, check_shares, load_states
 
 import hvdcompress as hc
 import hvdcompress.tensorflow as hvc
@@ -132,40 +133,6 @@ def by_short_name(states: dict) -> dict:
     return {"/".join(name.split("/")[-2:]): st for name, st in states.items()}
 
 
-def load_states(path: Path) -> dict:
-    """tensor name -> {key: array} from a worker's npz (entries named ``<tensor>/<key>``)."""
-    out: dict = {}
-    with np.load(path) as z:
-        for k in z.files:
-            name, key = k.rsplit("/", 1)
-            out.setdefault(name, {})[key] = z[k]
-    return out
-
-
-def whole_ref(state: dict, key: str, n: int) -> np.ndarray:
-    """One rank's ``key`` over the whole tensor, float64: the entry itself, or its segments
-    ``seg<j>.key`` concatenated and cut to ``n``."""
-    if key in state:
-        return np.asarray(state[key], np.float64)
-    parts = sorted((int(k[3:k.index(".")]), v) for k, v in state.items()
-                   if k.startswith("seg") and k.endswith("." + key))
-    return np.concatenate([np.asarray(v, np.float64) for _, v in parts])[:n] if parts else np.zeros(n)
-
-
-def delivered_ref(states: list, key: str, n: int) -> np.ndarray:
-    """What the state stands for in the op=Average update: (Σ_r e_r + server residuals) / P; the
-    server residual ``sum.key`` of rank r covers segment r of the padded tensor."""
-    world, total = len(states), np.zeros(n)
-    for r, st in enumerate(states):
-        total += whole_ref(st, key, n)
-        if "sum." + key in st:
-            piece = np.asarray(st["sum." + key], np.float64)
-            padded = np.zeros(piece.size * world)
-            padded[r * piece.size:(r + 1) * piece.size] = piece
-            total += padded[:n]
-    return total / world
-
-
 @pytest.fixture(scope="module")
 def resumed(two_ranks):
     work, records = two_ranks
@@ -188,15 +155,8 @@ def test_resume_at_three_ranks_keeps_the_delivered_mass(resumed, case, keys):
                 np.testing.assert_array_equal(by_short_name(gathered["ranks"][r])[name][key], value)
     new = [load_states(work / f"{case}.load.rank{r}.npz") for r in range(3)]
     for name, n in SIZES.items():
-        for key in keys:
-            want = delivered_ref([st[name] for st in old], key, n)
-            got = delivered_ref([st[name] for st in new], key, n)
-            assert np.abs(want).max() > 0, (name, key)
-            # T / P rounded once to float32: half an ulp of it
-            assert np.all(np.abs(got - want) <= np.abs(want) * 2.0 ** -24 + 1e-30), \
-                (name, key, np.abs(got - want).max())
-            for r in range(1, 3):
-                np.testing.assert_array_equal(whole_ref(new[r][name], key, n), whole_ref(new[0][name], key, n))
+        for key in sorted(keys):
+            assert np.abs(check_shares(old, new, name, key, n)).max() > 0, (name, key)
     if case == "keras":   # the compressed allreduce's layout at 3 ranks
         assert "seg2.residual" in new[0]["dense/kernel"] and "residual" in new[0]["dense/bias"]
 
@@ -247,20 +207,4 @@ def test_elastic_grows_and_shrinks_with_identical_replicas(elastic):
 @pytest.mark.horovod
 def test_elastic_state_follows_the_rule_at_each_reset(elastic):
     work, records = elastic
-    entries: dict = {}
-    for r in records:
-        if r["event"] == "entry":
-            entries.setdefault(r["batch"], []).append(r)
-    assert sorted((b, e[0]["old_world"], len(e)) for b, e in entries.items()) == [(3, 2, 3), (6, 3, 2)]
-    for batch, seen in entries.items():
-        old = [load_states(work / f"b{batch}.old.rank{r}.npz") for r in range(seen[0]["old_world"])]
-        new = [load_states(work / f"b{batch}.new.rank{r}.npz") for r in range(len(seen))]
-        for name, n in SIZES.items():
-            want = delivered_ref([st[name] for st in old], "residual", n)
-            got = delivered_ref([st[name] for st in new], "residual", n)
-            assert np.abs(want).max() > 0, (batch, name)
-            assert np.all(np.abs(got - want) <= np.abs(want) * 2.0 ** -24 + 1e-30), \
-                (batch, name, np.abs(got - want).max())
-            for r in range(1, len(new)):
-                np.testing.assert_array_equal(whole_ref(new[r][name], "residual", n),
-                                              whole_ref(new[0][name], "residual", n))
+    check_reset_states(work, records, [(3, 2, 3), (6, 3, 2)], SIZES, {"residual"})

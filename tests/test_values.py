@@ -12,7 +12,7 @@ import inspect
 import math
 import re
 import typing
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 import pytest

@@ -10,9 +10,9 @@ all-gather, losses and bytes. ``refusals``: the messages of FSDP1 and HSDP with 
 """
 from __future__ import annotations
 
-from torch import nn
 import torch
 import torch.distributed as dist
+from torch import nn
 from worker import batch, mlp, sharded, train, write_result
 
 import hvdcompress as hc

@@ -21,10 +21,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from hvdrun import write_result  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 import hvdcompress as hc  # noqa: E402
 from hvdcompress.torch import fsdp  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 BLOCK = 256
 COMPRESSIONS = {

@@ -4,6 +4,9 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # hvdrun
 from hvdrun import write_hosts, write_result  # noqa: E402
@@ -45,3 +48,22 @@ def dump_stacks_before_kill() -> None:
     at = os.environ.get(STACKS_AT_ENV)
     if at:
         faulthandler.dump_traceback_later(max(1.0, float(at) - time.time()))
+
+
+def save_states(path: str, tensors: dict, key: Callable[[str], str] = str) -> None:
+    """Write ``{name: {field: array}}`` to one npz as ``key(name)/field`` (ints and floats, the
+    step counters, left out)."""
+    np.savez(path, **{f"{key(name)}/{field}": np.asarray(v) for name, st in tensors.items()
+                      for field, v in st.items() if not isinstance(v, (int, float))})
+
+
+def save_reset_states(out: str, batch: int, rank: int, new: dict, old_ranks: list,
+                      key: Callable[[str], str] = str) -> None:
+    """What an elastic worker writes on entering ``train`` after a reset: its own state as laid
+    out for the new world (OUT/b<batch>.new.rank<rank>.npz) and, on rank 0, the last commit's
+    gathered states of the old ranks (OUT/b<batch>.old.rank<r>.npz), for the test to check the
+    delivered mass (tests/test_reshard.py)."""
+    save_states(f"{out}/b{batch}.new.rank{rank}.npz", new, key)
+    if rank == 0:
+        for r, tensors in enumerate(old_ranks):
+            save_states(f"{out}/b{batch}.old.rank{r}.npz", tensors, key)

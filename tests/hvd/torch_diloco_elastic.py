@@ -17,9 +17,8 @@ import sys
 import time
 
 import horovod.torch as hvd
-import numpy as np
 import torch
-from common import dump_stacks_before_kill, result, wait_for_world
+from common import dump_stacks_before_kill, result, save_reset_states, wait_for_world
 
 import hvdcompress.torch as hvc
 from hvdcompress.torch.elastic import TorchState
@@ -53,22 +52,14 @@ def inner_digest() -> str:
     return digest([st[p][k] for p in model.parameters() if p in st for k in ("exp_avg", "exp_avg_sq")])
 
 
-def save(path: str, tensors: dict) -> None:
-    np.savez(path, **{f"{name}/{key}": np.asarray(v) for name, st in tensors.items()
-                      for key, v in st.items() if not isinstance(v, (int, float))})
-
-
 @hvd.elastic.run
 def train(state):
     rank, world = hvd.rank(), hvd.size()
     if state.batch:
         saved = state._handlers["optimizer"]._saved["hvdcompress"]
-        save(f"{OUT}/b{state.batch}.new.rank{rank}.npz",
-             {n: {k: v.numpy() for k, v in st.items() if torch.is_tensor(v)}
-              for n, st in opt._driver.states.named().items()})
-        if rank == 0:
-            for r, tensors in enumerate(saved["ranks"]):
-                save(f"{OUT}/b{state.batch}.old.rank{r}.npz", tensors)
+        save_reset_states(OUT, state.batch, rank, {n: {k: v for k, v in st.items() if torch.is_tensor(v)}
+                                                   for n, st in opt._driver.states.named().items()},
+                          saved["ranks"])
         result(rank, event="entry", batch=state.batch, world=world, old_world=len(saved["ranks"]),
                inner=inner_digest(), steps=opt.steps)
     waited = time.monotonic()

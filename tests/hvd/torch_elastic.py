@@ -17,9 +17,8 @@ import sys
 import time
 
 import horovod.torch as hvd
-import numpy as np
 import torch
-from common import dump_stacks_before_kill, result, wait_for_world
+from common import dump_stacks_before_kill, result, save_reset_states, wait_for_world
 
 import hvdcompress
 import hvdcompress.torch as hvc
@@ -46,11 +45,6 @@ opt = hvc.DistributedOptimizer(  # before any other collective: see hvdcompress.
 state = TorchState(model=model, optimizer=opt, batch=0)
 
 
-def save(path: str, tensors: dict) -> None:
-    np.savez(path, **{f"{name}/{key}": np.asarray(v) for name, st in tensors.items()
-                      for key, v in st.items() if not isinstance(v, (int, float))})
-
-
 def digest() -> str:
     return hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
 
@@ -60,12 +54,7 @@ def train(state):
     rank, world = hvd.rank(), hvd.size()
     if state.batch:
         saved = state._handlers["optimizer"]._saved["hvdcompress"]
-        save(f"{OUT}/b{state.batch}.new.rank{rank}.npz",
-             {n: {k: v.numpy() if torch.is_tensor(v) else v for k, v in st.items()}
-              for n, st in opt._tensor_state.items()})
-        if rank == 0:
-            for r, tensors in enumerate(saved["ranks"]):
-                save(f"{OUT}/b{state.batch}.old.rank{r}.npz", tensors)
+        save_reset_states(OUT, state.batch, rank, opt._tensor_state, saved["ranks"])
         result(rank, event="entry", batch=state.batch, world=world, old_world=len(saved["ranks"]))
     waited = time.monotonic()
     while state.batch < BATCHES:

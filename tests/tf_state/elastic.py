@@ -26,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from common import dump_stacks_before_kill, wait_for_world  # noqa: E402
+from common import dump_stacks_before_kill, save_reset_states, wait_for_world  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
 import hvdcompress as hc  # noqa: E402
@@ -67,11 +67,6 @@ def short(name: str) -> str:
     return "/".join(name.split("/")[-2:])
 
 
-def save(path: str, tensors: dict) -> None:
-    np.savez(path, **{f"{short(name)}/{key}": np.asarray(v) for name, st in tensors.items()
-                      for key, v in st.items() if not isinstance(v, (int, float))})
-
-
 def digest() -> str:
     return hashlib.sha256(b"".join(np.asarray(v).tobytes() for v in model.variables)).hexdigest()[:16]
 
@@ -82,11 +77,9 @@ def train(state):
     if state.batch:
         saved = state._handlers[0].saved
         lay_out(opt._hvdc_exchange, variables)   # what the next step would do first (local)
-        save(f"{OUT}/b{state.batch}.new.rank{rank}.npz",
-             {n: dict(st.items()) for n, st in opt._hvdc_exchange.state.named().items()})
-        if rank == 0:
-            for r, tensors in enumerate(saved["ranks"]):
-                save(f"{OUT}/b{state.batch}.old.rank{r}.npz", tensors)
+        save_reset_states(OUT, state.batch, rank,
+                          {n: dict(st.items()) for n, st in opt._hvdc_exchange.state.named().items()},
+                          saved["ranks"], key=short)
         write_result(rank, {"event": "entry", "batch": state.batch, "world": world,
                             "old_world": len(saved["ranks"])})
     waited = time.monotonic()

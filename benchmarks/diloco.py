@@ -179,6 +179,9 @@ def parse_args(argv=None):
     ap.add_argument("--timeout", type=float, default=3600.0, help="for the launch")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ours, rest = ap.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:   # this script's options, then the LM task's (and exit)
+        ap.print_help()
+        print("\nThe LM task's options (convergence.py --task lm):")
     lm = convergence.parse_args([*LM_DEFAULTS, *rest])
     return argparse.Namespace(**{**vars(lm), **vars(ours)}), rest
 

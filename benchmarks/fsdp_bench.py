@@ -22,12 +22,16 @@ shard))``), AdamW (lr 0.002, betas 0.9 and ``--beta2``, no clip), methods ``dens
 
 Every rank reports its median step time (after 5 warm-up steps), the bytes its reduce-scatter
 sent (dense from the gradients' size for FSDP's own, ``state.total_bytes`` for ours), and the
-validation bits per byte at the end; the table gives each method's step time, bytes and
-bits/byte against dense's of the same launch, and the bytes that crossed the rank's link.
+validation bits per byte at the end, and the memory it holds after the last step (the bytes of
+every live tensor storage, :func:`held_bytes`, less those held before the first method: parameters,
+gradients, optimizer and compression state, not the transient buffers of a collective); the table
+gives each method's step time, bytes, bits/byte and memory against dense's of the same launch, and
+the bytes that crossed the rank's link.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -48,6 +52,21 @@ def compression(method: str):
             "topk_ef": hc.ErrorFeedback(hc.TopK(0.05)),
             "onebit_ef_adam": {"compressor": "onebit", "ef": "vanilla", "adam": "frozen"},
             "topk_ef_adam": {"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"}}.get(method)
+
+
+def held_bytes() -> int:
+    """Bytes of the distinct tensor storages alive in this process (gc's view: every tensor with a
+    Python object; a DTensor through its local shard), after collecting until nothing more is
+    freed (a cycle held through a finalizer goes on a later pass)."""
+    import torch
+    while gc.collect():
+        pass
+    storages = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and type(obj) in (torch.Tensor, torch.nn.Parameter):
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def hsdp_run(model, method: str, args):
@@ -89,7 +108,10 @@ def worker(args) -> None:
     windows = val[:args.val_bytes - (args.val_bytes - 1) % args.seq_len]
     windows = windows[torch.arange((len(windows) - 1) // args.seq_len)[:, None] * args.seq_len
                       + torch.arange(args.seq_len + 1)]
+    model = opt = state = None
+    baseline = held_bytes()
     for method in args.methods.split(","):
+        model = opt = state = None   # the previous method's, before this one's memory is counted
         torch.manual_seed(args.seed)
         model = build_model("lstm", args.embed, args.hidden)
         if args.hsdp:
@@ -116,9 +138,12 @@ def worker(args) -> None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             opt.step()
             times.append(time.perf_counter() - begin)
+        del loss
+        held = held_bytes() - baseline
         with torch.no_grad():
             logits = model(windows[:, :-1]).reshape(-1, 256)
             bits = F.cross_entropy(logits, windows[:, 1:].reshape(-1)).item() / math.log(2.0)
+        del logits   # 16 MB: else counted in the next method's memory
         counted = state.total_bytes if state is not None else None
         if args.hsdp:   # across the replicate dimension
             counted = state.cross_node_bytes if state is not None else None
@@ -126,7 +151,7 @@ def worker(args) -> None:
         dense = counted.dense if counted else dense_step * args.steps
         sent = counted.sent if counted else dense // (2 if method == "bf16" else 1)
         write_result(rank, {"method": method, "step_s": statistics.median(times[5:]), "bits_per_byte": bits,
-                            "dense_bytes": dense, "sent_bytes": sent})
+                            "dense_bytes": dense, "sent_bytes": sent, "held_bytes": held})
         dist.barrier()
     dist.destroy_process_group()
 
@@ -143,12 +168,14 @@ def sweep(args) -> dict:
             raise SystemExit(f"fsdp_bench: np {np_} failed:\n{res.outputs[res.failed_rank][-4000:]}")
         rows = {r["method"]: r for r in res.results[0]}
         dense = rows["dense"]
-        print(f"np {np_}, {args.rate}: method, step s (x dense), bytes fewer than dense, bits/byte (- dense)")
+        print(f"np {np_}, {args.rate}: method, step s (x dense), bytes fewer than dense, bits/byte (- dense), "
+              "MB held by rank 0 (x dense)")
         for method in args.methods.split(","):
             r = rows[method]
             print(f"  {method:10s} {r['step_s']:.3f} ({r['step_s'] / dense['step_s']:.2f}x)  "
                   f"{r['dense_bytes'] / r['sent_bytes']:.1f}x  {r['bits_per_byte']:.3f} "
-                  f"({r['bits_per_byte'] - dense['bits_per_byte']:+.3f})")
+                  f"({r['bits_per_byte'] - dense['bits_per_byte']:+.3f})  "
+                  f"{r['held_bytes'] / 2 ** 20:.2f} ({r['held_bytes'] / dense['held_bytes']:.2f}x)")
         out[f"np{np_}/{args.rate}"] = {"rows": rows, "link_bytes": res.link_bytes, "seconds": res.seconds,
                                        "steps": args.steps}
     return out

@@ -173,6 +173,15 @@ def test_fsdp1_hybrid_shard_names_the_fsdp2_route(runs):
         assert "mesh_dim_names=('replicate', 'shard')" in message and "fully_shard(layer, mesh=mesh)" in message
 
 
+def test_the_model_keeps_its_state_alive_and_frees_it_with_itself(runs):
+    """A leak fixed: the parameters' hooks held the state (and the state the parameters) where
+    Python's collector cannot see, so a dropped HSDP model was never freed."""
+    for rank in range(4):
+        record = runs["lifetime"][rank]
+        assert record["steps_held_by_the_model"] == 2, record
+        assert record["model_freed"] and record["state_freed"], record
+
+
 def test_optimizer_is_refused_without_hsdp():
     net = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match="optimizer= and collective= are HSDP's"):

@@ -37,6 +37,7 @@ DTensors on the 2-D mesh: private FSDP2 state, checked here (:func:`take_replica
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Mapping, Optional, Union
 
 import torch
@@ -45,7 +46,12 @@ import torch.distributed as dist
 from ..contract.compressor import Compressor
 from ..engines.accounting import ByteCount
 from .ddp import CompressionState
-from .tensors import local
+from .tensors import local, weak_hook
+
+#: module -> its HSDPState: the model keeps its state alive (the user need not hold it), and the
+#: state, which holds the parameters, does not keep the model (nor itself, through the parameters'
+#: hooks, which autograd holds where Python's collector cannot see) alive once the model is gone
+_STATES: "weakref.WeakKeyDictionary[torch.nn.Module, HSDPState]" = weakref.WeakKeyDictionary()
 
 __all__ = ["HSDPState", "compress", "is_hsdp", "take_replicate_all_reduce"]
 
@@ -94,8 +100,9 @@ class HSDPState(CompressionState):
                          check_replicas=check_replicas, scaler=scaler, clip_grad_norm=clip_grad_norm)
         self._shards, self._shard_group = shards, shard_group
         self._fsdp_dense = 0   # bytes FSDP's all-reduce would have sent, since construction
-        for _, p in named:   # the model keeps the state alive: its replicas never silently drift apart
-            p.register_post_accumulate_grad_hook(self._accumulated)
+        _STATES[module] = self   # alive with the model: its replicas never silently drift apart
+        for _, p in named:
+            p.register_post_accumulate_grad_hook(weak_hook(self, "_accumulated"))
 
     @property
     def cross_node_bytes(self) -> ByteCount:

@@ -14,7 +14,9 @@ the refusal of FSDP1 HYBRID_SHARD, and last the replica check on a perturbed rep
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
+import weakref
 from pathlib import Path
 
 import torch
@@ -230,6 +232,22 @@ def clipped(mesh, rank: int, steps: range) -> dict:
     return out
 
 
+def lifetime(mesh, rank: int) -> dict:
+    """The model alone keeps its state alive (``compress``'s result dropped, the steps still go
+    through it) and the state, which holds the parameters, does not outlive the model."""
+    model, opt, state = build(mesh, CASES["topk_ef"][0], "sgd")
+    state_ref, model_ref = weakref.ref(state), weakref.ref(model)
+    del state
+    while gc.collect():
+        pass
+    train(model, opt, rank, range(2))
+    steps = state_ref().total_bytes.steps if state_ref() is not None else None
+    del model, opt
+    while gc.collect():
+        pass
+    return {"steps_held_by_the_model": steps, "state_freed": state_ref() is None, "model_freed": model_ref() is None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
@@ -272,6 +290,7 @@ def main() -> None:
     for case, overflow in (("amp", False), ("amp_overflow", True)):
         write_result(rank, {"case": case, "steps": amp(mesh, rank, steps, overflow)})
     write_result(rank, {"case": "refusal", "message": refusal(mesh)})
+    write_result(rank, {"case": "lifetime", **lifetime(mesh, rank)})
     model, opt, state = build(mesh, FROZEN, "adamw", 1)
     train(model, opt, rank, range(1))
     if rank >= 2:   # replica 1 drifts, on both shards: every replicate group sees it

@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,11 +64,12 @@ EXACT_AT_FOUR = ["int8", "onebit_ef", "topk_ef", "two_level_dgc", "halves_onebit
 def torchrun(np_: int, script: Path, args: list, timeout: float = 180) -> list:
     """``script`` on ``np_`` ranks (torchrun --standalone: a free port of its own); each rank's
     records. A failure or a time-out fails the test with the launch's output (with the Python
-    stacks of a rank that aborts: PYTHONFAULTHANDLER)."""
+    stacks of a rank that aborts, PYTHONFAULTHANDLER, and of every rank 10 s before a time-out)."""
     with tempfile.TemporaryDirectory() as results:
         log_path = Path(results) / "launch.log"
         env = {**os.environ, RESULTS_ENV: results, "PYTHONPATH": str(HERE.parent),
-               "OMP_NUM_THREADS": str(THREADS), "PYTHONWARNINGS": "ignore", "PYTHONFAULTHANDLER": "1"}
+               "OMP_NUM_THREADS": str(THREADS), "PYTHONWARNINGS": "ignore", "PYTHONFAULTHANDLER": "1",
+               "HVDCOMPRESS_TEST_STACKS_AT": str(time.time() + timeout - 10)}   # a hang shows where it waits
         argv, env = zygote.command(script, list(args), env)   # the ranks, and torchrun itself, forked
         launcher, env = zygote.module_command("torch.distributed.run", ["--standalone", f"--nproc_per_node={np_}",
                                                                          *argv], env)

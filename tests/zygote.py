@@ -15,7 +15,8 @@ stays real: horovodrun or torchrun, one process per rank, ``hvd.init()`` or
 
 What a fresh interpreter reads at start-up is redone in the child: ``PYTHONPATH`` (``sys.path``),
 ``OMP_NUM_THREADS`` (``torch.set_num_threads``), ``PYTHONUNBUFFERED``, ``PYTHONWARNINGS``,
-``PYTHONFAULTHANDLER``; Python's and numpy's global random state are drawn afresh. The hash
+``PYTHONFAULTHANDLER``, and a test's ``HVDCOMPRESS_TEST_STACKS_AT`` (every thread's stack
+printed then, before the test kills a launch that hangs); Python's and numpy's global random state are drawn afresh. The hash
 seed cannot be: two servers with different seeds serve the even and the odd ranks, so that
 neighbouring ranks still iterate sets in different orders, as separate processes would.
 
@@ -227,6 +228,8 @@ def _child(conn: socket.socket, request: dict, fds: list) -> None:
         warnings.simplefilter(env["PYTHONWARNINGS"])
     if env.get("PYTHONFAULTHANDLER"):
         faulthandler.enable()
+    if env.get("HVDCOMPRESS_TEST_STACKS_AT"):   # a test's kill time (tests/hvd/common.STACKS_AT_ENV): stacks first
+        faulthandler.dump_traceback_later(max(1.0, float(env["HVDCOMPRESS_TEST_STACKS_AT"]) - time.time()))
     random.seed()
     np.random.seed()
     code = 0

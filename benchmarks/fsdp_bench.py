@@ -108,7 +108,6 @@ def worker(args) -> None:
     windows = val[:args.val_bytes - (args.val_bytes - 1) % args.seq_len]
     windows = windows[torch.arange((len(windows) - 1) // args.seq_len)[:, None] * args.seq_len
                       + torch.arange(args.seq_len + 1)]
-    model = opt = state = None
     baseline = held_bytes()
     for method in args.methods.split(","):
         model = opt = state = None   # the previous method's, before this one's memory is counted

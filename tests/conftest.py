@@ -129,7 +129,7 @@ def launch_elastic(work: Path, command: list, discovery: Path, timeout: int, dur
     env = {**os.environ, **RANK_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
            RESULTS_ENV: str(results), "HVDCOMPRESS_HOSTS": str(hosts),
-           "HVDCOMPRESS_TEST_STACKS_AT": str(time.time() + timeout - 20)}
+           zygote.STACKS_AT_ENV: str(time.time() + timeout - 20)}
     if command[0] == sys.executable:   # the ranks forked from a server (tests/zygote.py)
         argv, env = zygote.command(command[1], command[2:], env)
         command = [sys.executable, *argv]

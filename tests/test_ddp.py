@@ -69,7 +69,7 @@ def torchrun(np_: int, script: Path, args: list, timeout: float = 180) -> list:
         log_path = Path(results) / "launch.log"
         env = {**os.environ, RESULTS_ENV: results, "PYTHONPATH": str(HERE.parent),
                "OMP_NUM_THREADS": str(THREADS), "PYTHONWARNINGS": "ignore", "PYTHONFAULTHANDLER": "1",
-               "HVDCOMPRESS_TEST_STACKS_AT": str(time.time() + timeout - 10)}   # a hang shows where it waits
+               zygote.STACKS_AT_ENV: str(time.time() + timeout - 10)}   # a hang shows where it waits
         argv, env = zygote.command(script, list(args), env)   # the ranks, and torchrun itself, forked
         launcher, env = zygote.module_command("torch.distributed.run", ["--standalone", f"--nproc_per_node={np_}",
                                                                          *argv], env)

@@ -15,10 +15,11 @@ stays real: horovodrun or torchrun, one process per rank, ``hvd.init()`` or
 
 What a fresh interpreter reads at start-up is redone in the child: ``PYTHONPATH`` (``sys.path``),
 ``OMP_NUM_THREADS`` (``torch.set_num_threads``), ``PYTHONUNBUFFERED``, ``PYTHONWARNINGS``,
-``PYTHONFAULTHANDLER``, and a test's ``HVDCOMPRESS_TEST_STACKS_AT`` (every thread's stack
-printed then, before the test kills a launch that hangs); Python's and numpy's global random state are drawn afresh. The hash
-seed cannot be: two servers with different seeds serve the even and the odd ranks, so that
-neighbouring ranks still iterate sets in different orders, as separate processes would.
+``PYTHONFAULTHANDLER``, and a test's :data:`STACKS_AT_ENV` (every thread's stack printed then,
+before the test kills a launch that hangs); Python's and numpy's global random state are drawn
+afresh. The hash seed cannot be: two servers with different seeds serve the even and the odd
+ranks, so that neighbouring ranks still iterate sets in different orders, as separate processes
+would.
 
 Bounds: the client's death (horovodrun's or torchrun's SIGTERM to the rank, the launcher's
 SIGKILL of strays, or its own parent's death: ``PR_SET_PDEATHSIG``) closes its socket, and the
@@ -45,6 +46,11 @@ ENABLE = "HVDC_ZYGOTE"
 SOCKETS = "HVDC_ZYGOTE_SOCKETS"   # the servers' socket paths, ':'-separated (set for the ranks)
 HERE = Path(__file__).resolve()
 _servers: dict = {}   # kind -> the socket paths of its two servers
+
+#: epoch seconds at which a forked rank prints every thread's stack: a test sets it a little before
+#: it kills a launch that hangs (tests/hvd/common.STACKS_AT_ENV, the same name, for scripts run
+#: without the servers)
+STACKS_AT_ENV = "HVDCOMPRESS_TEST_STACKS_AT"
 
 
 # ---- launcher side -------------------------------------------------------------------------------
@@ -228,8 +234,8 @@ def _child(conn: socket.socket, request: dict, fds: list) -> None:
         warnings.simplefilter(env["PYTHONWARNINGS"])
     if env.get("PYTHONFAULTHANDLER"):
         faulthandler.enable()
-    if env.get("HVDCOMPRESS_TEST_STACKS_AT"):   # a test's kill time (tests/hvd/common.STACKS_AT_ENV): stacks first
-        faulthandler.dump_traceback_later(max(1.0, float(env["HVDCOMPRESS_TEST_STACKS_AT"]) - time.time()))
+    if env.get(STACKS_AT_ENV):   # a test's kill time: every thread's stack first
+        faulthandler.dump_traceback_later(max(1.0, float(env[STACKS_AT_ENV]) - time.time()))
     random.seed()
     np.random.seed()
     code = 0

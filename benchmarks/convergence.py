@@ -79,7 +79,7 @@ TASKS = {  # --task: default methods, rank counts and results file
     "lm": (LM_METHODS, [2, 8], RESULTS / "lm_convergence.json"),
 }
 LM_FLAGS = ("steps", "epoch_steps", "seq_len", "clip", "embed", "hidden", "val_bytes", "weight_decay",
-            "schedule", "optimizer", "model", "betas", "stop_after")
+            "schedule", "optimizer", "model", "betas", "corpus", "stop_after")
 
 
 def load_digits_split(seed: int = 0):
@@ -282,7 +282,7 @@ def worker(args) -> None:
         dist.init_process_group("gloo", init_method="env://")
     if args.task == "lm":
         from lm_train import load_corpus
-        task_train, data = train_lm, load_corpus()
+        task_train, data = train_lm, load_corpus(args.corpus)
     else:
         task_train, data = train, load_digits_split(args.seed)
     for method in args.methods:
@@ -437,6 +437,9 @@ def parse_args(argv=None):
     lm.add_argument("--model", choices=("lstm", "transformer"), default="lstm",
                     help="lstm: examples/lm_train.py's ByteLSTM; transformer: its 2-layer causal "
                          "ByteTransformer (width --embed)")
+    lm.add_argument("--corpus", choices=("torch-docs", "python-docs"), default="torch-docs",
+                    help="the text (examples/lm_train.py CORPORA): torch-docs, the tuning corpus of "
+                         "the benchmarks; python-docs, a held-out one (benchmarks/adamw_summary.py)")
     lm.add_argument("--val-bytes", type=int, default=65536,
                     help="validation text measured (all of it: 43932 bytes with torch 2.13)")
     if task == "lm":
@@ -446,7 +449,7 @@ def parse_args(argv=None):
         parse_betas(args.betas)
         if not 0 <= args.stop_after <= args.steps:
             ap.error(f"--stop-after {args.stop_after}: allowed: 0 (the whole run) to --steps ({args.steps})")
-        for k in LM_FLAGS[:-6]:
+        for k in LM_FLAGS[:-7]:
             if not getattr(args, k) > 0:
                 ap.error(f"--{k.replace('_', '-')} {getattr(args, k)}: allowed: a number > 0")
     return args

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import pydoc_data
 import time
 from pathlib import Path
 
@@ -45,15 +46,23 @@ from hvdrun import compression_figures, figures_text, write_result
 
 import hvdcompress.torch as hvc
 
-CORPUS = Path(torch.__file__).parent / "_torch_docs.py"
+#: the byte-level texts, each shipping with a package: ``torch-docs`` (torch's docstrings, the
+#: benchmarks' tuning corpus) and ``python-docs`` (Python's own pydoc topics, a held-out one)
+CORPORA = {"torch-docs": Path(torch.__file__).parent / "_torch_docs.py",
+           "python-docs": Path(pydoc_data.__file__).parent / "topics.py"}
+CORPUS = CORPORA["torch-docs"]
 TRAIN_FRACTION = 0.9
 
 
-def load_corpus() -> tuple:
-    """``(train, validation)``: the bytes of :data:`CORPUS` as int64 tensors, split 90/10."""
-    if not CORPUS.exists():
-        raise FileNotFoundError(f"{CORPUS} is missing: the language-model text ships with torch")
-    data = torch.from_numpy(np.frombuffer(CORPUS.read_bytes(), dtype=np.uint8).astype(np.int64))
+def load_corpus(name: str = "torch-docs") -> tuple:
+    """``(train, validation)``: the bytes of the corpus ``name`` (:data:`CORPORA`) as int64
+    tensors, split 90/10."""
+    if name not in CORPORA:
+        raise ValueError(f"corpus {name!r}: allowed: {', '.join(map(repr, CORPORA))}")
+    path = CORPORA[name]
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the corpus {name!r} ships with its package")
+    data = torch.from_numpy(np.frombuffer(path.read_bytes(), dtype=np.uint8).astype(np.int64))
     cut = int(len(data) * TRAIN_FRACTION)
     return data[:cut], data[cut:]
 

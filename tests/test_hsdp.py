@@ -11,7 +11,11 @@ shard, so ranks 0 and 2 hold shard 0, ranks 1 and 3 shard 1).
 * error feedback conserves the mass on a shard: R·average + Σ residuals = Σ (gradient + old residual);
 * bytes: ``cross_node_bytes.dense`` is what FSDP's own all-reduce reduces (measured with
   ``set_all_reduce_hook`` on dense HSDP), ``sent`` the payloads, exactly as the codes' sizes;
-* a checkpoint (gathered over the replicas, or this rank's) resumes on the same bits;
+* a checkpoint (gathered, or this rank's) resumes on the same bits; a gathered one (every rank's
+  state, the same on every rank) resumes at another mesh (1 x 4, 4 x 1; 2 ranks as 1 x 2, 2 x 1:
+  tests/fsdp/hsdp_remesh.py): each rank's residual is its new shard of the mean of the replicas'
+  (the unsent mass entering the average kept), m and v its new shard of the old ones, bit for bit;
+  the run goes on with the replicas bit-identical; a checkpoint that cannot load is refused;
 * the replica check raises on every rank; FSDP1 HYBRID_SHARD is refused naming the FSDP2 route.
 """
 from __future__ import annotations
@@ -31,6 +35,9 @@ STEPS = 6
 PAIRS = [(0, 2), (1, 3)]   # the ranks of one shard, across the replicas
 SHAPES = [(63, 24), (63,), (17, 63), (17,), (5, 17), (5,)]   # the worker's mlp()
 COMPRESSED = ["onebit_frozen", "topk_ef", "dgc", "onebit_ef", "int8"]
+NAMES = ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]   # SHAPES' parameters
+REMESH = {"1x4": (1, 4), "4x1": (4, 1), "1x2": (1, 2), "2x1": (2, 1)}   # tests/fsdp/hsdp_remesh.py
+MORE = 2   # tests/fsdp/hsdp_remesh.py: steps trained after the load
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +121,98 @@ def test_checkpoint_resumes_on_the_same_bits(runs, case):
     for rank in range(4):
         record = runs[f"resume:{case}"][rank]
         np.testing.assert_array_equal(f32(record["resumed"]), f32(record["straight"]), err_msg=f"rank {rank}")
+
+
+def flat_rows(shape: tuple, shards: int, shard: int) -> tuple:
+    """FSDP2's Shard(0) shard as flat elements [start, stop): torch.chunk's ceil(d0 / S) rows a
+    shard, the last ones short or empty (d0 = 5 at 4 shards: 2, 2, 1, 0 rows)."""
+    rows, inner = math.ceil(shape[0] / shards), math.prod(shape[1:])
+    return min(shard * rows, shape[0]) * inner, min((shard + 1) * rows, shape[0]) * inner
+
+
+def whole(state: dict, key: str, numel: int) -> np.ndarray:
+    """A coordinate entry of one rank's state over its local shard: the entry, or the compressed
+    allreduce's segments (seg<k>.key) concatenated and cut; zeros where the rank has none."""
+    if key in state:
+        return f32(state[key])
+    segments = sorted((int(k[3:k.index(".")]), v) for k, v in state.items() if k.startswith("seg") and k.endswith("." + key))
+    assert not any(k.startswith("sum.") for k in state), sorted(state)   # a load leaves no server residual
+    return f32([x for _, v in segments for x in v])[:numel] if segments else np.zeros(numel, np.float32)
+
+
+def saved_full(grid: list, name: str, shape: tuple, replica: int, key: str) -> np.ndarray:
+    """The saved 2 x 2 checkpoint's ``key`` of ``name`` on ``replica``, over the whole parameter."""
+    return np.concatenate([whole(grid[j][replica][name], key, flat_rows(shape, 2, j)[1] - flat_rows(shape, 2, j)[0])
+                           for j in range(2)])
+
+
+def test_gathered_checkpoint_holds_every_ranks_state_the_same_on_every_rank(runs):
+    saved = runs["remesh:saved"]
+    for rank in range(4):
+        assert saved[rank]["grid"] == saved[0]["grid"], f"rank {rank}"
+        assert saved[rank]["mesh"] == {"replicas": 2, "shards": 2}
+        assert saved[rank]["own_mesh"] == {"replicas": 2, "shards": 2, "replica": rank // 2, "shard": rank % 2}
+    grid = saved[0]["grid"]
+    for j in range(2):
+        for r in range(2):
+            assert [len(grid[j][r][n]["residual"]) for n in NAMES] == shard_numels(j, padded=False)
+    assert np.abs(saved_full(grid, "0.weight", SHAPES[0], 0, "residual")).max() > 0   # onebit left mass
+
+
+@pytest.mark.parametrize("case", sorted(REMESH))
+def test_resume_at_another_mesh_keeps_the_unsent_mass_and_adams_moments(runs, case):
+    """The replicas' residuals pool (the store's rule at op=Average: every new rank gets T / R, so
+    Σ_r' e'_r' / R' = Σ_r e_r / R; at R' = R each keeps its own), each rank its own shard of it;
+    m, v and adam.unit carried."""
+    replicas, shards = REMESH[case]
+    grid = runs["remesh:saved"][0]["grid"]
+    records = [runs[f"remesh:{case}"][rank] for rank in range(replicas * shards)]
+    assert all(runs[f"remesh:{case}"][rank]["idle"] for rank in range(replicas * shards, 4))
+    for name, shape in zip(NAMES, SHAPES):
+        old = [saved_full(grid, name, shape, r, "residual") for r in range(2)]
+        share = ((old[0].astype(np.float64) + old[1]) / 2).astype(np.float32)
+        moments = {key: saved_full(grid, name, shape, 0, key) for key in ("adam.m", "adam.v")}
+        for key, value in moments.items():   # the replicas held the same moments
+            np.testing.assert_array_equal(saved_full(grid, name, shape, 1, key), value)
+        mass = np.zeros(share.size)
+        for rank, record in enumerate(records):
+            assert (record["replica"], record["shard"]) == divmod(rank, shards)
+            start, stop = flat_rows(shape, shards, record["shard"])
+            state = record["loaded"][name]
+            residual = whole(state, "residual", stop - start)
+            # at the same number of replicas and a whole-shard layout each replica keeps its own
+            mine = old[record["replica"]] if replicas == 2 and "residual" in state else share
+            np.testing.assert_array_equal(residual, mine[start:stop], err_msg=f"{case} rank {rank} {name}")
+            mass[start:stop] += residual.astype(np.float64) / replicas
+            for key, value in moments.items():
+                np.testing.assert_array_equal(f32(state[key]), value[start:stop], err_msg=f"{case} rank {rank} {name} {key}")
+            assert state["adam.unit"] == grid[0][0][name]["adam.unit"]
+        np.testing.assert_allclose(mass, (old[0].astype(np.float64) + old[1]) / 2, rtol=1e-6, atol=1e-12,
+                                   err_msg=f"{case} {name}: the unsent mass changed")
+
+
+@pytest.mark.parametrize("case", sorted(REMESH))
+def test_training_goes_on_at_another_mesh_with_the_replicas_bit_identical(runs, case):
+    replicas, shards = REMESH[case]
+    records = [runs[f"remesh:{case}"][rank] for rank in range(replicas * shards)]
+    for record in records:
+        steps = [f32(s) for s in record["shards"]]
+        assert len(steps) == MORE and all(np.isfinite(s).all() for s in steps)
+        assert not np.array_equal(steps[0], steps[1])
+    for rank, record in enumerate(records[shards:], start=shards):   # replica r > 0 against replica 0
+        for step, (x, y) in enumerate(zip(record["shards"], records[rank % shards]["shards"])):
+            np.testing.assert_array_equal(f32(x), f32(y), err_msg=f"{case} rank {rank} step {step}")
+
+
+@pytest.mark.parametrize("case", sorted(REMESH))
+def test_a_checkpoint_that_cannot_resume_at_another_mesh_is_refused_and_changes_nothing(runs, case):
+    replicas, shards = REMESH[case]
+    for rank in range(replicas * shards):
+        record = runs[f"remesh:{case}"][rank]
+        one, corrupt = record["errors"]["one_rank"], record["errors"]["corrupt"]
+        assert "holds one rank's compressor state" in one and "state_dict(gather=True)" in one, one
+        assert "entry 'residual' of tensor '2.weight' (replica 1, shard 1) holds 503 elements; expected 504" in corrupt, corrupt
+        assert record["untouched_by_refusals"] and record["kept_after_a_refusal"], record
 
 
 def test_scaler_gives_the_unscaled_run_and_an_overflow_skips_everywhere(runs):

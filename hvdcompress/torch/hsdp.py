@@ -20,8 +20,16 @@ each shard's optimizer state replicated across them as in DDP. So the DDP hook's
 the local shards (:func:`hvdcompress.torch.tensors.local`): the same driver and engine (the flat
 exchange, any compressor it takes), error feedback per shard, SGD's momentum correction and
 FrozenAdam on the shard's state, the variance schedule, ``check_replicas`` across replicas, and
-the same checkpoint store (a gathered state holds the R replicas of this shard; it resumes at
-the same mesh, or at another number of replicas with the same shards). Each parameter's shard
+the same checkpoint store. Checkpoints: ``state_dict(gather=True)`` holds every rank's state (a
+collective over the mesh; the same dict on every rank, R times the model's compression state on
+the host) and resumes at any mesh (R', S'): each rank cuts its new dim-0 shard from every old
+shard's state (:mod:`hvdcompress.state.mesh`: residuals, momenta, FrozenAdam's m and v bit for
+bit; counters and ``adam.unit`` carried; an entry that cannot be cut, PowerSGD's warm Q, refused
+at another number of shards), then the replicas are redistributed as the DDP hook's load does
+(the unsent error-feedback mass entering the average and the mean momentum kept, m and v
+replica 0's). ``state_dict()`` (this rank's) resumes at the same mesh on the same shard only.
+Every load is all or nothing: a refused checkpoint raises a ``ValueError`` naming the entry and
+changes nothing. Each parameter's shard
 is compressed and launched as FSDP assigns its gradient (a post-accumulate-grad hook); the end
 of the backward pass decodes the averages into the gradients (FSDP's reduce-scatter stays dense).
 
@@ -45,8 +53,11 @@ import torch.distributed as dist
 
 from ..contract.compressor import Compressor
 from ..engines.accounting import ByteCount
+from ..state import mesh as mesh_state
+from ..transport.objects import allgather_object
 from .ddp import CompressionState
-from .tensors import local, weak_hook
+from .dist_collectives import DistCollectives
+from .tensors import CONVERSIONS, OPS, local, weak_hook
 
 #: module -> its HSDPState: the model keeps its state alive (the user need not hold it), and the
 #: state, which holds the parameters, does not keep the model (nor itself, through the parameters'
@@ -132,6 +143,32 @@ class HSDPState(CompressionState):
     def _end_backward(self) -> None:
         if self._buckets:   # empty when a launch failed (the step was dropped)
             self.reduce(_Shard([], [], last=True))
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def state_dict(self, gather: bool = False) -> dict:
+        """The DDP hook's checkpoint and the mesh (``'mesh'``: replicas, shards). This rank's
+        (``'tensors'``, and ``'mesh'`` its replica and shard) or, with ``gather=True``, every rank's
+        (a collective over the whole mesh; the same on every rank): ``'shards'``, a list over the
+        shards of the list over the replicas of their states, as :func:`hvdcompress.state.mesh.for_shard`
+        reads it."""
+        own = super().state_dict(gather)
+        own["mesh"] = {"replicas": self.driver.comm.world, "shards": self._shards}
+        if gather:
+            like = torch.zeros(1, device=self._device())
+            own["shards"] = allgather_object(own.pop("ranks"), DistCollectives(self._shard_group), OPS, like)
+        else:
+            own["mesh"].update(replica=self.driver.comm.rank, shard=dist.get_rank(self._shard_group))
+        return own
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        """Restore :meth:`state_dict`'s output, all or nothing: a gathered one at any mesh (this
+        rank's shard cut from every shard's state, :func:`hvdcompress.state.mesh.for_shard`, then the
+        replicas as the DDP hook's load redistributes them); one rank's on the same shard of the
+        same number of shards and replicas.
+        A refused one raises a ``ValueError`` naming the entry and changes nothing. Local."""
+        own = mesh_state.for_shard(state_dict, CONVERSIONS, self.driver.tensors, self._shards,
+                                   dist.get_rank(self._shard_group))
+        super().load_state_dict(own)
 
 
 def refuse_hybrid_shard(module: torch.nn.Module) -> None:

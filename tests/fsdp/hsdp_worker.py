@@ -8,8 +8,10 @@ records this rank's local parameter shards after every step, the bytes, and for 
 first layer's shard gradient as FSDP handed it over, the residual before and after, and the
 averaged gradient (error feedback's conservation). ``dense_*``: FSDP's own HSDP, with the
 sizes of its replicate all-reduce (``set_all_reduce_hook``). ``resume:*``: the state saved after
-half the steps and loaded into a fresh model gives the bits of the run straight through. Then
-the refusal of FSDP1 HYBRID_SHARD, and last the replica check on a perturbed replica.
+half the steps and loaded into a fresh model gives the bits of the run straight through;
+``remesh:*``: a gathered checkpoint of the 2 x 2 mesh loaded at 1 x 4, 4 x 1, 1 x 2 and 2 x 1
+(tests/fsdp/hsdp_remesh.py). Then the refusal of FSDP1 HYBRID_SHARD, and last the replica check
+on a perturbed replica.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import gc
 import sys
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -26,6 +29,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from hsdp_remesh import remesh  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
 import hvdcompress as hc  # noqa: E402
@@ -286,6 +290,9 @@ def main() -> None:
         state.load_state_dict(saved[2])
         resumed = train(model, opt, rank, range(len(half), args.steps))[-1]
         write_result(rank, {"case": f"resume:{case}", "straight": straight, "resumed": resumed})
+    worker = SimpleNamespace(build=build, train=train, hsdp_model=hsdp_model, optimizer=optimizer, FROZEN=FROZEN)
+    for record in remesh(worker, mesh, rank, dist.get_world_size()):
+        write_result(rank, record)
     write_result(rank, {"case": "clip", **clipped(mesh, rank, steps)})
     for case, overflow in (("amp", False), ("amp_overflow", True)):
         write_result(rank, {"case": case, "steps": amp(mesh, rank, steps, overflow)})

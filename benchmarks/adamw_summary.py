@@ -45,6 +45,13 @@ BYTES_TARGET = 10.0
 METHODS = {"onebit + EF": "onebit-ef-adam", "top-k 1% + EF": "topk-ef-adam",
            "PowerSGD rank 4": "powersgd-adam", "int8": "int8-adam"}
 
+#: alternatives to a default, measured in the same launches: row -> (its compressor, its method's
+#: key; ``powersgd-adam@long-warmup``: PowerSGD's default before it kept 128 int8 live steps at
+#: every b2, recorded under that key in the launches that ran it)
+VARIANTS = {"top-k 1% + EF, 128 int8 live steps": ("top-k 1% + EF", "topk:k=0.01:ef=vanilla:adam=frozen:adam_live_steps=128"),
+            "PowerSGD rank 4, the former 512 int4 live steps above b2 0.998": ("PowerSGD rank 4",
+                                                                               "powersgd-adam@long-warmup")}
+
 #: the flags every launch shares (convergence.py --task lm)
 COMMON = ("--task", "lm", "--optimizer", "adamw", "--steps", "1000", "--weight-decay", "0.01")
 
@@ -114,13 +121,19 @@ def gap(path: Path, ranks: int, key: str) -> Optional[tuple]:
     return runs[key]["final_bpb"] - runs["hvd-dense"]["final_bpb"], (runs[key].get("bytes") or {}).get("ratio", 1.0)
 
 
-def gaps(kind: str) -> dict:
-    """{(compressor, task, ranks, b2): {seed: (gap, ratio)}} of the set's launches found."""
+def rows(variants: bool = False) -> dict:
+    """row -> (the compressor whose targets it meets, its method): :data:`METHODS`, then
+    :data:`VARIANTS` with ``variants``."""
+    return {**{c: (c, m) for c, m in METHODS.items()}, **(VARIANTS if variants else {})}
+
+
+def gaps(kind: str, variants: bool = False) -> dict:
+    """{(row, task, ranks, b2): {seed: (gap, ratio)}} of the set's launches found (rows: :func:`rows`)."""
     out: dict = {}
     for name, spec in SETS[kind].items():
         for ranks, b2 in COLUMNS:
             for seed in SEEDS:
-                for compressor, method in METHODS.items():
+                for compressor, (_, method) in rows(variants).items():
                     value = gap(result_file(kind, name, ranks, b2, seed), ranks, method_key(spec, method))
                     if value is not None:
                         out.setdefault((compressor, name, ranks, b2), {})[seed] = value
@@ -137,9 +150,9 @@ def cell(compressor: str, seeds: dict) -> tuple:
     return (f"**{text}**" if met else text), met
 
 
-def table(kind: str, found: dict) -> str:
-    """A markdown table of one set: a row per compressor, a column per task, ranks and b2 with a
-    launch; each cell from :func:`cell` (the last number: the seeds)."""
+def table(kind: str, found: dict, variants: bool = False) -> str:
+    """A markdown table of one set: a row per compressor (and variant), a column per task, ranks
+    and b2 with a launch; each cell from :func:`cell` (the last number: the seeds)."""
     columns = [(name, ranks, b2) for name in SETS[kind] for ranks, b2 in COLUMNS
                if any(k[1:] == (name, ranks, b2) for k in found)]
     if not columns:
@@ -147,10 +160,9 @@ def table(kind: str, found: dict) -> str:
     label = lambda name, ranks, b2: f"{SETS[kind][name].label}, {ranks} ranks, b2 {b2}"
     lines = ["| compressor (target) | " + " | ".join(label(*c) for c in columns) + " |",
              "|---" * (len(columns) + 1) + "|"]
-    for compressor, target in TARGETS.items():
-        cells = [cell(compressor, found[(compressor, *c)])[0] if (compressor, *c) in found else "-"
-                 for c in columns]
-        lines.append(f"| {compressor} (<= {target}) | " + " | ".join(cells) + " |")
+    for row, (compressor, _) in rows(variants).items():
+        cells = [cell(compressor, found[(row, *c)])[0] if (row, *c) in found else "-" for c in columns]
+        lines.append(f"| {row} (<= {TARGETS[compressor]}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -188,6 +200,7 @@ def main(argv: Optional[list] = None) -> None:
     parser.add_argument("--betas", choices=("0.95", "0.999"), default="0.95", help="b2")
     parser.add_argument("--seed", type=int, choices=SEEDS, default=0)
     parser.add_argument("--methods", help="comma-separated methods of e2e.py (default: every compressor's)")
+    parser.add_argument("--variants", action="store_true", help="also the rows of VARIANTS")
     args = parser.parse_args(argv)
     if args.launch:
         if args.task not in SETS[args.launch]:
@@ -198,9 +211,9 @@ def main(argv: Optional[list] = None) -> None:
             print(" ".join(cmd))
             return
         raise SystemExit(subprocess.call(cmd))
-    found = {kind: gaps(kind) for kind in SETS}
+    found = {kind: gaps(kind, args.variants) for kind in SETS}
     for kind in SETS:
-        print(f"{kind} set\n\n{table(kind, found[kind])}\n")
+        print(f"{kind} set\n\n{table(kind, found[kind], args.variants)}\n")
     if args.plot:
         plot(found, args.plot)
 

@@ -16,7 +16,11 @@ shard, so ranks 0 and 2 hold shard 0, ranks 1 and 3 shard 1).
   tests/fsdp/hsdp_remesh.py): each rank's residual is its new shard of the mean of the replicas'
   (the unsent mass entering the average kept), m and v its new shard of the old ones, bit for bit;
   the run goes on with the replicas bit-identical; a checkpoint that cannot load is refused;
-* the replica check raises on every rank; FSDP1 HYBRID_SHARD is refused naming the FSDP2 route.
+* the replica check raises on every rank; FSDP1 HYBRID_SHARD is refused naming the FSDP2 route;
+* ``intra_node=`` (tests/fsdp/hsdp_in_node.py): a lossless in-node compressor gives intra_node=None's
+  bits; int8 / bf16 inside the node keep the replicas bit-identical, with exact in-node bytes and the
+  cross-node bytes unchanged; an in-node int8 + EF state resumes on the same bits; the compressors
+  and checkpoints it cannot take are refused, changing nothing.
 """
 from __future__ import annotations
 
@@ -285,3 +289,103 @@ def test_optimizer_is_refused_without_hsdp():
     net = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match="optimizer= and collective= are HSDP's"):
         fsdp.compress(net, compression={"compressor": "int8"}, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+
+
+# ---- intra_node=: FSDP's in-node reduce-scatter compressed too (tests/fsdp/hsdp_in_node.py) ---------------
+#: each unit's flat reduce-scatter input (FSDP2 pads dim 0 to a multiple of the 2 shards): per Linear,
+#: its weight's and bias's padded elements; what FSDP reduce-scatters per rank and step, in float32
+UNITS = [64 * 24 + 64, 18 * 63 + 18, 6 * 17 + 6]
+
+
+def test_in_node_lossless_equals_intra_node_none(runs):
+    """A lossless in-node compressor ({'compressor': 'none'}, NoCompression()) gives intra_node=None's bits:
+    FSDP's AVG over the shard group is the compressed reduce-scatter's float32 sum times 1/2 (exact)."""
+    for case, reference in (("in_node:none_sgd", "none_sgd"), ("in_node:none_frozen", "onebit_frozen")):
+        for rank in range(4):
+            got, want = runs[case][rank]["shards"], runs[reference][rank]["shards"]
+            assert len(got) == len(want) == STEPS
+            for step, (a, b) in enumerate(zip(got, want)):
+                np.testing.assert_array_equal(f32(a), f32(b), err_msg=f"{case} rank {rank} step {step}")
+            assert runs[case][rank]["in_node"] == {"dense": 4 * STEPS * sum(UNITS), "sent": 4 * STEPS * sum(UNITS),
+                                                   "steps": STEPS, "ratio": 1.0}
+
+
+@pytest.mark.parametrize("case", ["in_node:int8_frozen", "in_node:bf16_int8"])
+def test_in_node_compression_keeps_the_replicas_bit_identical(runs, case):
+    for a, b in PAIRS:
+        for step, (x, y) in enumerate(zip(runs[case][a]["shards"], runs[case][b]["shards"])):
+            np.testing.assert_array_equal(f32(x), f32(y), err_msg=f"{case} ranks {a},{b} step {step}")
+    reference = {"in_node:int8_frozen": "onebit_frozen", "in_node:bf16_int8": "int8"}[case]
+    for rank in range(4):
+        steps = [f32(s) for s in runs[case][rank]["shards"]]
+        assert len(steps) == STEPS and all(np.isfinite(s).all() for s in steps)
+        # the in-node compressor changed the run (else the equality above proves nothing new); bf16
+        # inside the node (SGD) only a little (onebit + FrozenAdam amplifies any change: sign flips)
+        want = f32(runs[reference][rank]["shards"][-1])
+        assert not np.array_equal(steps[-1], want)
+        if case == "in_node:bf16_int8":
+            np.testing.assert_allclose(steps[-1], want, atol=1e-3)
+
+
+def test_in_node_bytes_and_cross_node_bytes(runs):
+    """in_node_bytes: the in-node reduce-scatter (dense = the float32 flat inputs; int8 sends a byte
+    an element and min/max per block: one block per chunk here, 2 chunks a unit); cross_node_bytes
+    as without intra_node=; total_bytes both."""
+    for rank in range(4):
+        record = runs["in_node:int8_frozen"][rank]
+        assert record["in_node"]["dense"] == 4 * STEPS * sum(UNITS)   # 11440 bytes a step
+        assert record["in_node"]["sent"] == STEPS * (sum(UNITS) + 2 * 8 * len(UNITS))   # 2908 bytes a step
+        assert 3.9 < record["in_node"]["ratio"] < 4
+        assert record["cross_node"] == runs["onebit_frozen"][rank]["cross_node"]   # unchanged in meaning
+        total = record["bytes"]
+        assert total["sent"] == record["cross_node"]["sent"] + record["in_node"]["sent"]
+        assert total["dense"] == runs["onebit_frozen"][rank]["bytes"]["dense"] + record["in_node"]["dense"]
+        assert record["last_step"]["sent"] < total["sent"] and record["last_step"]["steps"] == 1
+        bf16 = runs["in_node:bf16_int8"][rank]
+        assert bf16["in_node"]["sent"] * 2 == bf16["in_node"]["dense"]
+        assert bf16["cross_node"] == runs["int8"][rank]["cross_node"]
+
+
+@pytest.mark.parametrize("case", ["gathered", "local"])
+def test_in_node_checkpoint_resumes_on_the_same_bits(runs, case):
+    """int8 + EF inside the node (a residual per rank, unit, chunk and block), FrozenAdam across."""
+    loaded = []
+    for rank in range(4):
+        record = runs[f"in_node:resume_{case}"][rank]
+        assert "in_node" in record["keys"]
+        np.testing.assert_array_equal(f32(record["resumed"]), f32(record["straight"]), err_msg=f"rank {rank}")
+        residuals = record["loaded_residuals"]
+        assert sorted(residuals) == ["0", "2", "4"]
+        assert all(np.abs(f32(v)).max() > 0 for st in residuals.values() for v in st.values())
+        loaded.append(residuals)
+        saved = record["saved_residuals"]
+        if case == "gathered":   # every rank's, the same on every rank: [replica][shard]
+            assert saved == runs["in_node:resume_gathered"][0]["saved_residuals"]
+            assert saved[rank // 2][rank % 2] == residuals
+        else:
+            assert saved == residuals
+    assert all(loaded[a] != loaded[b] for a in range(4) for b in range(a))   # per rank, not shared
+
+
+def test_in_node_refuses_what_the_sharded_reduce_scatter_cannot_run(runs):
+    for rank in range(4):
+        record = runs["in_node:refusals"][rank]
+        for label, names in (("dgc", "takes the optimizer's momentum or Adam over"),
+                             ("frozen", "takes the optimizer's momentum or Adam over"),
+                             ("powersgd", "PowerSGD and CSC need several rounds")):
+            message = record[label]
+            assert message.startswith("compress: intra_node=") and names in message, (label, message)
+            assert "shard dimension" in message
+        assert "intra_node= with scaler=" in record["scaler"]
+        assert record["compress_after_refusals"] == "no error"   # FSDP was left as it was
+
+
+def test_in_node_checkpoint_refusals_change_nothing(runs):
+    for rank in range(4):
+        record = runs["in_node:refusals"][rank]
+        assert "resumes at the same mesh only" in record["other_mesh"] and "1 x 4" in record["other_mesh"]
+        assert "holds 503 elements; expected 504" in record["corrupt_cross_node"]
+        assert "entry 'version' holds 999" in record["bad_version"]   # after the in-node load: put back
+        assert record["unchanged"] and record["residuals_nonzero"], record
+        assert "pass the same intra_node=" in record["into_no_in_node"]
+        assert record["fresh_in_node_empty"] and record["afresh"], record

@@ -25,7 +25,8 @@ strategies refuse communication hooks in FSDP itself (:func:`compress` names the
 
 HSDP (FSDP2 on a ``("replicate", "shard")`` mesh): :func:`compress` compresses the all-reduce
 across replicas instead, with the take-overs (``optimizer=``), and leaves the reduce-scatter
-inside the node to FSDP (:mod:`hvdcompress.torch.hsdp`). ``all_gather=`` (FSDP2 FULL_SHARD): the
+inside the node to FSDP, or with ``intra_node=`` compresses it too (:mod:`hvdcompress.torch.hsdp`,
+:mod:`hvdcompress.torch.hsdp_in_node`). ``all_gather=`` (FSDP2 FULL_SHARD): the
 parameters' all-gather quantised too, master weights exact (:mod:`hvdcompress.torch.fsdp_gather`).
 
 ``check_replicas``: the sharded parameters are not replicas (each rank holds its own shard), so
@@ -256,20 +257,23 @@ def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, No
     applied first); return their shared :class:`CompressionState` (arguments as its).
 
     HSDP (``fully_shard`` on a ``("replicate", "shard")`` mesh): the all-reduce across replicas
-    compressed instead, FSDP's reduce-scatter left dense (:mod:`hvdcompress.torch.hsdp`:
-    ``compression``, ``optimizer``, ``collective`` and ``check_replicas`` as the DDP hook's).
+    compressed instead (:mod:`hvdcompress.torch.hsdp`: ``compression``, ``optimizer``, ``collective``
+    and ``check_replicas`` as the DDP hook's); FSDP's reduce-scatter left dense, or compressed with
+    ``intra_node=`` over the shard dimension (with ``block``; :mod:`hvdcompress.torch.hsdp_in_node`).
     ``all_gather``: Int8() or Int4() quantises FULL_SHARD's parameter all-gathers (module doc).
     ``scaler``: a ``torch.amp.GradScaler``, with ``optimizer`` (the one it steps), on both;
     ``clip_grad_norm``: HSDP's (clipped as the DDP hook clips, on each replica's whole gradient)."""
     from torch.distributed.fsdp import FSDPModule
     hsdp.refuse_hybrid_shard(module)
     if hsdp.is_hsdp(module):
-        given = {"process_group": process_group, "intra_node": intra_node, "ranks_per_node": ranks_per_node,
-                 "all_gather": all_gather}
-        if any(v is not None for v in given.values()) or block != 4096:
+        given = {"process_group": process_group, "ranks_per_node": ranks_per_node, "all_gather": all_gather}
+        if any(v is not None for v in given.values()) or (block != 4096 and intra_node is None):
             raise ValueError(f"compress: {given} / block={block} with HSDP: the replicate all-reduce runs over "
-                             "the mesh's replicate group as a flat exchange; leave them at their defaults")
-        return hsdp.compress(module, compression, optimizer, collective, check_replicas, scaler, clip_grad_norm)
+                             "the mesh's replicate group as a flat exchange; leave them at their defaults "
+                             "(block= is intra_node='s)")
+        in_node = None if intra_node is None else (lambda group: CompressionState(group, intra_node, block))
+        return hsdp.compress(module, compression, optimizer, collective, check_replicas, scaler, clip_grad_norm,
+                             in_node)
     if clip_grad_norm is not None:
         raise ValueError(f"compress: clip_grad_norm={clip_grad_norm!r} is HSDP's: under FULL_SHARD no rank sees the "
                          "whole gradient before the first unit's reduce-scatter; clip the exchanged shards with "

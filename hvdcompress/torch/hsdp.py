@@ -31,7 +31,13 @@ replica 0's). ``state_dict()`` (this rank's) resumes at the same mesh on the sam
 Every load is all or nothing: a refused checkpoint raises a ``ValueError`` naming the entry and
 changes nothing. Each parameter's shard
 is compressed and launched as FSDP assigns its gradient (a post-accumulate-grad hook); the end
-of the backward pass decodes the averages into the gradients (FSDP's reduce-scatter stays dense).
+of the backward pass decodes the averages into the gradients.
+
+FSDP's reduce-scatter (inside the node) stays dense, or with ``intra_node=`` (a compressor the
+sharded reduce-scatter takes, e.g. ``Int8()``, ``{"compressor": "bf16"}``) runs as FULL_SHARD's
+compressed reduce-scatter over the shard group (:mod:`hvdcompress.torch.hsdp_in_node`): the state
+owns it (:attr:`HSDPState.in_node`; bytes in :attr:`HSDPState.in_node_bytes` and ``total_bytes``;
+its state in the checkpoints, entry ``'in_node'``, resumed at the same mesh only).
 
 Memory: residuals and FrozenAdam's state are of the shard's size, 1/S of the model per rank.
 
@@ -55,6 +61,7 @@ from ..contract.compressor import Compressor
 from ..engines.accounting import ByteCount
 from ..state import mesh as mesh_state
 from ..transport.objects import allgather_object
+from . import hsdp_in_node
 from .ddp import CompressionState
 from .dist_collectives import DistCollectives
 from .tensors import CONVERSIONS, OPS, local, weak_hook
@@ -96,21 +103,26 @@ class HSDPState(CompressionState):
     hook's, on the replica's whole gradient: the norm's square summed over the shard group (one
     scalar all-reduce inside the node). Other arguments as :class:`~hvdcompress.torch.ddp.CompressionState`'s.
 
-    ``total_bytes`` / ``last_step_bytes``: this rank's dense versus sent bytes of the compressed
-    all-reduce (the only collective the state compresses); :attr:`cross_node_bytes`: what
-    crosses the replicate dimension, ``dense`` being what FSDP's own all-reduce sends there.
+    ``in_node``: the in-node reduce-scatter's :class:`hvdcompress.torch.fsdp.CompressionState`
+    over ``shard_group`` (``intra_node=``; None: FSDP's own, dense). ``total_bytes`` /
+    ``last_step_bytes``: this rank's dense versus sent bytes of the compressed collectives (the
+    replicate all-reduce, plus the in-node reduce-scatter's :attr:`in_node_bytes`);
+    :attr:`cross_node_bytes`: what crosses the replicate dimension, ``dense`` being what FSDP's
+    own all-reduce sends there.
     """
 
     def __init__(self, module: torch.nn.Module, replicate_group: Any, shards: int, shard_group: Any,
                  compression: Union[Compressor, Mapping, None] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, collective: str = "auto",
                  check_replicas: Optional[int] = None, scaler: Optional[torch.amp.GradScaler] = None,
-                 clip_grad_norm: Optional[float] = None):
+                 clip_grad_norm: Optional[float] = None, in_node: Optional[Any] = None):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         super().__init__(replicate_group, compression, optimizer, collective, named_parameters=named,
                          check_replicas=check_replicas, scaler=scaler, clip_grad_norm=clip_grad_norm)
         self._shards, self._shard_group = shards, shard_group
         self._fsdp_dense = 0   # bytes FSDP's all-reduce would have sent, since construction
+        self.in_node = in_node
+        self._in_node_fresh = None if in_node is None else in_node.state_dict()   # a load without one
         _STATES[module] = self   # alive with the model: its replicas never silently drift apart
         for _, p in named:
             p.register_post_accumulate_grad_hook(weak_hook(self, "_accumulated"))
@@ -120,8 +132,17 @@ class HSDPState(CompressionState):
         """This rank's bytes across the replicate dimension since construction: ``dense`` =
         FSDP's all-reduce of each padded shard (dim 0 padded to a multiple of the shards, in the
         gradient's dtype), ``sent`` = the compressed payloads."""
-        total = self.total_bytes
+        total = self.driver.total_bytes
         return ByteCount(self._fsdp_dense, total.sent, total.steps)
+
+    in_node_bytes = property(lambda self: hsdp_in_node.bytes_of(self.in_node),
+                             doc="this rank's dense (float32 flat unit gradients) versus sent bytes of the "
+                                 "in-node reduce-scatter since construction (zero without intra_node=)")
+    total_bytes = property(lambda self: self.driver.total_bytes.plus(self.in_node_bytes),
+                           doc="this rank's dense versus sent bytes since construction, both collectives")
+    last_step_bytes = property(lambda self: self.driver.last_step_bytes.plus(
+        hsdp_in_node.bytes_of(self.in_node, last=True)),
+                               doc="this rank's dense versus sent bytes of the last step, both collectives")
 
     def _accumulated(self, p: torch.Tensor) -> None:
         """FSDP assigned ``p.grad`` (this rank's shard of the shard dimension's mean): launch its
@@ -150,11 +171,13 @@ class HSDPState(CompressionState):
         (``'tensors'``, and ``'mesh'`` its replica and shard) or, with ``gather=True``, every rank's
         (a collective over the whole mesh; the same on every rank): ``'shards'``, a list over the
         shards of the list over the replicas of their states, as :func:`hvdcompress.state.mesh.for_shard`
-        reads it."""
+        reads it. With ``intra_node=``, ``'in_node'``: :func:`hvdcompress.torch.hsdp_in_node.save`."""
         own = super().state_dict(gather)
         own["mesh"] = {"replicas": self.driver.comm.world, "shards": self._shards}
+        like = torch.zeros(1, device=self._device())
+        if self.in_node is not None:
+            own["in_node"] = hsdp_in_node.save(self.in_node, gather, self.process_group, like)
         if gather:
-            like = torch.zeros(1, device=self._device())
             own["shards"] = allgather_object(own.pop("ranks"), DistCollectives(self._shard_group), OPS, like)
         else:
             own["mesh"].update(replica=self.driver.comm.rank, shard=dist.get_rank(self._shard_group))
@@ -164,11 +187,17 @@ class HSDPState(CompressionState):
         """Restore :meth:`state_dict`'s output, all or nothing: a gathered one at any mesh (this
         rank's shard cut from every shard's state, :func:`hvdcompress.state.mesh.for_shard`, then the
         replicas as the DDP hook's load redistributes them); one rank's on the same shard of the
-        same number of shards and replicas.
+        same number of shards and replicas; the in-node state at the same mesh only (a checkpoint
+        without one starts it afresh).
         A refused one raises a ``ValueError`` naming the entry and changes nothing. Local."""
-        own = mesh_state.for_shard(state_dict, CONVERSIONS, self.driver.tensors, self._shards,
+        mine = hsdp_in_node.chosen(self.in_node, state_dict, (self.driver.comm.world, self._shards),
+                                   self.driver.comm.rank, self._in_node_fresh)
+        rest = dict(state_dict) if isinstance(state_dict, Mapping) else state_dict
+        if isinstance(rest, dict):
+            rest.pop("in_node", None)
+        own = mesh_state.for_shard(rest, CONVERSIONS, self.driver.tensors, self._shards,
                                    dist.get_rank(self._shard_group))
-        super().load_state_dict(own)
+        hsdp_in_node.load(self.in_node, mine, lambda: super(HSDPState, self).load_state_dict(own))
 
 
 def refuse_hybrid_shard(module: torch.nn.Module) -> None:
@@ -229,12 +258,17 @@ def take_replicate_all_reduce(module: torch.nn.Module) -> tuple:
 def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, None] = None,
              optimizer: Optional[torch.optim.Optimizer] = None, collective: str = "auto",
              check_replicas: Optional[int] = None, scaler: Optional[torch.amp.GradScaler] = None,
-             clip_grad_norm: Optional[float] = None) -> HSDPState:
+             clip_grad_norm: Optional[float] = None, in_node: Optional[Any] = None) -> HSDPState:
     """Compress the replicate all-reduce of an FSDP2 HSDP ``module`` (``fully_shard`` applied to
     its layers and itself on a ``("replicate", "shard")`` mesh, before its first forward);
     returns the :class:`HSDPState`. ``optimizer``: the one stepping ``module`` (SGD: the
     momentum take-over; Adam/AdamW: needed by FrozenAdam; needed by ``scaler``, a
-    ``torch.amp.GradScaler`` handled as by the DDP hook)."""
+    ``torch.amp.GradScaler`` handled as by the DDP hook). ``in_node``: ``factory(shard_group)``
+    building the in-node reduce-scatter's state (``fsdp.compress``'s ``intra_node=``), or None."""
+    intra = None if in_node is None else hsdp_in_node.build(in_node, module, scaler)   # before FSDP changes
     group, shards, shard_group = take_replicate_all_reduce(module)
-    return HSDPState(module, group, shards, shard_group, compression, optimizer, collective, check_replicas,
-                     scaler, clip_grad_norm)
+    state = HSDPState(module, group, shards, shard_group, compression, optimizer, collective, check_replicas,
+                      scaler, clip_grad_norm, intra)
+    if intra is not None:
+        hsdp_in_node.install(module, intra)
+    return state

@@ -10,7 +10,8 @@ averaged gradient (error feedback's conservation). ``dense_*``: FSDP's own HSDP,
 sizes of its replicate all-reduce (``set_all_reduce_hook``). ``resume:*``: the state saved after
 half the steps and loaded into a fresh model gives the bits of the run straight through;
 ``remesh:*``: a gathered checkpoint of the 2 x 2 mesh loaded at 1 x 4, 4 x 1, 1 x 2 and 2 x 1
-(tests/fsdp/hsdp_remesh.py). Then the refusal of FSDP1 HYBRID_SHARD, and last the replica check
+(tests/fsdp/hsdp_remesh.py); ``in_node:*``: ``intra_node=``, FSDP's reduce-scatter compressed too
+(tests/fsdp/hsdp_in_node.py). Then the refusal of FSDP1 HYBRID_SHARD, and last the replica check
 on a perturbed replica.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from hsdp_in_node import in_node  # noqa: E402
 from hsdp_remesh import remesh  # noqa: E402
 from hvdrun import write_result  # noqa: E402
 
@@ -78,15 +80,16 @@ def optimizer(kind: str, model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.9, 0.95), weight_decay=0.01)
 
 
-def build(mesh, compression, kind: str, check_replicas=None, prepare=None):
+def build(mesh, compression, kind: str, check_replicas=None, prepare=None, intra_node=None):
     """(model, optimizer, state); ``prepare(model)`` runs before ``fsdp.compress`` (its hooks
-    run before the state's); ``compression`` "dense": FSDP's own HSDP, no state."""
+    run before the state's); ``compression`` "dense": FSDP's own HSDP, no state; ``intra_node``:
+    the in-node reduce-scatter's compressor (tests/fsdp/hsdp_in_node.py)."""
     model = hsdp_model(mesh)
     opt = optimizer(kind, model)
     if prepare is not None:
         prepare(model)
     state = None if compression == "dense" else fsdp.compress(model, compression=compression, optimizer=opt,
-                                                              check_replicas=check_replicas)
+                                                              check_replicas=check_replicas, intra_node=intra_node)
     return model, opt, state
 
 
@@ -292,6 +295,8 @@ def main() -> None:
         write_result(rank, {"case": f"resume:{case}", "straight": straight, "resumed": resumed})
     worker = SimpleNamespace(build=build, train=train, hsdp_model=hsdp_model, optimizer=optimizer, FROZEN=FROZEN)
     for record in remesh(worker, mesh, rank, dist.get_world_size()):
+        write_result(rank, record)
+    for record in in_node(worker, mesh, rank, steps):
         write_result(rank, record)
     write_result(rank, {"case": "clip", **clipped(mesh, rank, steps)})
     for case, overflow in (("amp", False), ("amp_overflow", True)):

@@ -114,3 +114,25 @@ def test_the_sharded_reduce_scatter_takes_what_declares_a_fixed_size_payload():
         check_sharded(Varying(0.1))
     with pytest.raises(ValueError, match="takes the optimizer's momentum or Adam over"):
         check_sharded(hvdcompress.FrozenAdam(TopK(0.1)))
+
+
+def test_the_sharded_reduce_scatter_warns_for_what_does_not_declare_keeps_precision():
+    """Onebit and top-k (what drops or signs most of each element) converged far from dense
+    under FSDP (benchmarks/README.md section 11): a warning naming the compressor; the
+    compressors that declare keeps_precision (int8, fp16, bf16, none) and a user's own that
+    declares it pass silently."""
+    import warnings
+
+    from hvdcompress.engines.reduce_scatter import check_sharded
+
+    class Precise(TopK):
+        name = "precise_not_registered"
+        keeps_precision = True
+
+    for c in (ErrorFeedback(hvdcompress.OneBit()), ErrorFeedback(TopK(0.05)), hvdcompress.Int4()):
+        with pytest.warns(UserWarning, match="drops or signs most of each element"):
+            check_sharded(c)
+    for c in (hvdcompress.Int8(), hvdcompress.FP16(), hvdcompress.BF16(), hvdcompress.NoCompression(), Precise(0.1)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            check_sharded(c)

@@ -30,6 +30,7 @@ class Cast(Compressor):
     carrier: Optional[str] = None  # a same-width dtype Horovod can gather, when it cannot sum wire_dtype
     fixed_size_payload = True
     adam_needs = AdamNeeds(wide=True)
+    keeps_precision = True
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         check_float_tensor(ops, x, info)

@@ -30,6 +30,7 @@ class Int8(Compressor):
 
     name = "int8"
     bits = 8
+    keeps_precision = True
     supports_alltoall = True
     fixed_size_payload = True
 
@@ -64,3 +65,4 @@ class Int4(Int8):
 
     name = "int4"
     bits = 4
+    keeps_precision = False

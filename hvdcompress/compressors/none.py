@@ -15,6 +15,7 @@ class NoCompression(Compressor):
     fixed_size_payload = True
     summable_payload = True
     adam_needs = AdamNeeds(wide=True)
+    keeps_precision = True
 
     def compress(self, ops: Ops, x: Tensor, state: dict, info: TensorInfo) -> Packet:
         return Packet([x], None, summable=True)

@@ -130,6 +130,9 @@ class Compressor(ABC):
       takes_over_adam: the compressor steps Adam itself (:class:`hvdcompress.adam.frozen.FrozenAdam`).
       adam_needs: what the Adam take-over must know of the algorithm (:class:`AdamNeeds`).
       clip_norm: the local gradient clipping the algorithm applies itself (DGC's), or None.
+      keeps_precision: every element travels with 8 bits or more of its value (none dropped or
+        reduced to a sign or a few levels), so the error of one step stays small without error
+        feedback (none, fp16, bf16, int8): what the sharded reduce-scatter holds well.
 
     The defaults are the safe ones: a new compressor runs on the flat exchange (allgather, or
     allreduce where its packets say so) until it declares more.
@@ -146,6 +149,7 @@ class Compressor(ABC):
     takes_over_adam: bool = False
     adam_needs: AdamNeeds = AdamNeeds()
     clip_norm: Optional[float] = None
+    keeps_precision: bool = False
 
     @property
     def explicit_momentum(self) -> Optional[float]:

@@ -333,9 +333,10 @@ def test_from_params_and_defaults():
 @pytest.mark.parametrize("b2, live, mild", [(0.95, 256, "Int8"), (0.99, 256, "Int8"), (0.998, 256, "Int8"),
                                              (0.9985, 512, "Int4"), (0.999, 512, "Int4")])
 @pytest.mark.parametrize("params, short, world", [({"compressor": "topk", "k": "0.01", "ef": "vanilla"}, 256, 2),
+                                                  ({"compressor": "powersgd", "rank": "4"}, 128, 2),
                                                   ({"compressor": "onebit", "ef": "vanilla"}, 128, 4)])
 def test_the_warm_up_waits_longer_with_int4_where_v_forms_slowly(b2, live, mild, params, short, world):
-    """Around top-k (any number of ranks) and onebit (from 4 ranks) the first step's
+    """Around top-k and PowerSGD (any number of ranks) and onebit (from 4 ranks) the first step's
     b2 sets W, the warm-up compressor and the first interval after W: 512 live steps sent int4,
     then a v-step every 16th (top-k: 2nd), where 1/(1-b2) > 512, else 256 int8 (top-k) or 128
     int8, then every 2nd; a checkpoint brings them back with b2. Onebit at 2 ranks, the other compressors,
@@ -359,7 +360,6 @@ def test_the_warm_up_waits_longer_with_int4_where_v_forms_slowly(b2, live, mild,
     live = long_warmup(b2, 256)   # top-k's, below
     for other, want in ((hc.FrozenAdam(hc.ErrorFeedback(hc.OneBit())), (128, "Int8")),
                         (hc.FrozenAdam(hc.Int8()), (128, "Int8")),
-                        (hc.FrozenAdam(hc.PowerSGD(4)), (128, "Int8")),   # every b2 (variance.py)
                         (hc.FrozenAdam(hc.TopK(0.01), live_steps=300), (300, "Int8")),
                         (hc.FrozenAdam(hc.TopK(0.01), warmup="int8"), (live, "Int8")),
                         (hc.FrozenAdam(hc.TopK(0.01), warmup="none"), (live, "NoneType")),

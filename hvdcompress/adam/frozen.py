@@ -56,7 +56,7 @@ statistic of v (a reduction over every tensor and a host read), so every rank an
 the gradients from one sample per interval, and the EF residual meets its refreshes.
 
 Why int8 for the v-steps: 4x fewer bytes, stateless (the decoded mean is the gradient up to
-(max-min)/510 per element); int4 (8x) for the long warm-up at b2 > 0.998 (top-k, onebit
+(max-min)/510 per element); int4 (8x) for the long warm-up at b2 > 0.998 (top-k, PowerSGD, onebit
 from the ranks its ``adam_needs`` names: :mod:`~hvdcompress.adam.variance`). The compressed allreduce re-sends a v-step's
 reduced segment int4 in chunks of :data:`SERVER_INT4_CHUNK` = 64: that error lands on the mean
 whole, where the ranks' is averaged over N, so it takes finer chunks (a min-max code's error is
@@ -163,7 +163,7 @@ class FrozenAdam(Decorator):
     min-max, :mod:`~hvdcompress.compressors.int8`), ``"none"`` (dense), or ``"auto"`` (default):
     dense where ``inner`` sends 16 bits or more, int4 in the long warm-up, else int8.
     ``live_steps``: W, the v-steps at the start (None: 512, the long warm-up, at b2 > 0.998 around
-    top-k and onebit from 4 ranks (:meth:`_follow`), else 256 around top-k, 128).
+    top-k, PowerSGD and onebit from 4 ranks (:meth:`_follow`), else 256 around top-k, 128).
     ``min_numel``: tensors with fewer elements run live Adam at every step (default
     :data:`MIN_NUMEL`). From strings: ``{"compressor": "onebit",
     "ef": "vanilla", "adam": "frozen", "freeze_steps": "100", "adam_send": "gradient", "adam_warmup":

@@ -30,16 +30,13 @@ back for bytes: the int8 v-steps, 1/4 of dense's bytes each, are most of what is
 step added to W costs the ratio directly (W = 384 would send 1/8.5 of dense's bytes).
 
 Where v's time constant 1/(1-b2) is over 512 steps (b2 > 0.998, :func:`long_warmup`), top-k
-waits longer, W = 512, and its v-steps send 4-bit min-max codes
+and PowerSGD wait longer, W = 512, and their v-steps send 4-bit min-max codes
 (:class:`~hvdcompress.compressors.int8.Int4`, 1/8 of dense's bytes; FrozenAdam's
 ``warmup="auto"``): at b2 0.999, 256 steps leave v formed to 1 - b2^256 = 23%, 512 to 40%, and
-its error feedback's late mass costs less the later and the smaller the learning rate it meets.
-The trade-off: int4's error per element, (max-min)/30 of its chunk against int8's /510, for
-twice the steps at the same bytes. Not at b2 0.95: v follows ~20 steps there, and with it the
-4-bit codes' fixed error. PowerSGD keeps the 128 int8 steps at every b2: its error feedback
-sends every coordinate each step (a rank-r approximation of the whole residual), so it has no
-late mass for the longer warm-up to absorb, and int4's error enters the low-rank factors it
-refines from step to step.
+the transition costs less the later and the smaller the learning rate it meets (551 v-steps of
+1,000). The trade-off: int4's error per element, (max-min)/30 of its chunk against int8's /510,
+for twice the steps at the same bytes (512 int8 steps would send 1/6.8 of dense's bytes). Not
+at b2 0.95: v follows ~20 steps there, and with it the 4-bit codes' fixed error.
 
 Onebit takes the long warm-up from 4 ranks on (``OneBit.adam_needs``): after 128 steps its
 first compressed steps would meet a v formed to 1 - 0.999^128 = 12%. Its v-steps cross the
@@ -84,7 +81,7 @@ LONG_FIRST = 16    # F after the long warm-up (module doc)
 
 
 def long_warmup(beta2: float, short: int) -> int:
-    """W around top-k (``short`` 256) or onebit (128) for this b2 (module doc): 512 where
+    """W around top-k (``short`` 256) or PowerSGD (128) for this b2 (module doc): 512 where
     1/(1 - b2) > 512 (b2 > 0.998), else ``short``."""
     return LONG_WARMUP if beta2 >= 1.0 or 1.0 / (1.0 - beta2) > LONG_WARMUP else short
 

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..contract.compressor import Compressor, Packet, TensorInfo
+from ..contract.compressor import AdamNeeds, Compressor, Packet, TensorInfo
 from ..contract.keys import advance_step, generator, tensor_id
 from ..contract.validation import check_bool, check_int
 from ..ops.facade import Ops, Tensor
@@ -48,6 +48,7 @@ class PowerSGD(OwnResidual, Compressor):
     """Rank-``rank`` PowerSGD with error feedback; ``warm_start`` reuses Q across steps."""
 
     name = "powersgd"
+    adam_needs = AdamNeeds(long_warmup_ranks=1)
     fusable = False   # its factors need each tensor's matrix shape
 
     def __init__(self, rank: int = 1, warm_start: bool = True, seed: int = 0):

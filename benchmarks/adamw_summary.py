@@ -45,12 +45,9 @@ BYTES_TARGET = 10.0
 METHODS = {"onebit + EF": "onebit-ef-adam", "top-k 1% + EF": "topk-ef-adam",
            "PowerSGD rank 4": "powersgd-adam", "int8": "int8-adam"}
 
-#: alternatives to a default, measured in the same launches: row -> (its compressor, its method's
-#: key; ``powersgd-adam@long-warmup``: PowerSGD's default before it kept 128 int8 live steps at
-#: every b2, recorded under that key in the launches that ran it)
+#: alternatives to a default, measured in the same launches: row -> (its compressor, its method)
 VARIANTS = {"top-k 1% + EF, 128 int8 live steps": ("top-k 1% + EF", "topk:k=0.01:ef=vanilla:adam=frozen:adam_live_steps=128"),
-            "PowerSGD rank 4, the former 512 int4 live steps above b2 0.998": ("PowerSGD rank 4",
-                                                                               "powersgd-adam@long-warmup")}
+            "PowerSGD rank 4, 128 int8 live steps": ("PowerSGD rank 4", "powersgd:rank=4:adam=frozen:adam_live_steps=128")}
 
 #: the flags every launch shares (convergence.py --task lm)
 COMMON = ("--task", "lm", "--optimizer", "adamw", "--steps", "1000", "--weight-decay", "0.01")

@@ -70,7 +70,7 @@ def check_sharded(compressor: Compressor) -> Compressor:
                       "or signs most of each element converged far from dense FSDP on the benchmarks even with "
                       "error feedback (no momentum or Adam take-over: the optimizer state is sharded); int8, "
                       "fp16 and bf16 hold. Under HSDP, compress the all-reduce across nodes instead "
-                      "(docs/fsdp.md)", UserWarning, stacklevel=3)
+                      "(docs/fsdp.md)", UserWarning)
     return compressor
 
 

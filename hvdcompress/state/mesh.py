@@ -213,15 +213,15 @@ def for_shard(own: Any, conv: Conversions, params: Optional[list], shards: int, 
     replicas, saved_shards = _check_mesh(own, who)
     rest = {k: v for k, v in own.items() if k not in ("mesh", "shards")}
     grid = own["shards"]
+    shapes = None if params is None else {n: tuple(s) for n, s, _ in params}
     if params is not None:   # every shard's sizes, so that every rank refuses the same checkpoint
         _check_params(own.get("params"), params, who)
-        _check_sizes(grid, {n: tuple(s) for n, s, _ in params}, replicas, conv, who)
+        _check_sizes(grid, shapes, replicas, conv, who)
     if saved_shards == shards:
         return {**rest, "ranks": grid[shard]}
     if params is None:
         raise ValueError(f"{who}: a checkpoint of {saved_shards} shards at {shards} shards is cut by the "
                          "parameters' shapes, which this run does not know yet")
-    shapes = {n: tuple(s) for n, s, _ in params}
     names = sorted({n for per_shard in grid for states in per_shard for n in states})
     ranks: list = [{} for _ in range(replicas)]
     for name in names:

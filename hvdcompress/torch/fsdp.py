@@ -53,9 +53,8 @@ from ..state import store as state_store
 from ..step.driver import StepDriver
 from ..step.frontend import FrontEnd
 from ..step.options import parse_options
-from . import fsdp_gather, hsdp
+from . import fsdp_gather, fsdp_reduce_scatter, hsdp
 from .dist_collectives import DistCollectives, node_collectives, whole_group
-from .fsdp_reduce_scatter import CompressedReduceScatter
 from .grad_scaler import enabled_scaler, scaler_link
 from .tensors import CONVERSIONS, OPS
 
@@ -263,7 +262,6 @@ def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, No
     ``all_gather``: Int8() or Int4() quantises FULL_SHARD's parameter all-gathers (module doc).
     ``scaler``: a ``torch.amp.GradScaler``, with ``optimizer`` (the one it steps), on both;
     ``clip_grad_norm``: HSDP's (clipped as the DDP hook clips, on each replica's whole gradient)."""
-    from torch.distributed.fsdp import FSDPModule
     hsdp.refuse_hybrid_shard(module)
     if hsdp.is_hsdp(module):
         given = {"process_group": process_group, "ranks_per_node": ranks_per_node, "all_gather": all_gather}
@@ -282,14 +280,13 @@ def compress(module: torch.nn.Module, compression: Union[Compressor, Mapping, No
         raise ValueError("compress: optimizer= and collective= are HSDP's (the replicate all-reduce); the "
                          "compressed reduce-scatter of FULL_SHARD takes optimizer= only with scaler=")
     gather_codec = fsdp_gather.codec(module, all_gather)
-    units = [(name or "root", m) for name, m in module.named_modules() if isinstance(m, FSDPModule)]
+    units = fsdp_reduce_scatter.units(module)
     if not units:
         raise ValueError(f"compress: no FSDPModule under {type(module).__name__}; apply "
                          "torch.distributed.fsdp.fully_shard to it (and its layers) first")
     state = CompressionState(process_group, compression, block, check_replicas, intra_node, ranks_per_node,
                              scaler, optimizer)
-    for name, m in units:
-        m.set_custom_reduce_scatter(CompressedReduceScatter(state, name))
+    fsdp_reduce_scatter.install(units, state)
     fsdp_gather.install(units, gather_codec, state.all_gather_bytes)
     return state
 

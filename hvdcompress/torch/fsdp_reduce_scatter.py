@@ -8,6 +8,19 @@ import torch
 import torch.distributed as dist
 
 
+def units(module: torch.nn.Module) -> list:
+    """``(name, FSDPModule)`` of every ``FSDPModule`` under ``module``, named by its module path
+    (the root ``root``): the units of the compressed reduce-scatter's state, in module order."""
+    from torch.distributed.fsdp import FSDPModule
+    return [(name or "root", m) for name, m in module.named_modules() if isinstance(m, FSDPModule)]
+
+
+def install(found: list, state: Any) -> None:
+    """``state``'s compressed reduce-scatter on each of the :func:`units` ``found``."""
+    for name, m in found:
+        m.set_custom_reduce_scatter(CompressedReduceScatter(state, name))
+
+
 class CompressedReduceScatter:
     """FSDP2's reduce-scatter communication (``FSDPModule.set_custom_reduce_scatter``) for one
     module, through ``state``: ``allocate`` plain buffers; ``__call__`` the compressed

@@ -26,8 +26,8 @@ import torch
 
 from ..engines.accounting import ByteCount
 from ..transport.objects import allgather_object
+from . import fsdp_reduce_scatter
 from .dist_collectives import DistCollectives
-from .fsdp_reduce_scatter import CompressedReduceScatter
 from .tensors import OPS
 
 
@@ -49,12 +49,9 @@ def build(factory: Callable[[Any], Any], module: torch.nn.Module, scaler: Any) -
 
 
 def install(module: torch.nn.Module, state: Any) -> None:
-    """``state``'s compressed reduce-scatter on every ``FSDPModule`` under ``module`` (units named
-    by their module paths, the root ``root``, as :func:`hvdcompress.torch.fsdp.compress` names them)."""
-    from torch.distributed.fsdp import FSDPModule
-    for name, m in module.named_modules():
-        if isinstance(m, FSDPModule):
-            m.set_custom_reduce_scatter(CompressedReduceScatter(state, name or "root"))
+    """``state``'s compressed reduce-scatter on every ``FSDPModule`` under ``module``, units named
+    as :func:`hvdcompress.torch.fsdp.compress` names them."""
+    fsdp_reduce_scatter.install(fsdp_reduce_scatter.units(module), state)
 
 
 def bytes_of(state: Optional[Any], last: bool = False) -> ByteCount:

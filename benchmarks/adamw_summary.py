@@ -6,7 +6,8 @@ for each compressor, at 2 and 8 ranks, AdamW's betas (0.9, 0.95) and (0.9, 0.999
 - :data:`TUNING`: the tasks the take-over's defaults may be chosen on (the benchmarks' LSTM and
   transformer on torch's docstrings).
 - :data:`VALIDATION`: tasks never used to choose them (another corpus, Python's own pydoc topics;
-  a wider LSTM at twice the batch; the transformer through the DDP hook at another clip). A
+  a wider LSTM at twice the batch, with the benchmarks' cosine learning rate and at a constant one,
+  as a plain training loop runs; the transformer through the DDP hook at another clip). A
   change to a default counts when it holds or improves this set.
 
 A cell reads ``mean ± spread (ratio)`` over its seeds (spread: half the range; the ratio the
@@ -78,6 +79,9 @@ VALIDATION = {
     "transformer-ddp": Task("transformer, DDP hook, clip 1, python-docs",
                             ("--model", "transformer", "--embed", "128", "--lr", "0.001", "--clip", "1.0",
                              "--corpus", "python-docs"), ddp=True),
+    "lstm256-constant": Task("LSTM 256, batch 32, python-docs, constant lr",
+                             ("--model", "lstm", "--hidden", "256", "--batch", "32", "--lr", "0.002", "--clip",
+                              "0.5", "--corpus", "python-docs", "--schedule", "constant")),
 }
 
 SETS = {"tuning": TUNING, "validation": VALIDATION}

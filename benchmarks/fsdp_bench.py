@@ -5,7 +5,7 @@
 For each rank count, one launch (:mod:`benchmarks.netem`: each rank in its own network namespace
 on a ``--rate`` link, torch.distributed over Gloo) trains examples/lm_train.py's byte-level LSTM
 under FSDP2 (``fully_shard`` on each child module and on the model) with SGD (lr 1, momentum
-0.9, clip 0.25: the LM benchmark's settings), once per method, in turn:
+0.9, clip 0.25: the LM benchmark's settings; ``--adamw``: AdamW as under ``--hsdp``), once per method, in turn:
 
 * ``dense``: FSDP's own reduce-scatter (float32);
 * ``bf16``: FSDP's bf16 communication (``MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)``,
@@ -15,7 +15,8 @@ under FSDP2 (``fully_shard`` on each child module and on the model) with SGD (lr
   (``fsdp.compress(..., all_gather=Int8())``); its bytes are every collective's.
 
 ``--hsdp`` (issue 54): HSDP instead, 2 replicas x P/2 shards (``fully_shard(..., mesh=(replicate,
-shard))``), AdamW (lr 0.002, betas 0.9 and ``--beta2``, no clip), methods ``dense`` (FSDP's own HSDP), ``int8``,
+shard))``), AdamW (lr 0.002, betas 0.9 and ``--beta2``, no clip; ``--schedule cosine``: the learning rate
+decays as convergence.py's, else it stays constant), methods ``dense`` (FSDP's own HSDP), ``int8``,
 ``onebit_ef_adam`` and ``topk_ef_adam`` (1%; both with FrozenAdam): the replicate all-reduce compressed
 (:mod:`hvdcompress.torch.hsdp`); bytes are those across the replicate dimension
 (``state.cross_node_bytes``; dense HSDP's measured with ``set_all_reduce_hook``).
@@ -123,17 +124,21 @@ def worker(args) -> None:
             gather = {"all_gather": hc.Int8()} if method == "int8_ag" else {}
             state = fsdp.compress(model, compression=compression(method), block=args.block, **gather) \
                 if compression(method) else None
-            opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+            opt = torch.optim.AdamW(model.parameters(), lr=args.adam_lr, betas=(0.9, args.beta2)) \
+                if args.adamw else torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         gen = torch.Generator().manual_seed(args.seed + rank)
         dense_step = 4 * sum(p.numel() for p in model.parameters())   # the unsharded gradients (DTensor: global numel)
-        times = []
-        for _ in range(args.steps):
+        times, lr = [], opt.param_groups[0]["lr"]
+        for step in range(args.steps):
+            if args.schedule == "cosine":   # convergence.py's: lr·(1 + cos(π·t/T))/2
+                for group in opt.param_groups:
+                    group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / args.steps))
             x, y = sample_batch(train, args.batch, args.seq_len, gen)
             begin = time.perf_counter()
             opt.zero_grad()
             loss = lm_loss(model, x, y)
             loss.backward()
-            if not args.hsdp:
+            if not args.hsdp and not args.adamw:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             opt.step()
             times.append(time.perf_counter() - begin)
@@ -161,7 +166,7 @@ def sweep(args) -> dict:
     for np_ in args.nps:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--methods", args.methods,
                "--steps", str(args.steps), "--seed", str(args.seed), "--block", str(args.block)] + \
-            ["--beta2", str(args.beta2)] + (["--hsdp"] if args.hsdp else [])
+            ["--beta2", str(args.beta2), "--schedule", args.schedule] + (["--hsdp"] if args.hsdp else []) + (["--adamw"] if args.adamw else [])
         res = launch(cmd, np_, args.rate, timeout=args.timeout, echo=False, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if not res.ok:
             raise SystemExit(f"fsdp_bench: np {np_} failed:\n{res.outputs[res.failed_rank][-4000:]}")
@@ -186,7 +191,11 @@ def main() -> None:
     ap.add_argument("--methods", default=None, help="comma-separated, from " + ",".join(METHODS)
                     + "; with --hsdp from " + ",".join(HSDP_METHODS))
     ap.add_argument("--hsdp", action="store_true", help="HSDP, 2 replicas x P/2 shards, AdamW (module doc)")
-    ap.add_argument("--beta2", type=float, default=0.95, help="AdamW's beta2 under --hsdp (beta1 0.9)")
+    ap.add_argument("--adamw", action="store_true",
+                    help="FULL_SHARD with AdamW (lr 0.002, betas 0.9 and --beta2, no clip) instead of SGD")
+    ap.add_argument("--beta2", type=float, default=0.95, help="AdamW's beta2 under --hsdp or --adamw (beta1 0.9)")
+    ap.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
+                    help="the learning rate: constant, or convergence.py's cosine decay over --steps")
     ap.add_argument("--block", type=int, default=4096, help="elements per compressed block (fsdp.compress's block=)")
     ap.add_argument("--nps", default="2,4", type=lambda s: [int(v) for v in s.split(",")])
     ap.add_argument("--rate", default="100mbit")

@@ -50,3 +50,11 @@ def test_the_launch_command_carries_the_task_and_the_front_end():
     assert flags["--betas"] == "0.9,0.999" and flags["--seed"] == "1"
     assert flags["--methods"].split(",") == ["hvd-dense"] + [f"ddp:{m}" for m in summary.METHODS.values()]
     assert flags["--json"].endswith("adamw_validation_transformer-ddp_b0999_np8_s1.json")
+
+
+def test_only_the_constant_lr_task_drops_the_cosine_schedule():
+    schedules = {name: dict(zip(cmd, cmd[1:])).get("--schedule", "cosine")
+                 for name in summary.VALIDATION
+                 for cmd in [summary.command("validation", name, 2, "0.95", 0)]}
+    assert schedules == {"lstm256": "cosine", "transformer-ddp": "cosine", "lstm256-constant": "constant"}
+    assert "--schedule" not in summary.command("tuning", "lstm", 2, "0.95", 0)

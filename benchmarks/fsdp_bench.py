@@ -17,7 +17,7 @@ under FSDP2 (``fully_shard`` on each child module and on the model) with SGD (lr
 ``--hsdp`` (issue 54): HSDP instead, 2 replicas x P/2 shards (``fully_shard(..., mesh=(replicate,
 shard))``), AdamW (lr 0.002, betas 0.9 and ``--beta2``, no clip; ``--schedule cosine``: the learning rate
 decays as convergence.py's, else it stays constant), methods ``dense`` (FSDP's own HSDP), ``int8``,
-``onebit_ef_adam`` and ``topk_ef_adam`` (1%; both with FrozenAdam): the replicate all-reduce compressed
+``int8_adam``, ``onebit_ef_adam`` and ``topk_ef_adam`` (1%; the last three with FrozenAdam): the replicate all-reduce compressed
 (:mod:`hvdcompress.torch.hsdp`); bytes are those across the replicate dimension
 (``state.cross_node_bytes``; dense HSDP's measured with ``set_all_reduce_hook``).
 
@@ -44,13 +44,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "examples")]
 METHODS = ("dense", "bf16", "int8", "int8_ag", "onebit_ef", "topk_ef")
-HSDP_METHODS = ("dense", "int8", "onebit_ef_adam", "topk_ef_adam")
+HSDP_METHODS = ("dense", "int8", "int8_adam", "onebit_ef_adam", "topk_ef_adam")
 
 
 def compression(method: str):
     import hvdcompress as hc
     return {"int8": hc.Int8(), "int8_ag": hc.Int8(), "onebit_ef": hc.ErrorFeedback(hc.OneBit()),
             "topk_ef": hc.ErrorFeedback(hc.TopK(0.05)),
+            "int8_adam": {"compressor": "int8", "adam": "frozen"},
             "onebit_ef_adam": {"compressor": "onebit", "ef": "vanilla", "adam": "frozen"},
             "topk_ef_adam": {"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"}}.get(method)
 

@@ -503,3 +503,29 @@ def test_the_step_driver_gives_its_world_to_the_take_over_when_it_builds_its_eng
     driver.rebuild()
     driver.engine
     assert (adam.world, adam.schedule.warmup, adam.schedule.first, type(adam.mild).__name__) == (2, 128, 2, "Int8")
+
+
+@pytest.mark.parametrize("inner, decays, warns", [
+    (lambda: hc.ErrorFeedback(hc.TopK(0.01)), False, True),
+    (lambda: hc.ErrorFeedback(hc.TopK(0.01)), True, False),
+    (lambda: hc.ErrorFeedback(hc.OneBit()), False, False),
+])
+def test_top_k_warns_once_when_the_lr_has_not_decayed_by_the_long_warm_up(inner, decays, warns):
+    """A constant lr through step 512 warns once around top-k; a decaying one, or onebit, does not."""
+    import warnings
+
+    from hvdcompress.adam.settings import AdamSettings
+    from hvdcompress.adam.variance import LONG_WARMUP
+    from hvdcompress.ops.torch_ops import TorchOps
+    ops, adam = TorchOps(), hc.FrozenAdam(inner(), freeze_steps=1)
+    x, w, state = torch.full((4,), 2.0), torch.zeros(4), {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t in range(1, LONG_WARMUP + 20):
+            lr = 0.1 * (1.0 - t / 2000.0) if decays else 0.1
+            adam.before_exchange(ops, x, state, AdamSettings(lr=lr, beta1=0.9, beta2=0.99, eps=1e-8), w)
+            adam.on_step()
+    found = [c for c in caught if "learning rate has stayed" in str(c.message)]
+    assert len(found) == (1 if warns else 0)
+    if warns:
+        assert "TopK" in str(found[0].message) and "0.1" in str(found[0].message)

@@ -93,6 +93,7 @@ tensor's compressor state (``adam.m``, ``adam.v``, ``adam.unit``), the step coun
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional
 
 from ..compressors.int8 import Int4, Int8
@@ -203,6 +204,7 @@ class FrozenAdam(Decorator):
         self.steps = 0
         self.beta2: Optional[float] = None   # the b2 of the schedule's intervals (the first step's, smallest)
         self.world: Optional[int] = None     # the ranks of the exchange (set_world; None: unknown, taken as 1)
+        self._lr_checked = False             # whether the lr was checked for decay (_check_decays)
         self.clip_scale = 1.0   # kappa: the clip coefficient of the exchanged mean at the last v-step
         self.lr_unit: Optional[float] = None   # L: the lr of the first compressed step (_unit)
         self._server: Optional[_Phased] = None
@@ -310,6 +312,7 @@ class FrozenAdam(Decorator):
             return x
         if settings.lr > 0.0:   # the run's lr unit L: the first compressed step's lr (the same on every rank)
             self.lr_unit = self.lr_unit or settings.lr
+            self._check_decays(settings.lr)
             ops.write(state, "adam.unit", state["adam.unit"] * 0.0 + settings.lr / self.lr_unit)
         unit = self._unit(state, settings)
         if self.send == "gradient":
@@ -319,6 +322,20 @@ class FrozenAdam(Decorator):
             return ops.where(v > 0.0, x / self._denominator(ops, state, settings) * unit,
                              ops.zeros(ops.numel(x), like=x))
         return (state["adam.m"] * settings.beta1 + x * (1.0 - settings.beta1)) * unit
+
+    def _check_decays(self, lr: float) -> None:
+        """Around a magnitude selection (top-k), a ``UserWarning`` once if the lr of the first compressed
+        step at or after step :data:`LONG_WARMUP` is still the first compressed step's: top-k sends a
+        coordinate about once in 1/k steps, so the parameters trail by ~1/k steps of updates, which a
+        decaying lr shrinks by the end of the run and a constant one keeps (docs/adam.md)."""
+        if self._lr_checked or self.steps + 1 < LONG_WARMUP:
+            return
+        self._lr_checked = True
+        if lr == self.lr_unit and self.inner.unwrap().adam_needs.selects_by_magnitude:
+            warnings.warn(f"FrozenAdam around {type(self.inner.unwrap()).__name__}: the learning rate has stayed "
+                          f"{lr!r} since the first compressed step; the take-over converges with top-k + error "
+                          "feedback under a decaying learning rate (cosine, linear decay), not a constant one: "
+                          "decay it, or use onebit or PowerSGD (docs/adam.md)", UserWarning, stacklevel=2)
 
     def _unit(self, state: dict, settings: AdamSettings) -> Any:
         """What a compressed step's exchange is multiplied by: lr / L, L the run's first compressed

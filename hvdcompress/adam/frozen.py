@@ -66,28 +66,21 @@ sum's bytes.
 Adam's own (L2) weight decay λ·w is the same on every rank: added exactly after the exchange.
 Since m is the same on every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression
 both placements, and both kinds of steps, are Adam (up to the rounding of u·x / u).
-
 ``clip_grad_norm`` (the wrappers'; :meth:`hvdcompress.step.driver.StepDriver.clips_before`): a v-step
 clips the exchanged mean to c, as Horovod's pattern and dense AdamW do, and keeps its coefficient kappa
 (:attr:`clip_scale`, checkpointed); a compressed step scales each rank's gradient by that kappa
 before it is sent (then clips it to c·sqrt(N) against a spike), so that m sees the mean clipped
 as v did at its last refresh (each rank clipped to c instead, m would see another clip than v).
-
 Which to send: the gradient, not m. A sent m replaces every rank's, so one step's error stays
 in m for 1/(1-b1) steps; with g sent, EF repays the error in the space it was made in.
-
 ``send="preconditioned"`` compresses each rank's g_r / (sqrt(v_hat) + eps) instead (0 where
 v = 0), the gradient in update space, where the frozen-v step is linear; the exchanged mean is
 multiplied back by sqrt(v_hat) + eps (uncompressed: the same Adam). Top-k's default: by magnitude
 it then picks the coordinates whose step is largest, not those of large v, which Adam scales down.
-
 Onebit gets a scale per row (``chunk="rows"``, unless chosen): with one per tensor a rare
-token's embedding row gets ±s every step, which 1/sqrt(v) amplifies
-(:mod:`~hvdcompress.compressors.onebit`).
+token's embedding row gets ±s every step, which 1/sqrt(v) amplifies (:mod:`~hvdcompress.compressors.onebit`).
 V-steps send the gradient only: a residual sent with them would enter g², and so v.
-
 Evidence: benchmarks/README.md section 8 (Compression with AdamW), "Why the defaults".
-
 The wrappers replace the optimizer's step with :meth:`after_exchange`; m, v and the unit live in the
 tensor's compressor state (``adam.m``, ``adam.v``, ``adam.unit``), the step count in the compressor's.
 """
@@ -324,18 +317,16 @@ class FrozenAdam(Decorator):
         return (state["adam.m"] * settings.beta1 + x * (1.0 - settings.beta1)) * unit
 
     def _check_decays(self, lr: float) -> None:
-        """Around a magnitude selection (top-k), a ``UserWarning`` once if the lr of the first compressed
-        step at or after step :data:`LONG_WARMUP` is still the first compressed step's: top-k sends a
-        coordinate about once in 1/k steps, so the parameters trail by ~1/k steps of updates, which a
-        decaying lr shrinks by the end of the run and a constant one keeps (docs/adam.md)."""
-        if self._lr_checked or self.steps + 1 < LONG_WARMUP:
-            return
-        self._lr_checked = True
-        if lr == self.lr_unit and self.inner.unwrap().adam_needs.selects_by_magnitude:
-            warnings.warn(f"FrozenAdam around {type(self.inner.unwrap()).__name__}: the learning rate has stayed "
-                          f"{lr!r} since the first compressed step; the take-over converges with top-k + error "
-                          "feedback under a decaying learning rate (cosine, linear decay), not a constant one: "
-                          "decay it, or use onebit or PowerSGD (docs/adam.md)", UserWarning, stacklevel=2)
+        """Around top-k, a ``UserWarning`` once if the first compressed step from :data:`LONG_WARMUP` on
+        has the first compressed step's lr: top-k's parameters trail by ~1/k steps of updates, which a
+        decaying lr shrinks by the run's end and a constant one keeps (docs/adam.md)."""
+        if not self._lr_checked and self.steps + 1 >= LONG_WARMUP:
+            self._lr_checked = True
+            if lr == self.lr_unit and self.inner.unwrap().adam_needs.selects_by_magnitude:
+                warnings.warn(f"FrozenAdam around {type(self.inner.unwrap()).__name__}: the learning rate has "
+                              f"stayed {lr!r} since the first compressed step; with top-k + error feedback the "
+                              "take-over converges under a decaying learning rate, not a constant one: decay "
+                              "it, or use onebit or PowerSGD (docs/adam.md)", UserWarning, stacklevel=2)
 
     def _unit(self, state: dict, settings: AdamSettings) -> Any:
         """What a compressed step's exchange is multiplied by: lr / L, L the run's first compressed

@@ -19,7 +19,10 @@ shard))``), AdamW (lr 0.002, betas 0.9 and ``--beta2``, no clip; ``--schedule co
 decays as convergence.py's, else it stays constant), methods ``dense`` (FSDP's own HSDP), ``int8``,
 ``int8_adam``, ``onebit_ef_adam`` and ``topk_ef_adam`` (1%; the last three with FrozenAdam): the replicate all-reduce compressed
 (:mod:`hvdcompress.torch.hsdp`); bytes are those across the replicate dimension
-(``state.cross_node_bytes``; dense HSDP's measured with ``set_all_reduce_hook``).
+(``state.cross_node_bytes``; dense HSDP's measured with ``set_all_reduce_hook``). A method with
+``_serial`` appended (``int8_serial``, ...) is the same method with every shard's exchange
+launched at the end of the backward pass instead of as FSDP assigns its gradient (:func:`serialise`):
+side by side, the step time the overlap with the backward pass saves.
 
 Every rank reports its median step time (after 5 warm-up steps), the bytes its reduce-scatter
 sent (dense from the gradients' size for FSDP's own, ``state.total_bytes`` for ours), and the
@@ -45,10 +48,12 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "examples")]
 METHODS = ("dense", "bf16", "int8", "int8_ag", "onebit_ef", "topk_ef")
 HSDP_METHODS = ("dense", "int8", "int8_adam", "onebit_ef_adam", "topk_ef_adam")
+SERIAL = "_serial"   # an HSDP method's suffix: its exchanges launched at the backward pass's end
 
 
 def compression(method: str):
     import hvdcompress as hc
+    method = method[:-len(SERIAL)] if method.endswith(SERIAL) else method
     return {"int8": hc.Int8(), "int8_ag": hc.Int8(), "onebit_ef": hc.ErrorFeedback(hc.OneBit()),
             "topk_ef": hc.ErrorFeedback(hc.TopK(0.05)),
             "int8_adam": {"compressor": "int8", "adam": "frozen"},
@@ -89,7 +94,32 @@ def hsdp_run(model, method: str, args):
         for m in [model, *model.children()]:
             m.set_all_reduce_hook(lambda out: sizes.append(out.numel() * out.element_size()))
         return opt, None, sizes
-    return opt, fsdp.compress(model, compression=compression(method), optimizer=opt), sizes
+    state = fsdp.compress(model, compression=compression(method), optimizer=opt)
+    if method.endswith(SERIAL):
+        serialise(state)
+    return opt, state, sizes
+
+
+def serialise(state) -> None:
+    """The ablation of ``_serial`` methods: ``state``'s per-parameter launches (its
+    post-accumulate-grad hook, ``HSDPState._accumulated``) held back to the end of the backward
+    pass, then run in the order FSDP assigned the gradients; the exchanges, bytes and results are
+    the same, only when they start differs."""
+    import torch
+    launch, held = state._accumulated, []
+
+    def flush() -> None:
+        for p in held:
+            launch(p)
+        held.clear()
+        state._end_backward()   # what launch queued runs after this, on an ended step: a no-op
+
+    def hold(p) -> None:
+        if not held:
+            torch.autograd.Variable._execution_engine.queue_callback(flush)
+        held.append(p)
+
+    state._accumulated = hold
 
 
 def worker(args) -> None:
@@ -168,12 +198,13 @@ def sweep(args) -> dict:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--methods", args.methods,
                "--steps", str(args.steps), "--seed", str(args.seed), "--block", str(args.block)] + \
             ["--beta2", str(args.beta2), "--schedule", args.schedule] + (["--hsdp"] if args.hsdp else []) + (["--adamw"] if args.adamw else [])
-        res = launch(cmd, np_, args.rate, timeout=args.timeout, echo=False, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        res = launch(cmd, np_, args.rate, timeout=args.timeout, echo=False, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                     slots=args.slots)
         if not res.ok:
             raise SystemExit(f"fsdp_bench: np {np_} failed:\n{res.outputs[res.failed_rank][-4000:]}")
         rows = {r["method"]: r for r in res.results[0]}
         dense = rows["dense"]
-        print(f"np {np_}, {args.rate}: method, step s (x dense), bytes fewer than dense, bits/byte (- dense), "
+        print(f"np {np_} ({args.slots} per host), {args.rate}: method, step s (x dense), bytes fewer than dense, bits/byte (- dense), "
               "MB held by rank 0 (x dense)")
         for method in args.methods.split(","):
             r = rows[method]
@@ -190,7 +221,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--methods", default=None, help="comma-separated, from " + ",".join(METHODS)
-                    + "; with --hsdp from " + ",".join(HSDP_METHODS))
+                    + "; with --hsdp from " + ",".join(HSDP_METHODS) + f" (each but dense also with {SERIAL})")
     ap.add_argument("--hsdp", action="store_true", help="HSDP, 2 replicas x P/2 shards, AdamW (module doc)")
     ap.add_argument("--adamw", action="store_true",
                     help="FULL_SHARD with AdamW (lr 0.002, betas 0.9 and --beta2, no clip) instead of SGD")
@@ -200,6 +231,9 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=4096, help="elements per compressed block (fsdp.compress's block=)")
     ap.add_argument("--nps", default="2,4", type=lambda s: [int(v) for v in s.split(",")])
     ap.add_argument("--rate", default="100mbit")
+    ap.add_argument("--slots", type=int, default=1,
+                    help="ranks per emulated host (benchmarks.netem): the links between hosts run at --rate, "
+                         "those inside one are the host's own; --hsdp --slots P/2: each replica on one host")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=3600)

@@ -28,7 +28,8 @@ WORKER = HERE / "fsdp" / "worker.py"
 BLOCK = 256
 TWO = [f"{v}:{c}" for v in ("fsdp1", "fsdp2") for c in ("none", "fp16", "int8", "onebit_ef", "topk_ef")] + \
     ["fsdp1:int8_bf16", "fsdp2:onebit_ef_bf16"]
-FOUR = ["fsdp1:onebit_ef", "fsdp2:int8", "fsdp2:topk_ef", "fsdp2:two_level_int8", "fsdp2:two_level_onebit_ef"]
+FOUR = ["fsdp1:onebit_ef", "fsdp2:int8", "fsdp2:topk_ef", "fsdp2:two_level_int8", "fsdp2:two_level_onebit_ef",
+        "fsdp2:two_level_int8_ag"]
 
 
 def by_case(records) -> dict:
@@ -120,7 +121,8 @@ def two_level(inputs: list, names: tuple, residuals: dict, unit: str, per_node: 
     return [shards[r] for r in range(world)]
 
 
-TWO_LEVEL = {"two_level_int8": ("none", "int8"), "two_level_onebit_ef": ("fp16", "onebit_ef")}
+TWO_LEVEL = {"two_level_int8": ("none", "int8"), "two_level_onebit_ef": ("fp16", "onebit_ef"),
+             "two_level_int8_ag": ("none", "int8")}
 
 
 def check_against_reference(ranks: dict, case: str) -> None:
@@ -157,6 +159,31 @@ def test_two_ranks_equal_the_numpy_reduce_scatter(two, case):
 @pytest.mark.parametrize("case", FOUR)
 def test_four_ranks_equal_the_numpy_reduce_scatter(four, case):
     check_against_reference(four[case], case)
+
+
+@pytest.mark.parametrize("case", ["fsdp2:two_level_int8", "fsdp2:two_level_int8_ag"])
+def test_cross_node_bytes_are_the_other_nodes_share(four, case):
+    """4 ranks, 2 nodes of 2 (P = 4, L = 2, N = 2): per reduce-scatter of n elements FSDP's own
+    sends the other node's ranks (P - L)/P of 4n bytes; the cross level sends the other node's
+    rank one chunk of n/P int8 codes, blocks of 256 with 8 bytes of bounds each; each gathered
+    shard crosses to P - L ranks (dense and sent)."""
+    world, per_node, nodes = 4, 2, 2
+    for rank, record in four[case].items():
+        dense = sent = 0
+        for call in record["calls"]:
+            n = len(call["input"])
+            dense += 4 * n * (world - per_node) // world
+            blocks = [min(BLOCK, n // world - start) for start in range(0, n // world, BLOCK)]
+            sent += (nodes - 1) * sum(b + 8 * math.ceil(b / 2048) for b in blocks)
+        gathered = record["gathered"]
+        assert (gathered["sent"] > 0) == case.endswith("_ag")
+        assert record["cross"]["dense"] == dense + (world - per_node) * gathered["dense"], (rank, record["cross"])
+        assert record["cross"]["sent"] == sent + (world - per_node) * gathered["sent"], (rank, record["cross"])
+
+
+def test_cross_node_bytes_need_the_nodes():
+    with pytest.raises(ValueError, match="intra_node"):
+        fsdp.CompressionState(compression=hc.Int8()).cross_node_bytes
 
 
 @pytest.mark.parametrize("version", ["fsdp1", "fsdp2"])

@@ -162,6 +162,17 @@ class TwoLevel(Engine):
     def ranks(self) -> int:
         return self.comm.world * self.cross.comm.world
 
+    def cross_node_bytes(self, gathered: ByteCount) -> ByteCount:
+        """The reduce-scatter's bytes to the other nodes' ranks (P = N·L ranks), with ``gathered``
+        (an all-gather's count over all P ranks: each rank's shard once) added: ``sent`` = the cross
+        level's payloads for the other N - 1 nodes (fixed-size chunks: (N - 1)/N of them), plus each
+        gathered payload to the P - L ranks off the node; ``dense`` = what a flat collective of the
+        dense tensors sends there: (P - L)/P of each flat gradient, each shard times P - L."""
+        nodes, world = self.cross.comm.world, self.ranks
+        off = world - self.comm.world
+        return ByteCount(self.total_bytes.dense * off // world + gathered.dense * off,
+                         self.total_bytes.sent * (nodes - 1) // nodes + gathered.sent * off, self.total_bytes.steps)
+
     @property
     def step_bytes(self) -> ByteCount:
         """This step's bytes between nodes so far (a front end adds what it sends apart)."""

@@ -117,6 +117,14 @@ class CompressionState(FrontEnd):
     total_bytes = property(lambda self: self.driver.total_bytes.plus(self.all_gather_bytes),
                            doc="this rank's dense versus sent bytes since construction (gradients, parameters)")
 
+    @property
+    def cross_node_bytes(self) -> ByteCount:
+        """This rank's bytes to other nodes since construction against FSDP's own there, with
+        ``intra_node=`` only (:meth:`~hvdcompress.engines.two_level.TwoLevel.cross_node_bytes`)."""
+        if self.options.intra_node is None:
+            raise ValueError("cross_node_bytes: nodes are known with fsdp.compress(..., intra_node=...) only")
+        return self.driver.engine.cross_node_bytes(self.all_gather_bytes) if self.driver.built else ByteCount()
+
     def reduce_scatter(self, name: str, grad: torch.Tensor, output: torch.Tensor, scale: float) -> None:
         """Unit ``name``'s flat gradient ``grad`` (P·L elements) reduce-scattered through the
         compressor into ``output`` (this rank's L elements), multiplied by ``scale``."""

@@ -34,8 +34,9 @@ COMPRESSIONS = {
     "onebit_ef": lambda: hc.ErrorFeedback(hc.OneBit()),
     "topk_ef": lambda: hc.ErrorFeedback(hc.TopK(0.05)),
 }
-#: two-level cases (4 ranks, 2 per node): the node level's compressor, the cross level's
-TWO_LEVEL = {"two_level_int8": (hc.NoCompression, hc.Int8), "two_level_onebit_ef": (hc.FP16, COMPRESSIONS["onebit_ef"])}
+#: two-level cases (4 ranks, 2 per node): the node level's compressor, the cross level's (and all_gather=)
+TWO_LEVEL = {"two_level_int8": (hc.NoCompression, hc.Int8), "two_level_onebit_ef": (hc.FP16, COMPRESSIONS["onebit_ef"]),
+             "two_level_int8_ag": (hc.NoCompression, hc.Int8, hc.Int8)}
 
 
 def mlp() -> nn.Module:
@@ -71,8 +72,9 @@ def sharded(version: str, compression, bf16: bool = False, block: int = BLOCK):
             fully_shard(layer, mp_policy=policy)
     fully_shard(net, mp_policy=policy)
     if isinstance(compression, tuple):   # two-level: (node level, cross level)
+        gather = compression[2]() if len(compression) > 2 else None
         return net, fsdp.compress(net, compression=compression[1](), intra_node=compression[0](), ranks_per_node=2,
-                                  block=block)
+                                  block=block, all_gather=gather)
     state = None if compression == "dense" else fsdp.compress(net, compression=compression, block=block)
     return net, state
 
@@ -167,7 +169,9 @@ def main() -> None:
         model, state = sharded(version, TWO_LEVEL[base] if base in TWO_LEVEL else COMPRESSIONS[base](), bf16)
         calls = record_calls(state)
         train(model, 3, rank)
-        write_result(rank, {"case": case, "calls": calls, "bytes": state.total_bytes.as_dict()})
+        nodes = {"cross": state.cross_node_bytes.as_dict(), "gathered": state.all_gather_bytes.as_dict()} \
+            if base in TWO_LEVEL else {}
+        write_result(rank, {"case": case, "calls": calls, "bytes": state.total_bytes.as_dict(), **nodes})
     for version in filter(None, args.train.split(",")):
         for name in ("dense", "int8", "onebit_ef", "topk_ef"):
             model, state = sharded(version, "dense" if name == "dense" else COMPRESSIONS[name]())

@@ -12,7 +12,9 @@ under FSDP2 (``fully_shard`` on each child module and on the model) with SGD (lr
   FSDP2's form of the ``bf16_compress_hook``);
 * ``int8``, ``onebit_ef``, ``topk_ef`` (5%): :func:`hvdcompress.torch.fsdp.compress`;
 * ``int8_ag``: int8 on the reduce-scatter and on the parameters' all-gathers
-  (``fsdp.compress(..., all_gather=Int8())``); its bytes are every collective's.
+  (``fsdp.compress(..., all_gather=Int8())``); its bytes are every collective's;
+* ``int8_ef``, ``int8_ef_ag``: the same with error feedback on the reduce-scatter
+  (``ErrorFeedback(Int8())``; under ``--hsdp``, ``int8_ef`` on the replicate all-reduce).
 
 ``--hsdp`` (issue 54): HSDP instead, 2 replicas x P/2 shards (``fully_shard(..., mesh=(replicate,
 shard))``), AdamW (lr 0.002, betas 0.9 and ``--beta2``, no clip; ``--schedule cosine``: the learning rate
@@ -46,17 +48,20 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "examples")]
-METHODS = ("dense", "bf16", "int8", "int8_ag", "onebit_ef", "topk_ef")
-HSDP_METHODS = ("dense", "int8", "int8_adam", "onebit_ef_adam", "topk_ef_adam")
+METHODS = ("dense", "bf16", "int8", "int8_ag", "int8_ef", "int8_ef_ag", "onebit_ef", "topk_ef")
+HSDP_METHODS = ("dense", "int8", "int8_ef", "int8_adam", "onebit_ef_adam", "topk_ef_adam")
 SERIAL = "_serial"   # an HSDP method's suffix: its exchanges launched at the backward pass's end
 
 
-def compression(method: str):
+def compression(method: str, chunk: int = 2048):
+    """``method``'s compressor (None: FSDP's own); ``chunk``: the int8 methods' (``Int8(chunk=)``)."""
     import hvdcompress as hc
     method = method[:-len(SERIAL)] if method.endswith(SERIAL) else method
-    return {"int8": hc.Int8(), "int8_ag": hc.Int8(), "onebit_ef": hc.ErrorFeedback(hc.OneBit()),
+    int8 = hc.Int8(chunk=chunk)
+    return {"int8": int8, "int8_ag": int8, "int8_ef": hc.ErrorFeedback(int8),
+            "int8_ef_ag": hc.ErrorFeedback(int8), "onebit_ef": hc.ErrorFeedback(hc.OneBit()),
             "topk_ef": hc.ErrorFeedback(hc.TopK(0.05)),
-            "int8_adam": {"compressor": "int8", "adam": "frozen"},
+            "int8_adam": {"compressor": "int8", "chunk": str(chunk), "adam": "frozen"},
             "onebit_ef_adam": {"compressor": "onebit", "ef": "vanilla", "adam": "frozen"},
             "topk_ef_adam": {"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"}}.get(method)
 
@@ -90,11 +95,11 @@ def hsdp_run(model, method: str, args):
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=args.adam_lr, betas=(0.9, args.beta2))
     sizes: list = []
-    if compression(method) is None:
+    if compression(method, args.int8_chunk) is None:
         for m in [model, *model.children()]:
             m.set_all_reduce_hook(lambda out: sizes.append(out.numel() * out.element_size()))
         return opt, None, sizes
-    state = fsdp.compress(model, compression=compression(method), optimizer=opt)
+    state = fsdp.compress(model, compression=compression(method, args.int8_chunk), optimizer=opt)
     if method.endswith(SERIAL):
         serialise(state)
     return opt, state, sizes
@@ -152,9 +157,9 @@ def worker(args) -> None:
             for child in model.children():
                 fully_shard(child, mp_policy=policy)
             fully_shard(model, mp_policy=policy)
-            gather = {"all_gather": hc.Int8()} if method == "int8_ag" else {}
-            state = fsdp.compress(model, compression=compression(method), block=args.block, **gather) \
-                if compression(method) else None
+            gather = {"all_gather": hc.Int8()} if method.endswith("_ag") else {}
+            state = fsdp.compress(model, compression=compression(method, args.int8_chunk), block=args.block, **gather) \
+                if compression(method, args.int8_chunk) else None
             opt = torch.optim.AdamW(model.parameters(), lr=args.adam_lr, betas=(0.9, args.beta2)) \
                 if args.adamw else torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         gen = torch.Generator().manual_seed(args.seed + rank)
@@ -196,7 +201,8 @@ def sweep(args) -> dict:
     out = {}
     for np_ in args.nps:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--methods", args.methods,
-               "--steps", str(args.steps), "--seed", str(args.seed), "--block", str(args.block)] + \
+               "--steps", str(args.steps), "--seed", str(args.seed), "--block", str(args.block),
+               "--int8-chunk", str(args.int8_chunk)] + \
             ["--beta2", str(args.beta2), "--schedule", args.schedule] + (["--hsdp"] if args.hsdp else []) + (["--adamw"] if args.adamw else [])
         res = launch(cmd, np_, args.rate, timeout=args.timeout, echo=False, env=dict(os.environ, OMP_NUM_THREADS="1"),
                      slots=args.slots)
@@ -229,6 +235,8 @@ def main() -> None:
     ap.add_argument("--schedule", choices=("constant", "cosine"), default="constant",
                     help="the learning rate: constant, or convergence.py's cosine decay over --steps")
     ap.add_argument("--block", type=int, default=4096, help="elements per compressed block (fsdp.compress's block=)")
+    ap.add_argument("--int8-chunk", type=int, default=2048,
+                    help="the int8 methods' chunk on the gradients (Int8(chunk=); the all-gather's stays Int8()'s)")
     ap.add_argument("--nps", default="2,4", type=lambda s: [int(v) for v in s.split(",")])
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--slots", type=int, default=1,

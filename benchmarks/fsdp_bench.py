@@ -95,11 +95,12 @@ def hsdp_run(model, method: str, args):
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=args.adam_lr, betas=(0.9, args.beta2))
     sizes: list = []
-    if compression(method, args.int8_chunk) is None:
+    made = compression(method, args.int8_chunk)
+    if made is None:
         for m in [model, *model.children()]:
             m.set_all_reduce_hook(lambda out: sizes.append(out.numel() * out.element_size()))
         return opt, None, sizes
-    state = fsdp.compress(model, compression=compression(method, args.int8_chunk), optimizer=opt)
+    state = fsdp.compress(model, compression=made, optimizer=opt)
     if method.endswith(SERIAL):
         serialise(state)
     return opt, state, sizes
@@ -158,8 +159,8 @@ def worker(args) -> None:
                 fully_shard(child, mp_policy=policy)
             fully_shard(model, mp_policy=policy)
             gather = {"all_gather": hc.Int8()} if method.endswith("_ag") else {}
-            state = fsdp.compress(model, compression=compression(method, args.int8_chunk), block=args.block, **gather) \
-                if compression(method, args.int8_chunk) else None
+            made = compression(method, args.int8_chunk)
+            state = fsdp.compress(model, compression=made, block=args.block, **gather) if made else None
             opt = torch.optim.AdamW(model.parameters(), lr=args.adam_lr, betas=(0.9, args.beta2)) \
                 if args.adamw else torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         gen = torch.Generator().manual_seed(args.seed + rank)

@@ -4,7 +4,7 @@ the gradient bytes over the whole run (warm-up included: dense bytes / sent byte
 for each compressor, at 2 and 8 ranks, AdamW's betas (0.9, 0.95) and (0.9, 0.999), per seed.
 
 - :data:`TUNING`: the tasks the take-over's defaults may be chosen on (the benchmarks' LSTM and
-  transformer on torch's docstrings).
+  transformer on torch's docstrings; the LSTM also at a constant learning rate).
 - :data:`VALIDATION`: tasks never used to choose them (another corpus, Python's own pydoc topics;
   a wider LSTM at twice the batch, with the benchmarks' cosine learning rate and at a constant one,
   as a plain training loop runs; the transformer through the DDP hook at another clip). A
@@ -69,6 +69,8 @@ TUNING = {
     "lstm": Task("LSTM", ("--model", "lstm", "--lr", "0.002", "--clip", "0.5")),
     "transformer": Task("transformer", ("--model", "transformer", "--embed", "128", "--lr", "0.001",
                                         "--clip", "0.5")),
+    "lstm-constant": Task("LSTM, constant lr", ("--model", "lstm", "--lr", "0.002", "--clip", "0.5",
+                                                "--schedule", "constant")),
 }
 
 #: tasks never used to choose a default

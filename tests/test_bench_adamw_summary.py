@@ -58,3 +58,8 @@ def test_only_the_constant_lr_task_drops_the_cosine_schedule():
                  for cmd in [summary.command("validation", name, 2, "0.95", 0)]}
     assert schedules == {"lstm256": "cosine", "transformer-ddp": "cosine", "lstm256-constant": "constant"}
     assert "--schedule" not in summary.command("tuning", "lstm", 2, "0.95", 0)
+    tuning = summary.command("tuning", "lstm-constant", 2, "0.95", 0)
+    assert dict(zip(tuning, tuning[1:]))["--schedule"] == "constant"
+    # the same LSTM as the tuning set's cosine task, the schedule aside
+    plain = summary.TUNING["lstm"].flags
+    assert summary.TUNING["lstm-constant"].flags == plain + ("--schedule", "constant")

@@ -529,3 +529,26 @@ def test_top_k_warns_once_when_the_lr_has_not_decayed_by_the_long_warm_up(inner,
     assert len(found) == (1 if warns else 0)
     if warns:
         assert "TopK" in str(found[0].message) and "0.1" in str(found[0].message)
+
+
+@pytest.mark.parametrize("decays, warns", [(True, False), (False, True)])
+def test_top_k_decay_check_waits_for_the_lr_to_move_after_the_long_warm_up(decays, warns):
+    """At b2 0.999 top-k's first compressed step is 513: a cosine lr is checked after it has had
+    time to move (no warning), a constant one still warns once."""
+    import math
+    import warnings
+
+    from hvdcompress.adam.settings import AdamSettings
+    from hvdcompress.ops.torch_ops import TorchOps
+    ops, adam = TorchOps(), hc.FrozenAdam(hc.ErrorFeedback(hc.TopK(0.01)))
+    x, w, state = torch.full((4,), 2.0), torch.zeros(4), {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t in range(1, 1001):
+            lr = 0.001 * 0.5 * (1.0 + math.cos(math.pi * t / 1000)) if decays else 0.001
+            settings = AdamSettings(lr=lr, beta1=0.9, beta2=0.999, eps=1e-8)
+            adam.before_exchange(ops, x, state, settings, w)
+            adam.on_step()
+    assert adam.schedule.warmup == 512
+    found = [c for c in caught if "learning rate has stayed" in str(c.message)]
+    assert len(found) == (1 if warns else 0)

@@ -44,9 +44,7 @@ The schedule (:mod:`hvdcompress.adam.variance`): v-steps at t <= 128, then 8 eac
 steps apart up to 1/(1-b2) (173 v-steps of 1,000 at b2 = 0.999, 199 at 0.95); a refresh after
 I steps weighs alpha = 1 - b2^I, decay_t = prod(1 - alpha) (b2^t if every step is a v-step).
 ``freeze_steps=T0``: v-steps t <= T0, v frozen after (1-bit Adam), decay_t = b2^min(t, T0).
-
-With ``min_numel=n`` (``adam_min_numel``) tensors under n elements (biases, norms) run live Adam
-at every step; off by default (:data:`MIN_NUMEL`: it bought nothing measurable).
+``min_numel=n`` (``adam_min_numel``): tensors under n elements run live Adam at every step (off).
 
 Why this rule: a single freeze at ceil(q / (1-b2)) comes before v has formed where b2 is small
 (step 15 at b2 = 0.95, q = 0.75) and keeps most of the run dense where it is large (750 of 1,000
@@ -60,12 +58,11 @@ Why int8 for the v-steps: 4x fewer bytes, stateless (the decoded mean is the gra
 from the ranks its ``adam_needs`` names: :mod:`~hvdcompress.adam.variance`). The compressed allreduce re-sends a v-step's
 reduced segment int4 in chunks of :data:`SERVER_INT4_CHUNK` = 64: that error lands on the mean
 whole, where the ranks' is averaged over N, so it takes finer chunks (a min-max code's error is
-(max-min)/30 of its chunk); the trade-off: the bounds (8 bytes per 32 of codes) add 1/4 to the
-sum's bytes.
+(max-min)/30 of its chunk); the trade-off: the bounds (8 bytes per 32 of codes) add 1/4 to its bytes.
 
-Adam's own (L2) weight decay λ·w is the same on every rank: added exactly after the exchange.
-Since m is the same on every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression
-both placements, and both kinds of steps, are Adam (up to the rounding of u·x / u).
+Adam's L2 weight decay λ·w is the same on every rank: added exactly after the exchange. As m is
+the same on every rank, mean_r m_r = b1·m + (1-b1)·mean_r g_r: without compression both placements,
+and both kinds of steps, are Adam (up to the rounding of u·x / u).
 ``clip_grad_norm`` (the wrappers'; :meth:`hvdcompress.step.driver.StepDriver.clips_before`): a v-step
 clips the exchanged mean to c, as Horovod's pattern and dense AdamW do, and keeps its coefficient kappa
 (:attr:`clip_scale`, checkpointed); a compressed step scales each rank's gradient by that kappa
@@ -79,10 +76,9 @@ multiplied back by sqrt(v_hat) + eps (uncompressed: the same Adam). Top-k's defa
 it then picks the coordinates whose step is largest, not those of large v, which Adam scales down.
 Onebit gets a scale per row (``chunk="rows"``, unless chosen): with one per tensor a rare
 token's embedding row gets ±s every step, which 1/sqrt(v) amplifies (:mod:`~hvdcompress.compressors.onebit`).
-V-steps send the gradient only: a residual sent with them would enter g², and so v.
-Evidence: benchmarks/README.md section 8 (Compression with AdamW), "Why the defaults".
-The wrappers replace the optimizer's step with :meth:`after_exchange`; m, v and the unit live in the
-tensor's compressor state (``adam.m``, ``adam.v``, ``adam.unit``), the step count in the compressor's.
+V-steps send the gradient only: a residual sent with them would enter g², and so v. Evidence:
+benchmarks/README.md section 8. The wrappers replace the optimizer's step with :meth:`after_exchange`;
+m, v and the unit live in the tensor's compressor state (``adam.m``, ``adam.v``, ``adam.unit``).
 """
 from __future__ import annotations
 
@@ -107,6 +103,8 @@ WARMUP = ("auto", "int8", "int4", "none")
 #: tensors with fewer elements run live Adam at every step (FrozenAdam's ``min_numel``)
 MIN_NUMEL = 0
 
+#: steps after the first compressed step at which top-k's lr must have moved (_check_decays)
+DECAY_CHECK = 256
 
 #: the chunk of the 4-bit codes that re-send a v-step's reduced segment (compressed allreduce)
 SERVER_INT4_CHUNK = 64
@@ -197,9 +195,9 @@ class FrozenAdam(Decorator):
         self.steps = 0
         self.beta2: Optional[float] = None   # the b2 of the schedule's intervals (the first step's, smallest)
         self.world: Optional[int] = None     # the ranks of the exchange (set_world; None: unknown, taken as 1)
-        self._lr_checked = False             # whether the lr was checked for decay (_check_decays)
         self.clip_scale = 1.0   # kappa: the clip coefficient of the exchanged mean at the last v-step
         self.lr_unit: Optional[float] = None   # L: the lr of the first compressed step (_unit)
+        self._first_compressed, self._lr_checked = 0, False   # its step (this process's); checked (_check_decays)
         self._server: Optional[_Phased] = None
 
     @property
@@ -305,6 +303,7 @@ class FrozenAdam(Decorator):
             return x
         if settings.lr > 0.0:   # the run's lr unit L: the first compressed step's lr (the same on every rank)
             self.lr_unit = self.lr_unit or settings.lr
+            self._first_compressed = self._first_compressed or self.steps + 1
             self._check_decays(settings.lr)
             ops.write(state, "adam.unit", state["adam.unit"] * 0.0 + settings.lr / self.lr_unit)
         unit = self._unit(state, settings)
@@ -317,10 +316,11 @@ class FrozenAdam(Decorator):
         return (state["adam.m"] * settings.beta1 + x * (1.0 - settings.beta1)) * unit
 
     def _check_decays(self, lr: float) -> None:
-        """Around top-k, a ``UserWarning`` once if the first compressed step from :data:`LONG_WARMUP` on
-        has the first compressed step's lr: top-k's parameters trail by ~1/k steps of updates, which a
-        decaying lr shrinks by the run's end and a constant one keeps (docs/adam.md)."""
-        if not self._lr_checked and self.steps + 1 >= LONG_WARMUP:
+        """Around top-k, a ``UserWarning`` once if the lr :data:`DECAY_CHECK` steps after the first
+        compressed step (this process's) is still that step's: top-k's gap opens at the switch to
+        compressed steps and a decaying lr closes it by the run's end, a constant one keeps it
+        (docs/adam.md)."""
+        if not self._lr_checked and self.steps + 1 >= self._first_compressed + DECAY_CHECK:
             self._lr_checked = True
             if lr == self.lr_unit and self.inner.unwrap().adam_needs.selects_by_magnitude:
                 warnings.warn(f"FrozenAdam around {type(self.inner.unwrap()).__name__}: the learning rate has "

@@ -21,7 +21,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "examples")]
@@ -45,51 +45,80 @@ def relative_drift(before, after) -> float:
     return ((after - before).abs().sum() / after.sum()).item()
 
 
-def drifts(args: argparse.Namespace, ranks: int, steps: int) -> list:
-    """[(t, drift_t)] every :data:`WINDOW` steps of dense AdamW on ``ranks`` ranks' batch."""
+def train(args: argparse.Namespace, ranks: int, steps: int, before: Callable = None, after: Callable = None):
+    """Dense AdamW for ``steps`` steps on ``ranks`` ranks' batch with the task's lr schedule and
+    clip; ``before(t, model, params, x, y)`` ahead of step t, ``after(t, opt, params)`` after it
+    (``params``: the parameters in name order)."""
     import torch
     from lm_train import build_model, lm_loss, load_corpus, sample_batch
 
     torch.manual_seed(args.seed)
-    train, _ = load_corpus(args.corpus)
+    train_text, _ = load_corpus(args.corpus)
     model = build_model(args.model, args.embed, args.hidden)
     b1, b2 = convergence.parse_betas(args.betas)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, betas=(b1, b2))
     params = [p for _, p in sorted(model.named_parameters())]
     gen = torch.Generator().manual_seed(args.seed + 1)
-    before, out = None, []
     for t in range(1, steps + 1):
         if args.schedule == "cosine":
             for group in opt.param_groups:
                 group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * (t - 1) / args.steps))
-        x, y = sample_batch(train, args.batch * ranks, args.seq_len, gen)
+        x, y = sample_batch(train_text, args.batch * ranks, args.seq_len, gen)
+        if before is not None:
+            before(t, model, params, x, y)
         opt.zero_grad()
         lm_loss(model, x, y).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
+        if after is not None:
+            after(t, opt, params)
+
+
+def drifts(args: argparse.Namespace, ranks: int, steps: int) -> list:
+    """[(t, drift_t)] every :data:`WINDOW` steps of dense AdamW on ``ranks`` ranks' batch."""
+    import torch
+    b2 = convergence.parse_betas(args.betas)[1]
+    last, out = [], []
+
+    def after(t, opt, params):
         if t % WINDOW == 0:
             scale = torch.cat([opt.state[p]["exp_avg_sq"].flatten() for p in params]).div(1 - b2 ** t).sqrt()
-            if before is not None:
-                out.append((t, relative_drift(before, scale)))
-            before = scale
+            if last:
+                out.append((t, relative_drift(last[0], scale)))
+            last[:] = [scale]
+
+    train(args, ranks, steps, after=after)
     return out
 
 
-def main(argv: Optional[list] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def task_parser(doc: str, ranks: dict) -> argparse.ArgumentParser:
+    """The command line of a dense-AdamW measurement on a task of adamw_summary's sets
+    (``ranks``: the keyword arguments of ``--ranks``)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--set", choices=sorted(adamw_summary.SETS), default="tuning")
     parser.add_argument("--task", default="lstm", help="a task of the set (adamw_summary.py)")
     parser.add_argument("--betas", choices=("0.95", "0.999"), default="0.999", help="b2")
-    parser.add_argument("--ranks", type=int, default=2, help="the batch is this many ranks'")
-    parser.add_argument("--steps", type=int, default=640)
+    parser.add_argument("--ranks", type=int, **ranks)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, help="write [(t, drift)] here")
+    return parser
+
+
+def parse_task(parser: argparse.ArgumentParser, argv: Optional[list]) -> tuple:
+    """(the arguments, convergence.py's for the task); one thread, as a rank of the launches has."""
+    import torch
     args = parser.parse_args(argv)
     if args.task not in adamw_summary.SETS[args.set]:
         parser.error(f"--task {args.task!r}: allowed for {args.set}: {', '.join(adamw_summary.SETS[args.set])}")
-    import torch
     torch.set_num_threads(1)
-    found = drifts(task_args(args.set, args.task, args.betas, args.seed), args.ranks, args.steps)
+    return args, task_args(args.set, args.task, args.betas, args.seed)
+
+
+def main(argv: Optional[list] = None) -> None:
+    parser = task_parser(__doc__, dict(default=2, help="the batch is this many ranks'"))
+    parser.add_argument("--steps", type=int, default=640)
+    parser.add_argument("--json", type=Path, help="write [(t, drift)] here")
+    args, task = parse_task(parser, argv)
+    found = drifts(task, args.ranks, args.steps)
     print(f"{args.set} {args.task}, b2 {args.betas}: step, drift of sqrt(v_hat) over {WINDOW} steps, drift * t / {WINDOW}")
     for t, d in found:
         if t in (32, 64, 128, 256, 384, 512) or t == found[-1][0]:

@@ -9,7 +9,8 @@ micro-batch) and, for the first N = 2, 4, 8 ranks, in name order over the parame
     int8, int4 = |mean_r D(C(g_r)) - mean_r g_r|       a v-step's code error on the mean
     int4 + server = the same after the compressed allreduce re-sends the sum, Int4(chunk=64)
 
-(|.|: the 2-norm over every parameter), each printed over ``noise``. A code whose error stays
+(|.|: the 2-norm over every parameter), each printed over ``noise`` and over |mean_r g_r| (v's
+own scale: the mean's noise is part of it, and shrinks with N). A code whose error stays
 well under the noise costs the mean nothing the sampling does not already cost::
 
     .venv/bin/python benchmarks/warmup_codes.py --set tuning --task lstm --betas 0.999 [--json PATH]
@@ -46,8 +47,8 @@ def decoded(codec, x):
 
 
 def errors(grads: list, worlds: tuple = (2, 4, 8)) -> dict:
-    """{N: {code: error / noise}} of per-rank gradients ``grads`` (a list over ranks of lists of
-    flat tensors, one per parameter in name order)."""
+    """{N: {code: error / noise, code + " / mean": error / |mean|}} of per-rank gradients
+    ``grads`` (a list over ranks of lists of flat tensors, one per parameter in name order)."""
     import torch
 
     from hvdcompress.compressors.int8 import Int4, Int8
@@ -55,17 +56,19 @@ def errors(grads: list, worlds: tuple = (2, 4, 8)) -> dict:
     server = Int4(chunk=SERVER_CHUNK)
     out = {}
     for n in worlds:
-        noise, err = 0.0, dict.fromkeys([*codes, "int4 + server"], 0.0)
+        noise, size, err = 0.0, 0.0, dict.fromkeys([*codes, "int4 + server"], 0.0)
         for tensors in zip(*grads[:n]):
             stack = torch.stack(tensors)
             mean = stack.mean(0)
             noise += float((stack.std(0, unbiased=True) ** 2).sum()) / n
+            size += float((mean ** 2).sum())
             for name, codec in codes.items():
                 total = sum(decoded(codec, g) for g in tensors)
                 err[name] += float(((total / n - mean) ** 2).sum())
                 if name == "int4":
                     err["int4 + server"] += float(((decoded(server, total) / n - mean) ** 2).sum())
-        out[n] = {name: math.sqrt(e / noise) for name, e in err.items()}
+        out[n] = {**{name: math.sqrt(e / noise) for name, e in err.items()},
+                  **{f"{name} / mean": math.sqrt(e / size) for name, e in err.items()}}
     return out
 
 

@@ -33,6 +33,8 @@ def test_the_ratio_is_the_codes_error_over_the_means_noise(monkeypatch):
         assert found[n]["int8"] == pytest.approx(0.01 * np.sqrt(350) / noise, rel=1e-4)
         assert found[n]["int4"] == pytest.approx(found[n]["int8"], rel=1e-6)
         assert found[n]["int4 + server"] == pytest.approx(0.01 * (1 + 1 / n) * np.sqrt(350) / noise, rel=1e-4)
+        size = np.sqrt((per_element.mean(axis=0) ** 2).sum())
+        assert found[n]["int8 / mean"] == pytest.approx(0.01 * np.sqrt(350) / size, rel=1e-4)
 
 
 def test_int4_errs_more_than_int8_with_the_real_codes():

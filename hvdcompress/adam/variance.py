@@ -46,10 +46,10 @@ Onebit takes the long warm-up from 4 ranks on (``OneBit.adam_needs``): after 128
 first compressed steps would meet a v formed to 1 - 0.999^128 = 12%. Its v-steps cross the
 compressed allreduce, where the N ranks' int4 errors average (the reduced sum is re-sent in
 chunks of 64, :mod:`hvdcompress.adam.frozen`). At 2 ranks onebit keeps 128 int8 steps: there
-it meets its target without the long warm-up and misses with it. Not through int4's error,
-which is 1/4 to 1/3 of the mean's sampling noise at 2, 4 and 8 ranks alike, so that a rule on
-the codes' measured error would choose the same at every world size; what makes 2 ranks
-differ is not known.
+it meets its target without the long warm-up and misses with it, through the int4 codes (512
+int8 steps meet, at too many bytes). Yet int4's error is 1/4 to 1/3 of the mean's sampling
+noise at 2, 4 and 8 ranks alike, so a rule on that ratio would choose the same at every world
+size; what makes 2 ranks differ is not known.
 
 After the long warm-up the levels start 16 steps apart (:data:`LONG_FIRST`), not 2: v has been
 live for 512 steps and needs early refreshes least, while the first levels' 22 int4 v-steps

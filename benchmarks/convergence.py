@@ -189,6 +189,14 @@ class TimedCurve:
         self._evaluating += time.perf_counter() - begun
 
 
+def schedule_lr(optimizer, args, lr: float, step: int) -> None:
+    """The lr of step ``step`` (1-based) in every param group: with ``--schedule cosine``
+    lr·(1 + cos(π·(step-1)/T))/2 over the T = ``args.steps`` steps; a constant one is left alone."""
+    if args.schedule == "cosine":
+        for group in optimizer.param_groups:
+            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / args.steps))
+
+
 def train_lm(method: str, args, data) -> dict:
     """Train the language model of ``examples/lm_train.py`` with one method for ``args.steps``
     steps (the first ``args.stop_after`` of them when set), gradients clipped; validation bits/byte
@@ -236,9 +244,7 @@ def train_lm(method: str, args, data) -> dict:
     curve = TimedCurve(lambda: validation_bits_per_byte(model, val_text, args.seq_len, args.val_bytes))
     start, last = time.perf_counter(), args.stop_after or args.steps
     for step in range(1, last + 1):
-        if args.schedule == "cosine":
-            for group in sgd.param_groups:
-                group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / args.steps))
+        schedule_lr(sgd, args, lr, step)
         x, y = sample_batch(train_text, args.batch, args.seq_len, gen)
         opt.zero_grad()
         lm_loss(forward, x, y).backward()

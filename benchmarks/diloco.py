@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -99,9 +98,7 @@ def train_diloco(method: str, args, data) -> dict:
     gen = torch.Generator().manual_seed(args.seed + 1 + hvd.rank())  # convergence.py's batches
     curve = convergence.TimedCurve(lambda: validation_bits_per_byte(model, val_text, args.seq_len, args.val_bytes))
     for step in range(1, args.steps + 1):
-        if args.schedule == "cosine":
-            for group in inner.param_groups:
-                group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / args.steps))
+        convergence.schedule_lr(inner, args, args.lr, step)
         x, y = sample_batch(train_text, args.batch, args.seq_len, gen)
         opt.zero_grad()
         lm_loss(model, x, y).backward()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -60,9 +59,7 @@ def train(args: argparse.Namespace, ranks: int, steps: int, before: Callable = N
     params = [p for _, p in sorted(model.named_parameters())]
     gen = torch.Generator().manual_seed(args.seed + 1)
     for t in range(1, steps + 1):
-        if args.schedule == "cosine":
-            for group in opt.param_groups:
-                group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * (t - 1) / args.steps))
+        convergence.schedule_lr(opt, args, args.lr, t)
         x, y = sample_batch(train_text, args.batch * ranks, args.seq_len, gen)
         if before is not None:
             before(t, model, params, x, y)

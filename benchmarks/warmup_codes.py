@@ -32,9 +32,6 @@ import v_drift  # noqa: E402
 #: the steps measured
 STEPS = (32, 128, 256, 512)
 
-#: the chunk of the server's int4 re-send (FrozenAdam's SERVER_INT4_CHUNK)
-SERVER_CHUNK = 64
-
 
 def decoded(codec, x):
     """D(C(x)) of one flat float32 tensor with a stateless compressor."""
@@ -51,9 +48,10 @@ def errors(grads: list, worlds: tuple = (2, 4, 8)) -> dict:
     ``grads`` (a list over ranks of lists of flat tensors, one per parameter in name order)."""
     import torch
 
+    from hvdcompress.adam.frozen import SERVER_INT4_CHUNK
     from hvdcompress.compressors.int8 import Int4, Int8
     codes = {"int8": Int8(), "int4": Int4()}
-    server = Int4(chunk=SERVER_CHUNK)
+    server = Int4(chunk=SERVER_INT4_CHUNK)
     out = {}
     for n in worlds:
         noise, size, err = 0.0, 0.0, dict.fromkeys([*codes, "int4 + server"], 0.0)

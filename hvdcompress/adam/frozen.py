@@ -197,7 +197,7 @@ class FrozenAdam(Decorator):
         self.world: Optional[int] = None     # the ranks of the exchange (set_world; None: unknown, taken as 1)
         self.clip_scale = 1.0   # kappa: the clip coefficient of the exchanged mean at the last v-step
         self.lr_unit: Optional[float] = None   # L: the lr of the first compressed step (_unit)
-        self._first_compressed, self._lr_checked = 0, False   # its step (this process's); checked (_check_decays)
+        self._lr_checked = False               # whether the lr was checked for decay (_check_decays)
         self._server: Optional[_Phased] = None
 
     @property
@@ -303,7 +303,6 @@ class FrozenAdam(Decorator):
             return x
         if settings.lr > 0.0:   # the run's lr unit L: the first compressed step's lr (the same on every rank)
             self.lr_unit = self.lr_unit or settings.lr
-            self._first_compressed = self._first_compressed or self.steps + 1
             self._check_decays(settings.lr)
             ops.write(state, "adam.unit", state["adam.unit"] * 0.0 + settings.lr / self.lr_unit)
         unit = self._unit(state, settings)
@@ -317,10 +316,11 @@ class FrozenAdam(Decorator):
 
     def _check_decays(self, lr: float) -> None:
         """Around top-k, a ``UserWarning`` once if the lr :data:`DECAY_CHECK` steps after the first
-        compressed step (this process's) is still that step's: top-k's gap opens at the switch to
-        compressed steps and a decaying lr closes it by the run's end, a constant one keeps it
-        (docs/adam.md)."""
-        if not self._lr_checked and self.steps + 1 >= self._first_compressed + DECAY_CHECK:
+        compressed step (the schedule's, after W or T0 v-steps) is still that step's: top-k's gap
+        opens at the switch to compressed steps and a decaying lr closes it by the run's end, a
+        constant one keeps it (docs/adam.md)."""
+        first = (self.schedule.warmup if self.freeze_steps is None else self.freeze_steps) + 1
+        if not self._lr_checked and self.steps + 1 >= first + DECAY_CHECK:
             self._lr_checked = True
             if lr == self.lr_unit and self.inner.unwrap().adam_needs.selects_by_magnitude:
                 warnings.warn(f"FrozenAdam around {type(self.inner.unwrap()).__name__}: the learning rate has "

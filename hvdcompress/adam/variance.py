@@ -24,7 +24,7 @@ cap, then as (T - W)/cap: at b2 = 0.999, 173 of 1,000 steps, 187 of 3,000; at b2
 199 of 1,000 (every 16th step after step 240), 324 of 3,000. The cap is beta2's time constant
 as a bound: v forgets as fast as Adam's (below), but from one sample per interval, so an
 interval longer than 1/(1-b2) would leave whole stretches of the run out of v. A shorter cap
-(:data:`SHARE` < 1) sends more int8 v-steps and, measured at 1/2, converged worse.
+sends more int8 v-steps and, measured at 1/(2(1-b2)), converged worse.
 
 Around top-k, W = 256 (:data:`TOPK_WARMUP`, FrozenAdam's default there; ``live_steps``
 overrides). Top-k 1% sends a coordinate about once in 1/k = 100 steps, its error feedback
@@ -93,8 +93,7 @@ def long_warmup(beta2: float, short: int) -> int:
     return LONG_WARMUP if beta2 >= 1.0 or 1.0 / (1.0 - beta2) > LONG_WARMUP else short
 
 
-PER_LEVEL = 8       # R: v-steps at each interval before it doubles
-SHARE = 1.0         # the interval stays <= SHARE / (1 - b2), rounded down to a power of 2 (>= 2)
+PER_LEVEL = 8       # R: v-steps at each interval before it doubles (0/1 Adam's levels)
 
 
 class VarianceSchedule:
@@ -102,16 +101,15 @@ class VarianceSchedule:
     growing intervals, else the fixed freeze T0; ``first``: the interval of the first level after
     the warm-up (:data:`FIRST`; :data:`LONG_FIRST` after the long one)."""
 
-    def __init__(self, freeze_steps: Optional[int] = None, warmup: int = WARMUP,
-                 per_level: int = PER_LEVEL, share: float = SHARE, first: int = FIRST):
-        self.freeze_steps = freeze_steps
-        self.warmup, self.per_level, self.share, self.first = warmup, per_level, share, first
+    def __init__(self, freeze_steps: Optional[int] = None, warmup: int = WARMUP, first: int = FIRST):
+        self.freeze_steps, self.warmup, self.first = freeze_steps, warmup, first
+        self.per_level = PER_LEVEL
 
     def cap(self, beta2: float) -> int:
-        """The longest interval for this b2: a power of 2, >= 2, <= share/(1 - b2)."""
+        """The longest interval for this b2: a power of 2, >= 2, <= 1/(1 - b2)."""
         if beta2 >= 1.0:
             return 2 ** 30
-        return 2 ** max(1, min(30, math.floor(math.log2(self.share / (1.0 - beta2)))))
+        return 2 ** max(1, min(30, math.floor(math.log2(1.0 / (1.0 - beta2)))))
 
     def _levels(self, beta2: float):
         """(start, interval, last) of each level: its v-steps are at u = start + k·interval,

@@ -103,7 +103,6 @@ class VarianceSchedule:
 
     def __init__(self, freeze_steps: Optional[int] = None, warmup: int = WARMUP, first: int = FIRST):
         self.freeze_steps, self.warmup, self.first = freeze_steps, warmup, first
-        self.per_level = PER_LEVEL
 
     def cap(self, beta2: float) -> int:
         """The longest interval for this b2: a power of 2, >= 2, <= 1/(1 - b2)."""
@@ -118,12 +117,12 @@ class VarianceSchedule:
         interval = min(self.first, cap)
         while interval < cap:
             yield start, interval, False
-            start, interval = start + self.per_level * interval, interval * 2
+            start, interval = start + PER_LEVEL * interval, interval * 2
         yield start, cap, True
 
     def _find(self, u: int, beta2: float) -> tuple:
         for start, interval, last in self._levels(beta2):
-            if last or u <= start + self.per_level * interval:
+            if last or u <= start + PER_LEVEL * interval:
                 return start, interval
         raise AssertionError("unreachable")
 
@@ -158,7 +157,7 @@ class VarianceSchedule:
             if u <= start:
                 return
             n = (u - start) // interval
-            yield interval, n if last else min(self.per_level, n)
+            yield interval, n if last else min(PER_LEVEL, n)
 
     def count(self, t: int, beta2: float) -> int:
         """The number of v-steps among steps 1..t."""

@@ -21,7 +21,7 @@ Values may be strings (as from a command line or a config file; a bool is ``true
   int4 in the long warm-up), ``"int8"``, ``"int4"`` or ``"none"`` (dense), and
   ``adam_live_steps``: the steps of live Adam before the refreshes of v begin (default: the long
   warm-up, 512, at b2 > 0.998 around top-k, PowerSGD and onebit from 4 ranks,
-  :func:`~hvdcompress.adam.variance.long_warmup`; else 256 around top-k, else
+  :func:`~hvdcompress.adam.variance.long_warmup`; else 256 around top-k and random-k, else
   :data:`~hvdcompress.adam.variance.WARMUP`), and ``adam_min_numel``:
   tensors with fewer elements run live Adam at every step (default: :data:`hvdcompress.adam.frozen.MIN_NUMEL`).
   Around onebit it makes ``chunk="auto"`` (onebit's default) a scale per row (``"rows"``); give

@@ -287,9 +287,10 @@ def test_from_params_and_defaults():
     c = hc.from_params({"compressor": "topk", "k": "0.01", "ef": "vanilla", "adam": "frozen"})
     assert isinstance(c, hc.FrozenAdam) and isinstance(c.inner, hc.ErrorFeedback)
     # the default: the variance schedule for every compressor and every b2, the warm-up int8;
-    # 256 live steps around top-k, 128 around the others
+    # 256 live steps around the sparsifiers (top-k, random-k: delivers_late), 128 around the others
     for inner, live in ((c.inner, 256), (hc.TopK(0.1), 256), (hc.ErrorFeedback(hc.OneBit()), 128),
-                        (hc.PowerSGD(2), 128), (hc.Int8(), 128), (hc.QSGD(), 128), (hc.RandomK(0.1), 128)):
+                        (hc.PowerSGD(2), 128), (hc.Int8(), 128), (hc.QSGD(), 128), (hc.RandomK(0.1), 256),
+                        (hc.ErrorFeedback(hc.RandomK(0.01)), 256), (hc.Threshold(0.01), 128)):
         adam = hc.FrozenAdam(inner)
         assert adam.freeze_steps is None and adam.schedule.freeze_steps is None and adam.schedule.warmup == live
         assert isinstance(adam.mild, hc.Int8) and adam.config()["adam_warmup"] == "auto"
@@ -508,10 +509,12 @@ def test_the_step_driver_gives_its_world_to_the_take_over_when_it_builds_its_eng
 @pytest.mark.parametrize("inner, decays, warns", [
     (lambda: hc.ErrorFeedback(hc.TopK(0.01)), False, True),
     (lambda: hc.ErrorFeedback(hc.TopK(0.01)), True, False),
+    (lambda: hc.ErrorFeedback(hc.RandomK(0.01)), False, True),
     (lambda: hc.ErrorFeedback(hc.OneBit()), False, False),
 ])
 def test_top_k_warns_once_when_the_lr_has_not_decayed_by_the_long_warm_up(inner, decays, warns):
-    """A constant lr through step 512 warns once around top-k; a decaying one, or onebit, does not."""
+    """A constant lr through step 512 warns once around top-k and random-k (what delivers late);
+    a decaying one, or onebit, does not."""
     import warnings
 
     from hvdcompress.adam.settings import AdamSettings
@@ -528,7 +531,7 @@ def test_top_k_warns_once_when_the_lr_has_not_decayed_by_the_long_warm_up(inner,
     found = [c for c in caught if "learning rate has stayed" in str(c.message)]
     assert len(found) == (1 if warns else 0)
     if warns:
-        assert "TopK" in str(found[0].message) and "0.1" in str(found[0].message)
+        assert type(inner().unwrap()).__name__ in str(found[0].message) and "0.1" in str(found[0].message)
 
 
 @pytest.mark.parametrize("decays, warns", [(True, False), (False, True)])

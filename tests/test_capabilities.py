@@ -97,6 +97,15 @@ def test_the_take_over_reads_declared_needs_not_class_names():
     assert hvdcompress.FrozenAdam(Plain()).send == "gradient"
     Plain.adam_needs = AdamNeeds(selects_by_magnitude=True)
     assert hvdcompress.FrozenAdam(Plain()).send == "preconditioned"
+    assert hvdcompress.FrozenAdam(Plain()).schedule.warmup == 128
+    # what delivers late (a sparsifier's error feedback) gets the sparsifiers' 256 live steps, and
+    # after the long warm-up (b2 0.999) refreshes that start 2 apart, not 16
+    for late, warmup, first in ((True, 256, 2), (False, 128, 16)):
+        Plain.adam_needs = AdamNeeds(delivers_late=late, long_warmup_ranks=1)
+        adam = hvdcompress.FrozenAdam(Plain())
+        assert adam.send == "gradient" and adam.schedule.warmup == warmup
+        adam._follow(0.999)
+        assert (adam.schedule.warmup, adam.schedule.first) == (512, first)
 
 
 def test_the_sharded_reduce_scatter_takes_what_declares_a_fixed_size_payload():

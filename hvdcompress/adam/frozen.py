@@ -91,7 +91,7 @@ from ..contract.memory import Decorator, check_inner
 from ..contract.validation import check_int
 from ..ops.facade import Ops, Tensor
 from .settings import AdamSettings
-from .variance import FIRST, LONG_FIRST, LONG_WARMUP, TOPK_WARMUP, VarianceSchedule, long_warmup
+from .variance import FIRST, LATE_WARMUP, LONG_FIRST, LONG_WARMUP, VarianceSchedule, long_warmup
 from .variance import WARMUP as LIVE_STEPS
 
 #: what each rank compresses after the freeze (the first: the default)
@@ -103,7 +103,7 @@ WARMUP = ("auto", "int8", "int4", "none")
 #: tensors with fewer elements run live Adam at every step (FrozenAdam's ``min_numel``)
 MIN_NUMEL = 0
 
-#: steps after the first compressed step at which top-k's lr must have moved (_check_decays)
+#: steps after the first compressed step at which the lr must have moved (``delivers_late``; _check_decays)
 DECAY_CHECK = 256
 
 #: the chunk of the 4-bit codes that re-send a v-step's reduced segment (compressed allreduce)
@@ -148,14 +148,13 @@ class FrozenAdam(Decorator):
     of its own). ``freeze_steps``: None (default) for the variance schedule of
     :mod:`hvdcompress.adam.variance` (live Adam for 128 steps, then v refreshed at growing
     intervals), or T0: live Adam for T0 steps, then v frozen for good.
-    ``send``: what each rank compresses in a compressed step, ``"gradient"``,
-    ``"momentum"`` (1-bit Adam's placement), ``"preconditioned"``, or ``"auto"`` (default):
-    preconditioned around top-k, else the gradient.
+    ``send``: what each rank compresses in a compressed step, ``"gradient"``, ``"momentum"`` (1-bit
+    Adam's placement), ``"preconditioned"``, or ``"auto"`` (default): preconditioned around top-k, else g.
     ``warmup``: what sends the gradient in a v-step (live Adam): ``"int8"``, ``"int4"`` (stateless
     min-max, :mod:`~hvdcompress.compressors.int8`), ``"none"`` (dense), or ``"auto"`` (default):
     dense where ``inner`` sends 16 bits or more, int4 in the long warm-up, else int8.
     ``live_steps``: W, the v-steps at the start (None: 512, the long warm-up, at b2 > 0.998 around
-    top-k, PowerSGD and onebit from 4 ranks (:meth:`_follow`), else 256 around top-k, 128).
+    top-k, PowerSGD and onebit from 4 ranks (:meth:`_follow`), else 256 where ``delivers_late``, 128).
     ``min_numel``: tensors with fewer elements run live Adam at every step (default
     :data:`MIN_NUMEL`). From strings: ``{"compressor": "onebit",
     "ef": "vanilla", "adam": "frozen", "freeze_steps": "100", "adam_send": "gradient", "adam_warmup":
@@ -185,7 +184,7 @@ class FrozenAdam(Decorator):
             "FrozenAdam", "freeze_steps", freeze_steps, 0)
         self.live_steps = None if live_steps is None else check_int("FrozenAdam", "live_steps", live_steps, 1)
         # W; the first step's b2 may lengthen it (_follow)
-        self._short = TOPK_WARMUP if needs.selects_by_magnitude else LIVE_STEPS
+        self._short = LATE_WARMUP if needs.delivers_late else LIVE_STEPS
         self.schedule = VarianceSchedule(self.freeze_steps, self.live_steps or self._short)
         self.warmup = warmup
         self.mild: Optional[Compressor] = (None if warmup == "none" or (warmup == "auto" and needs.wide)
@@ -230,13 +229,13 @@ class FrozenAdam(Decorator):
     def _follow(self, beta2: float) -> None:
         """Around an algorithm whose ``adam_needs.long_warmup_ranks`` this world reaches (no freeze_steps or
         live_steps), where 1/(1-b2) > 512: 512 live steps sent int4 (``warmup="auto"``), then the
-        first interval :data:`LONG_FIRST` (top-k's: FIRST; :mod:`~hvdcompress.adam.variance`)."""
+        first interval :data:`LONG_FIRST` (FIRST where ``delivers_late``; :mod:`~hvdcompress.adam.variance`)."""
         needs = self.inner.unwrap().adam_needs
         follows = needs.long_warmup_ranks is not None and (self.world or 1) >= needs.long_warmup_ranks
         if self.live_steps is None and self.freeze_steps is None:   # else the user's W
             long = follows and long_warmup(beta2, self._short) == LONG_WARMUP
             self.schedule.warmup = LONG_WARMUP if long else self._short
-            self.schedule.first = LONG_FIRST if long and needs.long_first_interval else FIRST
+            self.schedule.first = FIRST if needs.delivers_late or not long else LONG_FIRST
             if self.warmup == "auto" and self.mild is not None:
                 self.mild = Int4() if long else Int8()
 
@@ -315,18 +314,19 @@ class FrozenAdam(Decorator):
         return (state["adam.m"] * settings.beta1 + x * (1.0 - settings.beta1)) * unit
 
     def _check_decays(self, lr: float) -> None:
-        """Around top-k, a ``UserWarning`` once if the lr :data:`DECAY_CHECK` steps after the first
-        compressed step (the schedule's, after W or T0 v-steps) is still that step's: top-k's gap
-        opens at the switch to compressed steps and a decaying lr closes it by the run's end, a
-        constant one keeps it (docs/adam.md)."""
+        """Around a compressor that ``delivers_late`` (top-k, random-k), a ``UserWarning`` once if the
+        lr :data:`DECAY_CHECK` steps after the first compressed step (after W or T0 v-steps) is still
+        that step's: top-k's gap opens at the switch to compressed steps and a decaying lr closes it
+        by the run's end, a constant one keeps it (docs/adam.md)."""
         first = (self.schedule.warmup if self.freeze_steps is None else self.freeze_steps) + 1
         if not self._lr_checked and self.steps + 1 >= first + DECAY_CHECK:
             self._lr_checked = True
-            if lr == self.lr_unit and self.inner.unwrap().adam_needs.selects_by_magnitude:
+            if lr == self.lr_unit and self.inner.unwrap().adam_needs.delivers_late:
                 warnings.warn(f"FrozenAdam around {type(self.inner.unwrap()).__name__}: the learning rate has "
-                              f"stayed {lr!r} since the first compressed step; with top-k + error feedback the "
-                              "take-over converges under a decaying learning rate, not a constant one: decay "
-                              "it, or use onebit or PowerSGD (docs/adam.md)", UserWarning, stacklevel=2)
+                              f"stayed {lr!r} since the first compressed step; with a sparsifier (top-k, random-k) "
+                              "+ error feedback the take-over converges under a decaying learning rate, not a "
+                              "constant one: decay it, or use onebit or PowerSGD (docs/adam.md)",
+                              UserWarning, stacklevel=2)
 
     def _unit(self, state: dict, settings: AdamSettings) -> Any:
         """What a compressed step's exchange is multiplied by: lr / L, L the run's first compressed

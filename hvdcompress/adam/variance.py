@@ -13,9 +13,9 @@ read, and one under the floor never leaves the live steps.
 
 Default (0/1 Adam, Lu et al. 2022, "variance update at growing intervals"), step t = 1, 2, ...::
 
-    t <= W                                  every step is a v-step (W = 128; top-k: 256; long: 512)
+    t <= W                                  every step is a v-step (W = 128; sparsifiers: 256; long: 512)
     then levels L = 0, 1, 2, ...            R = 8 v-steps each, I_L = min(F·2^L, cap) apart (F = 2;
-                                            16 after the long warm-up, but top-k's)
+                                            16 after the long warm-up, but a sparsifier's)
     cap = 2^floor(log2(1 / (1 - b2)))       (>= 2): 16 at b2 = 0.95, 64 at 0.99, 512 at 0.999
 
 the last level (I_L = cap) lasting to the end of the run: every 2nd step up to W + 16, every
@@ -26,12 +26,13 @@ as a bound: v forgets as fast as Adam's (below), but from one sample per interva
 interval longer than 1/(1-b2) would leave whole stretches of the run out of v. A shorter cap
 sends more int8 v-steps and, measured at 1/(2(1-b2)), converged worse.
 
-Around top-k, W = 256 (:data:`TOPK_WARMUP`, FrozenAdam's default there; ``live_steps``
-overrides). Top-k 1% sends a coordinate about once in 1/k = 100 steps, its error feedback
-delivering the rest late, and a late step costs most while the model still moves fast, early
-in the run. 128 more live (int8) steps (299 v-steps of 1,000 at b2 0.999, 319 at 0.95) buy it
-back for bytes: the int8 v-steps, 1/4 of dense's bytes each, are most of what is sent, so every
-step added to W costs the ratio directly (W = 384 would send 1/8.5 of dense's bytes).
+Around a sparsifier (``adam_needs.delivers_late``: top-k, random-k), W = 256 (:data:`LATE_WARMUP`;
+``live_steps`` overrides). At k = 1% it sends a coordinate about once in 1/k = 100 steps, its
+error feedback delivering the rest late, and a late step costs most while the model still moves
+fast, early in the run. 128 more live (int8) steps (299 v-steps of 1,000 at b2 0.999, 319 at
+0.95) buy it back for bytes: the int8 v-steps, 1/4 of dense's bytes each, are most of what is
+sent, so every step added to W costs the ratio directly (W = 384 would send 1/8.5 of dense's
+bytes). Not W growing with 1/k: top-k at k = 0.5% did no better with 384 live steps than 256.
 
 Where v's time constant 1/(1-b2) is over 512 steps (b2 > 0.998, :func:`long_warmup`), top-k
 and PowerSGD wait longer, W = 512, and their v-steps send 4-bit min-max codes
@@ -53,8 +54,8 @@ size; what makes 2 ranks differ is not known.
 
 After the long warm-up the levels start 16 steps apart (:data:`LONG_FIRST`), not 2: v has been
 live for 512 steps and needs early refreshes least, while the first levels' 22 int4 v-steps
-cost bytes the ratio does not have (529 v-steps of 1,000 instead of 551). Not around top-k,
-whose error feedback holds mass back ~100 steps and needs the early refreshes.
+cost bytes the ratio does not have (529 v-steps of 1,000 instead of 551). Not around a
+sparsifier, whose error feedback holds mass back ~1/k steps and needs the early refreshes.
 
 A v-step after an interval of I steps stands for those I steps: v decays as Adam's would over
 them, and the new gradient takes the weight that Adam gives the I gradients it skipped::
@@ -81,7 +82,7 @@ import math
 from typing import Optional
 
 WARMUP = 128       # W: steps of live Adam at the start of the run
-TOPK_WARMUP = 256  # W around top-k (FrozenAdam's default; module doc)
+LATE_WARMUP = 256  # W around a compressor that delivers late, a sparsifier (module doc)
 LONG_WARMUP = 512  # W, the long warm-up, where v's time constant 1/(1-b2) is over it (FrozenAdam._follow)
 FIRST = 2          # F: the interval of the first level after the warm-up
 LONG_FIRST = 16    # F after the long warm-up (module doc)

@@ -21,7 +21,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from ..contract.compressor import Packet, TensorInfo, check_float_tensor
+from ..contract.compressor import AdamNeeds, Packet, TensorInfo, check_float_tensor
 from ..contract.keys import advance_step, step_key
 from ..contract.validation import check_bool, check_int
 from ..ops.facade import Ops, Tensor
@@ -40,6 +40,7 @@ class RandomK(SparseCompressor):
 
     name = "randomk"
     fixed_size_payload = True
+    adam_needs = AdamNeeds(delivers_late=True)
 
     def __init__(self, k: Union[int, float] = 0.01, seed: int = 0, scale: bool = False):
         self.k = check_k("RandomK", k)

@@ -25,7 +25,7 @@ class TopK(SparseCompressor):
 
     name = "topk"
     fixed_size_payload = True
-    adam_needs = AdamNeeds(selects_by_magnitude=True, long_warmup_ranks=1, long_first_interval=False)
+    adam_needs = AdamNeeds(selects_by_magnitude=True, delivers_late=True, long_warmup_ranks=1)
 
     def __init__(self, k: Union[int, float] = 0.01):
         self.k = check_k("TopK", k)

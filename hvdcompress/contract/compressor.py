@@ -95,17 +95,19 @@ class AdamNeeds:
     algorithm, declared by the algorithm; the take-over's rules read these, never class names.
 
     ``selects_by_magnitude``: what it keeps depends on each coordinate's magnitude (top-k), so
-    its compressed steps send Adam's preconditioned step (the update's space) and it needs
-    longer live steps before v is frozen. ``wide``: it sends 16 bits or more per element, so its
+    its compressed steps send Adam's preconditioned step (the update's space). ``delivers_late``:
+    it sends a fraction k of the coordinates a step, its error feedback holding the rest back
+    for ~1/k steps (a sparsifier: top-k, random-k), so it needs longer live steps before v is
+    kept, the first refreshes of v close after them, and a decaying lr
+    (:mod:`hvdcompress.adam.variance`). ``wide``: it sends 16 bits or more per element, so its
     warm-up goes dense. ``long_warmup_ranks``: from this many ranks, where v forms slowly
-    (b2 > 0.998), it needs the long warm-up sent int4; None: never. ``long_first_interval``:
-    after that long warm-up, the first refreshes of v are far apart.
+    (b2 > 0.998), it needs the long warm-up sent int4; None: never.
     """
 
     selects_by_magnitude: bool = False
+    delivers_late: bool = False
     wide: bool = False
     long_warmup_ranks: Optional[int] = None
-    long_first_interval: bool = True
 
 
 class Compressor(ABC):
